@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+DB ?= var/shardplan.db
+PYTEST_ARGS ?=
+
+.PHONY: run test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The service needs only the torch-free core; tests also need the runtime and dev extras.
+$(VENV)/.installed-core: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-all: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[runtime,dev]'
+	touch $@ $(VENV)/.installed-core
+
+run: $(VENV)/.installed-core
+	mkdir -p $(dir $(DB))
+	$(BIN)/shardplan serve --host $(HOST) --port $(PORT)
+
+test: $(VENV)/.installed-all
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-all
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy planner_service clients
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -1,0 +1,11 @@
+"""shardplan's planner: the plan vocabulary, canonical plan format, validator and (later
+stages) enumerator, estimators and solver. Imports no torch."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("shardplan")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0.0.0+source"
+
+PLANNER_VERSION = f"shardplan-{__version__}"

@@ -1,0 +1,549 @@
+"""The plan vocabulary: one module, imported by the service, the solver, the client and the runtime.
+
+Names follow TorchRec (``world_size``, ``local_world_size``, ``sharding_type``,
+``compute_kernel``, ``ParameterConstraints``, ``ParameterSharding``...) because our users
+know them. Enums are used inside the code; their string values appear only at the JSON
+edge. Every model is a frozen value with ``extra="forbid"``: an unknown field is an error,
+never silently ignored. Scalars are strict (``"512"`` is not a batch size).
+
+This module must not import torch.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Annotated, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+GiB = 1024**3
+MiB = 1024**2
+
+# TorchRec's public defaults (torchrec/distributed/planner/constants.py), converted to bytes/s.
+DEFAULT_HBM_BYTES = 32 * GiB
+DEFAULT_DDR_BYTES = 128 * GiB
+DEFAULT_HBM_BW_BYTES_PER_S = float(897 * GiB)
+DEFAULT_DDR_BW_BYTES_PER_S = float(51 * GiB)
+DEFAULT_HBM_TO_DDR_BW_BYTES_PER_S = float(32 * GiB)
+DEFAULT_INTRA_HOST_BW_BYTES_PER_S = float(600 * GiB)
+DEFAULT_INTER_HOST_BW_BYTES_PER_S = float(12.5 * GiB)
+DEFAULT_BATCH_SIZE = 512
+DEFAULT_MIN_PARTITION = 128
+DEFAULT_CACHE_LOAD_FACTOR = 0.2
+DEFAULT_HBM_HEADROOM_FRACTION = 0.15
+DEFAULT_TIME_LIMIT_S = 10.0
+
+SCHEMA_VERSION = "1.0"
+
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
+Name = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
+PositiveInt = Annotated[int, Strict(), Field(ge=1)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
+LoadFactor = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+Sha256Hex = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class ShardingType(StrEnum):
+    TABLE_WISE = "table_wise"
+    ROW_WISE = "row_wise"
+    COLUMN_WISE = "column_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+    DATA_PARALLEL = "data_parallel"
+
+
+class ComputeKernel(StrEnum):
+    DENSE = "dense"
+    FUSED = "fused"
+    FUSED_UVM = "fused_uvm"
+    FUSED_UVM_CACHING = "fused_uvm_caching"
+
+
+class ComputeDevice(StrEnum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class PoolingType(StrEnum):
+    SUM = "sum"
+    MEAN = "mean"
+    NONE = "none"
+
+
+class DataType(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+    @property
+    def size_bytes(self) -> int:
+        return _DATA_TYPE_SIZE_BYTES[self]
+
+
+_DATA_TYPE_SIZE_BYTES = {DataType.FP32: 4, DataType.FP16: 2, DataType.BF16: 2, DataType.INT8: 1}
+
+
+class OptimizerType(StrEnum):
+    SGD = "sgd"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAGRAD = "adagrad"
+    ADAM = "adam"
+
+
+class Objective(StrEnum):
+    MAX_RANK_COST = "max_rank_cost"
+
+
+class SolverStatus(StrEnum):
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    NO_SOLUTION_IN_TIME = "no_solution_in_time"
+
+
+# Sharding types whose shards all live on the ranks of a single host.
+HOST_LOCAL_SHARDING_TYPES = frozenset({ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE})
+# Sharding types that split columns, whose widths must be multiples of 4 (FBGEMM's alignment).
+COLUMN_SHARDING_TYPES = frozenset({ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE})
+ROW_SHARDING_TYPES = frozenset({ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE})
+UVM_KERNELS = frozenset({ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING})
+
+
+class _Value(BaseModel):
+    """Base for every vocabulary model: immutable, no unknown fields, no NaN/inf."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def _error(kind: str, message: str, **ctx: object) -> PydanticCustomError:
+    """A validation error whose message is ``message`` formatted with ``ctx`` (str.format)."""
+    return PydanticCustomError(kind, message.format(**ctx))
+
+
+# --------------------------------------------------------------------------- topology
+
+
+class RankOverride(_Value):
+    """Per-rank capacities or bandwidths for heterogeneous clusters; unset fields inherit."""
+
+    rank: NonNegativeInt
+    hbm_bytes: NonNegativeInt | None = None
+    ddr_bytes: NonNegativeInt | None = None
+    hbm_bw_bytes_per_s: PositiveFloat | None = None
+    ddr_bw_bytes_per_s: PositiveFloat | None = None
+
+
+class DeviceSpec(_Value):
+    """The resolved capacities and bandwidths of one rank (topology defaults + override)."""
+
+    rank: NonNegativeInt
+    hbm_bytes: NonNegativeInt
+    ddr_bytes: NonNegativeInt
+    hbm_bw_bytes_per_s: PositiveFloat
+    ddr_bw_bytes_per_s: PositiveFloat
+
+
+class Topology(_Value):
+    """The cluster a plan is made for. Capacities are per rank.
+
+    ``local_world_size`` (ranks per host) defaults to ``world_size`` (one host), as in
+    TorchRec. ``hbm_bytes`` defaults to 32 GiB on cuda and 0 on cpu, where everything
+    lives in DDR.
+    """
+
+    world_size: PositiveInt
+    local_world_size: PositiveInt | None = None
+    compute_device: ComputeDevice = ComputeDevice.CUDA
+    hbm_bytes: NonNegativeInt | None = None
+    ddr_bytes: NonNegativeInt = DEFAULT_DDR_BYTES
+    hbm_bw_bytes_per_s: PositiveFloat = DEFAULT_HBM_BW_BYTES_PER_S
+    ddr_bw_bytes_per_s: PositiveFloat = DEFAULT_DDR_BW_BYTES_PER_S
+    hbm_to_ddr_bw_bytes_per_s: PositiveFloat = DEFAULT_HBM_TO_DDR_BW_BYTES_PER_S
+    intra_host_bw_bytes_per_s: PositiveFloat = DEFAULT_INTRA_HOST_BW_BYTES_PER_S
+    inter_host_bw_bytes_per_s: PositiveFloat = DEFAULT_INTER_HOST_BW_BYTES_PER_S
+    rank_overrides: list[RankOverride] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _fill_and_check(self) -> Self:
+        if self.local_world_size is None:
+            object.__setattr__(self, "local_world_size", self.world_size)
+        if self.hbm_bytes is None:
+            cuda = self.compute_device is ComputeDevice.CUDA
+            object.__setattr__(self, "hbm_bytes", DEFAULT_HBM_BYTES if cuda else 0)
+        if self.world_size % self.num_local_ranks != 0:
+            raise _error(
+                "local_world_size",
+                "local_world_size {local_world_size} does not divide world_size {world_size}; "
+                "use a divisor of world_size (ranks per host)",
+                local_world_size=self.local_world_size,
+                world_size=self.world_size,
+            )
+        seen: set[int] = set()
+        for i, override in enumerate(self.rank_overrides):
+            if override.rank >= self.world_size:
+                raise _error(
+                    "rank_range",
+                    "rank_overrides[{i}].rank {rank} is out of range; ranks are 0..{last}",
+                    i=i,
+                    rank=override.rank,
+                    last=self.world_size - 1,
+                )
+            if override.rank in seen:
+                raise _error(
+                    "duplicate_rank",
+                    "rank_overrides[{i}].rank {rank} appears twice; give one override per rank",
+                    i=i,
+                    rank=override.rank,
+                )
+            seen.add(override.rank)
+        return self
+
+    @property
+    def num_local_ranks(self) -> int:
+        """``local_world_size`` after defaulting (typed as int for callers)."""
+        return self.local_world_size or self.world_size
+
+    @property
+    def num_hosts(self) -> int:
+        return self.world_size // self.num_local_ranks
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.num_local_ranks
+
+    def host_ranks(self, host: int) -> range:
+        return range(host * self.num_local_ranks, (host + 1) * self.num_local_ranks)
+
+    def device(self, rank: int) -> DeviceSpec:
+        """The resolved spec of ``rank``: topology defaults with its override applied."""
+        base = {
+            "rank": rank,
+            "hbm_bytes": self.hbm_bytes or 0,
+            "ddr_bytes": self.ddr_bytes,
+            "hbm_bw_bytes_per_s": self.hbm_bw_bytes_per_s,
+            "ddr_bw_bytes_per_s": self.ddr_bw_bytes_per_s,
+        }
+        override = self._overrides_by_rank().get(rank)
+        if override is not None:
+            base.update(override.model_dump(exclude_none=True, exclude={"rank"}))
+        return DeviceSpec(**base)
+
+    def devices(self) -> list[DeviceSpec]:
+        return [self.device(rank) for rank in range(self.world_size)]
+
+    def _overrides_by_rank(self) -> dict[int, RankOverride]:
+        return {override.rank: override for override in self.rank_overrides}
+
+
+# --------------------------------------------------------------------------- tables
+
+
+class Table(_Value):
+    """One embedding table and the features that look it up (TorchRec's EmbeddingBagConfig).
+
+    ``pooling_factors`` are the mean number of ids per sample, one per feature (default 1.0);
+    ``batch_sizes`` (one per feature) describe variable-batch features and default to the
+    request's ``batch_size``. ``feature_names`` defaults to ``[name]``.
+    """
+
+    name: Name
+    num_embeddings: PositiveInt
+    embedding_dim: PositiveInt
+    feature_names: list[Name] = Field(default_factory=list)
+    pooling: PoolingType = PoolingType.SUM
+    pooling_factors: list[NonNegativeFloat] | None = None
+    batch_sizes: list[PositiveInt] | None = None
+    data_type: DataType = DataType.FP32
+    is_weighted: Bool = False
+    optimizer: OptimizerType = OptimizerType.SGD
+
+    @model_validator(mode="after")
+    def _fill_and_check(self) -> Self:
+        if not self.feature_names:
+            object.__setattr__(self, "feature_names", [self.name])
+        n = len(self.feature_names)
+        duplicates = sorted({f for f in self.feature_names if self.feature_names.count(f) > 1})
+        if duplicates:
+            raise _error(
+                "duplicate_feature",
+                "feature_names of table {table!r} lists {dups} more than once",
+                table=self.name,
+                dups=", ".join(map(repr, duplicates)),
+            )
+        if self.pooling_factors is None:
+            object.__setattr__(self, "pooling_factors", [1.0] * n)
+        for field in ("pooling_factors", "batch_sizes"):
+            values = getattr(self, field)
+            if values is not None and len(values) != n:
+                raise _error(
+                    "length_mismatch",
+                    "{field} of table {table!r} has {got} entries but the table has {n} "
+                    "feature_names; give one per feature",
+                    field=field,
+                    table=self.name,
+                    got=len(values),
+                    n=n,
+                )
+        return self
+
+    @property
+    def num_features(self) -> int:
+        return len(self.feature_names)
+
+
+# --------------------------------------------------------------------------- constraints
+
+
+class ParameterConstraints(_Value):
+    """Per-table constraints (TorchRec's ParameterConstraints). Unset means unconstrained."""
+
+    sharding_types: list[ShardingType] | None = Field(default=None, min_length=1)
+    compute_kernels: list[ComputeKernel] | None = Field(default=None, min_length=1)
+    ranks: list[NonNegativeInt] | None = Field(default=None, min_length=1)
+    min_partition: PositiveInt | None = None
+    cache_load_factor: LoadFactor | None = None
+
+
+class Constraints(_Value):
+    """Per-table constraints plus model-wide ones.
+
+    ``colocate``: every table in a group uses the same set of ranks. ``separate``: no two
+    tables of a group share a rank. ``hbm_headroom_fraction`` of each rank's HBM and
+    ``dense_bytes_per_rank`` (dense parameters, activations) are reserved, not planned.
+    """
+
+    tables: dict[Name, ParameterConstraints] = Field(default_factory=dict)
+    hbm_headroom_fraction: Fraction = DEFAULT_HBM_HEADROOM_FRACTION
+    dense_bytes_per_rank: NonNegativeInt = 0
+    colocate: list[Annotated[list[Name], Field(min_length=2)]] = Field(default_factory=list)
+    separate: list[Annotated[list[Name], Field(min_length=2)]] = Field(default_factory=list)
+
+    def for_table(self, name: str) -> ParameterConstraints:
+        return self.tables.get(name) or _NO_CONSTRAINTS
+
+
+_NO_CONSTRAINTS = ParameterConstraints()
+
+
+class PlanOptions(_Value):
+    """How to solve: time budget, random seed, and the objective to minimise."""
+
+    time_limit_s: PositiveFloat = DEFAULT_TIME_LIMIT_S
+    seed: NonNegativeInt = 0
+    objective: Objective = Objective.MAX_RANK_COST
+
+
+class PlanRequest(_Value):
+    """Everything the planner needs: topology, tables, constraints, batch size, options."""
+
+    topology: Topology
+    tables: list[Table] = Field(min_length=1)
+    constraints: Constraints = Field(default_factory=Constraints)
+    batch_size: PositiveInt = DEFAULT_BATCH_SIZE
+    options: PlanOptions = Field(default_factory=PlanOptions)
+
+    @field_validator("tables")
+    @classmethod
+    def _unique_names(cls, tables: list[Table]) -> list[Table]:
+        first_table: dict[str, int] = {}
+        first_feature: dict[str, int] = {}
+        for i, table in enumerate(tables):
+            if table.name in first_table:
+                raise _error(
+                    "duplicate_table",
+                    "tables[{i}].name {name!r} duplicates tables[{j}].name; table names must "
+                    "be unique",
+                    i=i,
+                    j=first_table[table.name],
+                    name=table.name,
+                )
+            first_table[table.name] = i
+            for feature in table.feature_names:
+                if feature in first_feature:
+                    raise _error(
+                        "duplicate_feature",
+                        "tables[{i}] ({name!r}) uses feature {feature!r}, already used by "
+                        "tables[{j}]; each feature looks up exactly one table",
+                        i=i,
+                        j=first_feature[feature],
+                        name=table.name,
+                        feature=feature,
+                    )
+                first_feature[feature] = i
+        return tables
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Self:
+        names = {table.name for table in self.tables}
+        world = self.topology.world_size
+        for name, constraint in self.constraints.tables.items():
+            if name not in names:
+                raise _unknown_table(f"constraints.tables.{name}", name, names)
+            for rank in constraint.ranks or ():
+                if rank >= world:
+                    raise _error(
+                        "rank_range",
+                        "constraints.tables.{name}.ranks has rank {rank}, out of range for "
+                        "world_size {world}; ranks are 0..{last}",
+                        name=name,
+                        rank=rank,
+                        world=world,
+                        last=world - 1,
+                    )
+        for field in ("colocate", "separate"):
+            for g, group in enumerate(getattr(self.constraints, field)):
+                for name in group:
+                    if name not in names:
+                        raise _unknown_table(f"constraints.{field}[{g}]", name, names)
+        return self
+
+    def tables_by_name(self) -> dict[str, Table]:
+        return {table.name: table for table in self.tables}
+
+
+def _unknown_table(where: str, name: str, names: set[str]) -> PydanticCustomError:
+    known = ", ".join(sorted(names)[:10]) + (", ..." if len(names) > 10 else "")
+    return _error(
+        "unknown_table",
+        "{where} names table {name!r}, which is not in tables; known tables: {known}",
+        where=where,
+        name=name,
+        known=known,
+    )
+
+
+# --------------------------------------------------------------------------- plans
+
+
+class Shard(_Value):
+    """One rectangular piece of a table: ``offsets`` [row, col] and ``sizes`` [rows, cols]."""
+
+    offsets: tuple[NonNegativeInt, NonNegativeInt]
+    sizes: tuple[NonNegativeInt, NonNegativeInt]
+    rank: NonNegativeInt
+
+
+class ParameterSharding(_Value):
+    """How one table is sharded (TorchRec's ParameterSharding, with explicit shards).
+
+    ``ranks`` lists the rank of each shard in shard order; ``cache_load_factor`` is set only
+    for ``fused_uvm_caching``.
+    """
+
+    sharding_type: ShardingType
+    compute_kernel: ComputeKernel
+    ranks: list[NonNegativeInt]
+    shards: list[Shard] = Field(min_length=1)
+    cache_load_factor: LoadFactor | None = None
+
+
+class Perf(_Value):
+    """Estimated milliseconds per training iteration, by component.
+
+    ``total`` is the rating the planner balances; which components it sums depends on the
+    cost model (TorchRec's excludes ``input_dist``).
+    """
+
+    fwd_compute: NonNegativeFloat = 0.0
+    fwd_comms: NonNegativeFloat = 0.0
+    bwd_compute: NonNegativeFloat = 0.0
+    bwd_comms: NonNegativeFloat = 0.0
+    prefetch: NonNegativeFloat = 0.0
+    input_dist: NonNegativeFloat = 0.0
+    total: NonNegativeFloat = 0.0
+
+
+class RankStats(_Value):
+    """What a plan puts on one rank: bytes per memory tier and estimated time."""
+
+    rank: NonNegativeInt
+    hbm_bytes: NonNegativeInt
+    ddr_bytes: NonNegativeInt
+    perf: Perf = Field(default_factory=Perf)
+
+
+class SolverReport(_Value):
+    """How good the plan is and how sure we are.
+
+    ``gap`` = (objective - lower_bound) / objective. The solve's wall time is not part of
+    the plan (it would make equal plans differ byte-for-byte); it travels beside the plan.
+    """
+
+    status: SolverStatus
+    objective: NonNegativeFloat
+    lower_bound: NonNegativeFloat
+    gap: NonNegativeFloat
+
+
+class ShardingPlan(_Value):
+    """A complete, content-addressed sharding plan.
+
+    ``plan_id`` is the sha256 of the canonical JSON of every other field, so a plan's
+    identity is its content (see ``planner_service.canonical``).
+    """
+
+    schema_version: Annotated[str, Strict(), Field(pattern=r"^\d+\.\d+$")] = SCHEMA_VERSION
+    plan_id: Sha256Hex
+    request_hash: Sha256Hex
+    planner_version: Name
+    world_size: PositiveInt
+    tables: dict[Name, ParameterSharding] = Field(min_length=1)
+    rank_stats: list[RankStats]
+    solver: SolverReport
+
+
+def gap(objective: float, lower_bound: float) -> float:
+    """Relative optimality gap, 0 when the objective is 0 (nothing to do is optimal)."""
+    if objective <= 0.0 or not math.isfinite(objective):
+        return 0.0
+    return max(0.0, (objective - lower_bound) / objective)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class ViolationCode(StrEnum):
+    PLAN_ID_MISMATCH = "plan_id_mismatch"
+    WORLD_SIZE_MISMATCH = "world_size_mismatch"
+    TABLE_MISSING = "table_missing"
+    TABLE_UNKNOWN = "table_unknown"
+    KERNEL_INCOMPATIBLE = "kernel_incompatible"
+    RANK_OUT_OF_RANGE = "rank_out_of_range"
+    RANKS_MISMATCH = "ranks_mismatch"
+    TILING = "tiling"
+    SHARD_LAYOUT = "shard_layout"
+    COLUMN_WIDTH = "column_width"
+    NOT_ONE_HOST = "not_one_host"
+    RANK_STATS = "rank_stats"
+    HBM_CAPACITY = "hbm_capacity"
+    DDR_CAPACITY = "ddr_capacity"
+    SHARDING_TYPE_NOT_ALLOWED = "sharding_type_not_allowed"
+    COMPUTE_KERNEL_NOT_ALLOWED = "compute_kernel_not_allowed"
+    PINNED_RANKS = "pinned_ranks"
+    MIN_PARTITION = "min_partition"
+    CACHE_LOAD_FACTOR = "cache_load_factor"
+    COLOCATE = "colocate"
+    SEPARATE = "separate"
+    SOLVER_REPORT = "solver_report"
+
+
+class Violation(_Value):
+    """One way a plan breaks its request, naming the table, the rank and the numbers."""
+
+    code: ViolationCode
+    message: str
+    table: str | None = None
+    rank: int | None = None

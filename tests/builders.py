@@ -1,0 +1,105 @@
+"""Hand-built requests and plans for tests: small, explicit, no solver involved."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from planner_service.codec import parse_request, seal_plan
+from planner_service.shards import column_wise_shards, row_wise_shards
+from planner_service.types import (
+    ComputeKernel,
+    ParameterSharding,
+    PlanRequest,
+    RankStats,
+    Shard,
+    ShardingPlan,
+    ShardingType,
+    SolverReport,
+    SolverStatus,
+)
+
+
+def request(tables: list[dict[str, Any]], world_size: int = 4, **fields: Any) -> PlanRequest:
+    """A PlanRequest decoded from JSON exactly as a user's file would be."""
+    topology = {"world_size": world_size, **fields.pop("topology", {})}
+    document = {"topology": topology, "tables": tables, **fields}
+    return parse_request(json.dumps(document))
+
+
+def table(name: str, rows: int = 100, dim: int = 16, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "num_embeddings": rows, "embedding_dim": dim, **fields}
+
+
+def sharding(
+    kind: ShardingType, kernel: ComputeKernel, shards: list[Shard], clf: float | None = None
+) -> ParameterSharding:
+    return ParameterSharding(
+        sharding_type=kind,
+        compute_kernel=kernel,
+        ranks=[shard.rank for shard in shards],
+        shards=shards,
+        cache_load_factor=clf,
+    )
+
+
+def table_wise(
+    req: PlanRequest, name: str, rank: int, kernel: ComputeKernel = ComputeKernel.FUSED
+) -> ParameterSharding:
+    t = req.tables_by_name()[name]
+    shard = Shard(offsets=(0, 0), sizes=(t.num_embeddings, t.embedding_dim), rank=rank)
+    clf = 0.2 if kernel is ComputeKernel.FUSED_UVM_CACHING else None
+    return sharding(ShardingType.TABLE_WISE, kernel, [shard], clf)
+
+
+def row_wise(req: PlanRequest, name: str) -> ParameterSharding:
+    t = req.tables_by_name()[name]
+    ranks = list(range(req.topology.world_size))
+    shards = row_wise_shards(t.num_embeddings, t.embedding_dim, ranks)
+    return sharding(ShardingType.ROW_WISE, ComputeKernel.FUSED, shards)
+
+
+def table_row_wise(req: PlanRequest, name: str, host: int) -> ParameterSharding:
+    t = req.tables_by_name()[name]
+    ranks = list(req.topology.host_ranks(host))
+    shards = row_wise_shards(t.num_embeddings, t.embedding_dim, ranks)
+    return sharding(ShardingType.TABLE_ROW_WISE, ComputeKernel.FUSED, shards)
+
+
+def column_wise(
+    req: PlanRequest,
+    name: str,
+    widths: list[int],
+    ranks: list[int],
+    kind: ShardingType = ShardingType.COLUMN_WISE,
+) -> ParameterSharding:
+    t = req.tables_by_name()[name]
+    return sharding(kind, ComputeKernel.FUSED, column_wise_shards(t.num_embeddings, widths, ranks))
+
+
+def data_parallel(req: PlanRequest, name: str) -> ParameterSharding:
+    t = req.tables_by_name()[name]
+    shards = [
+        Shard(offsets=(0, 0), sizes=(t.num_embeddings, t.embedding_dim), rank=rank)
+        for rank in range(req.topology.world_size)
+    ]
+    return sharding(ShardingType.DATA_PARALLEL, ComputeKernel.DENSE, shards)
+
+
+def plan(
+    req: PlanRequest,
+    tables: dict[str, ParameterSharding],
+    hbm_bytes: list[int] | None = None,
+    ddr_bytes: list[int] | None = None,
+    report: SolverReport | None = None,
+) -> ShardingPlan:
+    world = req.topology.world_size
+    hbm = hbm_bytes or [0] * world
+    ddr = ddr_bytes or [0] * world
+    stats = [RankStats(rank=r, hbm_bytes=hbm[r], ddr_bytes=ddr[r]) for r in range(world)]
+    report = report or SolverReport(
+        status=SolverStatus.OPTIMAL, objective=1.0, lower_bound=1.0, gap=0.0
+    )
+    return seal_plan(
+        request=req, planner_version="test", tables=tables, rank_stats=stats, solver=report
+    )

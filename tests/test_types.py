@@ -1,0 +1,175 @@
+"""The plan vocabulary: defaults, derived topology facts, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner_service.codec import parse_request
+from planner_service.errors import InputError
+from planner_service.types import (
+    DEFAULT_HBM_BYTES,
+    ComputeDevice,
+    DataType,
+    OptimizerType,
+    PoolingType,
+    ShardingType,
+)
+from tests.builders import request, table
+
+
+def _problem_text(document: dict) -> str:
+    with pytest.raises(InputError) as caught:
+        parse_request(json.dumps(document), source="req.json")
+    text = caught.value.render()
+    assert text.startswith("req.json: ")
+    return text
+
+
+def _doc(**overrides) -> dict:
+    document = {"topology": {"world_size": 4}, "tables": [table("t0")]}
+    document.update(overrides)
+    return document
+
+
+def test_defaults_follow_torchrec():
+    req = request([table("t0")], world_size=4)
+    topology = req.topology
+    assert topology.local_world_size == 4  # one host unless told otherwise
+    assert topology.compute_device is ComputeDevice.CUDA
+    assert topology.hbm_bytes == DEFAULT_HBM_BYTES == 32 * 1024**3
+    assert topology.ddr_bytes == 128 * 1024**3
+    assert topology.hbm_bw_bytes_per_s == 897 * 1024**3
+    t0 = req.tables[0]
+    assert t0.feature_names == ["t0"]
+    assert t0.pooling_factors == [1.0]
+    assert t0.pooling is PoolingType.SUM
+    assert t0.data_type is DataType.FP32 and t0.data_type.size_bytes == 4
+    assert t0.optimizer is OptimizerType.SGD
+    assert req.batch_size == 512
+    assert req.options.time_limit_s == 10.0
+    assert req.constraints.hbm_headroom_fraction == 0.15
+
+
+def test_cpu_topology_has_no_hbm():
+    req = request([table("t0")], topology={"compute_device": "cpu"})
+    assert req.topology.hbm_bytes == 0
+    assert all(device.hbm_bytes == 0 for device in req.topology.devices())
+
+
+def test_hosts_and_rank_overrides():
+    req = request(
+        [table("t0")],
+        world_size=8,
+        topology={
+            "local_world_size": 4,
+            "rank_overrides": [{"rank": 5, "hbm_bytes": 1000, "ddr_bw_bytes_per_s": 7.0}],
+        },
+    )
+    topology = req.topology
+    assert topology.num_hosts == 2
+    assert topology.host_of(5) == 1
+    assert list(topology.host_ranks(1)) == [4, 5, 6, 7]
+    assert topology.device(5).hbm_bytes == 1000
+    assert topology.device(5).ddr_bw_bytes_per_s == 7.0
+    assert topology.device(5).ddr_bytes == topology.ddr_bytes  # not overridden: inherited
+    assert topology.device(4).hbm_bytes == DEFAULT_HBM_BYTES
+
+
+def test_enums_inside_strings_outside():
+    req = request([table("t0")], constraints={"tables": {"t0": {"sharding_types": ["row_wise"]}}})
+    assert req.constraints.for_table("t0").sharding_types == [ShardingType.ROW_WISE]
+    assert json.loads(req.model_dump_json())["constraints"]["tables"]["t0"]["sharding_types"] == [
+        "row_wise"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (
+            _doc(tables=[table("t0", rows=-5)]),
+            "tables[0].num_embeddings = -5: Input should be greater than or equal to 1",
+        ),
+        (
+            _doc(tables=[table("t0", dim=0)]),
+            "tables[0].embedding_dim = 0: Input should be greater than or equal to 1",
+        ),
+        (
+            _doc(topology={"world_size": 0}),
+            "topology.world_size = 0: Input should be greater than or equal to 1",
+        ),
+        (
+            _doc(topology={"world_size": 6, "local_world_size": 4}),
+            "local_world_size 4 does not divide world_size 6",
+        ),
+        (_doc(tables=[table("a"), table("a")]), "tables[1].name 'a' duplicates tables[0].name"),
+        (
+            _doc(tables=[table("a", feature_names=["f"]), table("b", feature_names=["f"])]),
+            "tables[1] ('b') uses feature 'f', already used by tables[0]",
+        ),
+        (
+            _doc(tables=[table("a", feature_names=["f", "f"])]),
+            "feature_names of table 'a' lists 'f' more than once",
+        ),
+        (
+            _doc(tables=[table("a", feature_names=["f", "g"], pooling_factors=[1.0])]),
+            "pooling_factors of table 'a' has 1 entries but the table has 2 feature_names",
+        ),
+        (
+            _doc(tables=[table("t0", colour="red")]),
+            "tables[0].colour = 'red': unknown field; accepted fields here: name, num_embeddings",
+        ),
+        (_doc(surprise=1), "surprise = 1: unknown field; accepted fields here: topology, tables"),
+        (
+            _doc(tables=[table("t0", pooling="max")]),
+            "tables[0].pooling = 'max': Input should be 'sum', 'mean' or 'none'",
+        ),
+        (_doc(batch_size="512"), "batch_size = '512': Input should be a valid integer"),
+        (_doc(tables=[]), "tables: List should have at least 1 item"),
+        (_doc(topology={}), "topology.world_size: required field is missing"),
+        (
+            _doc(constraints={"tables": {"nope": {"ranks": [0]}}}),
+            "constraints.tables.nope names table 'nope', which is not in tables; known tables: t0",
+        ),
+        (
+            _doc(constraints={"tables": {"t0": {"ranks": [9]}}}),
+            "constraints.tables.t0.ranks has rank 9, out of range for world_size 4",
+        ),
+        (
+            _doc(constraints={"colocate": [["t0", "ghost"]]}),
+            "constraints.colocate[0] names table 'ghost'",
+        ),
+        (
+            _doc(topology={"world_size": 2, "rank_overrides": [{"rank": 2, "hbm_bytes": 1}]}),
+            "rank_overrides[0].rank 2 is out of range; ranks are 0..1",
+        ),
+        (
+            _doc(constraints={"hbm_headroom_fraction": 1.5}),
+            "constraints.hbm_headroom_fraction = 1.5: Input should be less than 1",
+        ),
+    ],
+)
+def test_bad_input_names_field_value_and_fix(document, expected):
+    assert expected in _problem_text(document)
+
+
+def test_every_problem_is_reported_at_once():
+    text = _problem_text(_doc(tables=[table("a", rows=0, dim=0)], batch_size=-1))
+    assert "tables[0].num_embeddings = 0" in text
+    assert "tables[0].embedding_dim = 0" in text
+    assert "batch_size = -1" in text
+
+
+def test_malformed_json_and_duplicate_keys():
+    with pytest.raises(InputError, match="not valid JSON: Expecting"):
+        parse_request(b'{"topology": {"world_size": 4}, ', source="req.json")
+    with pytest.raises(InputError, match="key 'world_size' appears twice"):
+        parse_request(b'{"topology": {"world_size": 4, "world_size": 8}, "tables": []}')
+
+
+def test_nan_is_refused():
+    document = json.dumps(_doc(tables=[table("t0", pooling_factors=[1.0])])).replace("1.0", "NaN")
+    with pytest.raises(InputError, match="pooling_factors"):
+        parse_request(document)
