@@ -1,0 +1,109 @@
+"""The ``shardplan`` command line.
+
+Each command parses its arguments, calls one library function and renders the result.
+Exit codes: 0 success, 1 the plan is invalid, 2 bad input (usage, unreadable or invalid
+files), 3 no plan exists (from the solver, later). Bad input never shows a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from planner_service import __version__
+from planner_service.codec import parse_plan, parse_request
+from planner_service.errors import FieldProblem, InputError
+from planner_service.types import PlanRequest, ShardingPlan
+from planner_service.validator import validate_plan
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_BAD_INPUT = 2
+
+_SCHEMA_MODELS: dict[str, type[BaseModel]] = {"request": PlanRequest, "plan": ShardingPlan}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.command
+    try:
+        return command(args)
+    except InputError as error:
+        print(error.render(), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # e.g. `shardplan schema | head`
+        return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    validate = sub.add_parser("validate", help="check a plan against its request")
+    validate.add_argument("request", type=Path, help="PlanRequest JSON file")
+    validate.add_argument("plan", type=Path, help="ShardingPlan JSON file")
+    validate.set_defaults(command=_validate)
+
+    schema = sub.add_parser("schema", help="print the JSON Schemas of requests and plans")
+    schema.add_argument("--model", choices=sorted(_SCHEMA_MODELS), help="print only this one")
+    schema.set_defaults(command=_schema)
+
+    serve = sub.add_parser("serve", help="run the planner service")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    serve.set_defaults(command=_serve)
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> int:
+    request = parse_request(_read(args.request), source=str(args.request))
+    plan = parse_plan(_read(args.plan), source=str(args.plan))
+    violations = validate_plan(request, plan)
+    for violation in violations:
+        print(f"{violation.code.value}: {violation.message}")
+    if violations:
+        print(f"invalid: {len(violations)} violation(s)", file=sys.stderr)
+        return EXIT_INVALID
+    print(
+        f"valid: plan {plan.plan_id[:12]} places {len(plan.tables)} table(s) on "
+        f"{plan.world_size} rank(s)"
+    )
+    return EXIT_OK
+
+
+def _schema(args: argparse.Namespace) -> int:
+    names = [args.model] if args.model else sorted(_SCHEMA_MODELS)
+    schemas = {
+        _SCHEMA_MODELS[name].__name__: _SCHEMA_MODELS[name].model_json_schema() for name in names
+    }
+    print(json.dumps(schemas, indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from planner_service.api.main import create_app
+
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="info")
+    return EXIT_OK
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise InputError(
+            str(path), [FieldProblem("", f"cannot read file: {error.strerror}")]
+        ) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
