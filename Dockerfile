@@ -1,0 +1,12 @@
+# The planner service image: torch-free core only (the runtime extra belongs in training images).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY planner_service ./planner_service
+COPY clients ./clients
+COPY runtime ./runtime
+RUN pip install --no-cache-dir . && useradd --system shardplan
+USER shardplan
+EXPOSE 8000
+HEALTHCHECK CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz')"
+CMD ["shardplan", "serve", "--host", "0.0.0.0", "--port", "8000"]
