@@ -2,7 +2,8 @@
 
 Each command parses its arguments, calls one library function and renders the result.
 Exit codes: 0 success, 1 the plan is invalid, 2 bad input (usage, unreadable or invalid
-files), 3 no plan exists (from the solver, later). Bad input never shows a traceback.
+files), 3 no plan exists (a table fits nowhere, or the solver proves it). Bad input never
+shows a traceback.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from pydantic import BaseModel
 
 from planner_service import __version__
 from planner_service.codec import parse_plan, parse_request
+from planner_service.enumerator import enumerate_options, fit_options
 from planner_service.errors import FieldProblem, InputError
+from planner_service.reports import options_document
 from planner_service.types import PlanRequest, ShardingPlan
 from planner_service.validator import validate_plan
 
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
+EXIT_NO_PLAN = 3
 
 _SCHEMA_MODELS: dict[str, type[BaseModel]] = {"request": PlanRequest, "plan": ShardingPlan}
 
@@ -51,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("plan", type=Path, help="ShardingPlan JSON file")
     validate.set_defaults(command=_validate)
 
+    options = sub.add_parser(
+        "options", help="print every table's sharding options with perf and storage estimates"
+    )
+    options.add_argument("request", type=Path, help="PlanRequest JSON file")
+    options.add_argument("--all", action="store_true", help="include options that no rank can hold")
+    options.set_defaults(command=_options)
+
     schema = sub.add_parser("schema", help="print the JSON Schemas of requests and plans")
     schema.add_argument("--model", choices=sorted(_SCHEMA_MODELS), help="print only this one")
     schema.set_defaults(command=_schema)
@@ -76,6 +87,19 @@ def _validate(args: argparse.Namespace) -> int:
         f"{plan.world_size} rank(s)"
     )
     return EXIT_OK
+
+
+def _options(args: argparse.Namespace) -> int:
+    request = parse_request(_read(args.request), source=str(args.request))
+    enumerated = enumerate_options(request)
+    fitted = fit_options(request, enumerated)
+    tables = enumerated if args.all else fitted.tables
+    document = options_document(request, tables, fitted.problems, fitted.capacities)
+    json.dump(document, sys.stdout, separators=(",", ":"))
+    sys.stdout.write("\n")
+    for problem in fitted.problems:
+        print(f"{problem.code.value}: {problem.message}", file=sys.stderr)
+    return EXIT_NO_PLAN if fitted.problems else EXIT_OK
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -1,7 +1,9 @@
 """What each rank can hold for embedding tables after the reservation.
 
-The reservation (``hbm_headroom_fraction`` of the rank's primary memory, then
-``dense_bytes_per_rank``) is taken from HBM on cuda and from DDR on cpu, where tables live.
+The reservation is ``hbm_headroom_fraction`` of the rank's primary memory (a margin for
+fragmentation, allocator caches and estimate error, as TorchRec's 15% default) plus
+``dense_bytes_per_rank`` (dense parameters, activations, optimizer state of the dense
+model). It is taken from HBM on cuda and from DDR on cpu, where tables live.
 """
 
 from __future__ import annotations
@@ -18,11 +20,27 @@ class Capacity:
     rank: int
     hbm_bytes: int
     ddr_bytes: int
-    reserved_bytes: int
+    headroom_bytes: int
+    dense_bytes: int
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.headroom_bytes + self.dense_bytes
 
 
 def usable_capacity(topology: Topology, constraints: Constraints) -> list[Capacity]:
-    return [_usable(device, topology.compute_device, constraints) for device in topology.devices()]
+    base = _usable(topology.device(0), topology.compute_device, constraints)
+    capacities = [_with_rank(base, rank) for rank in range(topology.world_size)]
+    for override in topology.rank_overrides:
+        device = topology.device(override.rank)
+        capacities[override.rank] = _usable(device, topology.compute_device, constraints)
+    return capacities
+
+
+def _with_rank(capacity: Capacity, rank: int) -> Capacity:
+    return Capacity(
+        rank, capacity.hbm_bytes, capacity.ddr_bytes, capacity.headroom_bytes, capacity.dense_bytes
+    )
 
 
 def _usable(
@@ -30,10 +48,9 @@ def _usable(
 ) -> Capacity:
     on_cuda = compute_device is ComputeDevice.CUDA
     primary = device.hbm_bytes if on_cuda else device.ddr_bytes
-    reserved = min(
-        primary,
-        int(primary * constraints.hbm_headroom_fraction) + constraints.dense_bytes_per_rank,
-    )
+    headroom = int(primary * constraints.hbm_headroom_fraction)
+    dense = min(constraints.dense_bytes_per_rank, primary - headroom)
+    left = primary - headroom - dense
     if on_cuda:
-        return Capacity(device.rank, device.hbm_bytes - reserved, device.ddr_bytes, reserved)
-    return Capacity(device.rank, 0, device.ddr_bytes - reserved, reserved)
+        return Capacity(device.rank, left, device.ddr_bytes, headroom, dense)
+    return Capacity(device.rank, 0, left, headroom, dense)

@@ -7,6 +7,9 @@ from collections.abc import Sequence
 
 from planner_service.types import Shard
 
+# FBGEMM's kernels need row widths in multiples of 4 elements, so split column shards must be.
+COLUMN_ALIGNMENT = 4
+
 
 def row_block_size(num_rows: int, num_blocks: int) -> int:
     """Rows per block when ``num_rows`` are split over ``num_blocks`` ranks (ceil division)."""

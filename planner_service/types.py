@@ -108,6 +108,13 @@ class Objective(StrEnum):
     MAX_RANK_COST = "max_rank_cost"
 
 
+class CostModel(StrEnum):
+    """Which estimator prices shards: ours (the default) or TorchRec 1.8's, reproduced."""
+
+    SHARDPLAN = "shardplan"
+    TORCHREC_1_8 = "torchrec-1.8"
+
+
 class SolverStatus(StrEnum):
     OPTIMAL = "optimal"
     FEASIBLE = "feasible"
@@ -339,11 +346,13 @@ _NO_CONSTRAINTS = ParameterConstraints()
 
 
 class PlanOptions(_Value):
-    """How to solve: time budget, random seed, and the objective to minimise."""
+    """How to solve: time budget, random seed, objective, and the cost model that prices
+    shards (``shardplan``, or ``torchrec-1.8`` to judge plans on TorchRec's own terms)."""
 
     time_limit_s: PositiveFloat = DEFAULT_TIME_LIMIT_S
     seed: NonNegativeInt = 0
     objective: Objective = Objective.MAX_RANK_COST
+    cost_model: CostModel = CostModel.SHARDPLAN
 
 
 class PlanRequest(_Value):
@@ -538,6 +547,24 @@ class ViolationCode(StrEnum):
     COLOCATE = "colocate"
     SEPARATE = "separate"
     SOLVER_REPORT = "solver_report"
+
+
+class TableProblemCode(StrEnum):
+    NO_ALLOWED_OPTION = "no_allowed_option"
+    DOES_NOT_FIT = "does_not_fit"
+
+
+class TableProblem(_Value):
+    """Why a table cannot be placed at all, with the numbers to act on."""
+
+    code: TableProblemCode
+    table: str
+    message: str
+    smallest_option: str | None = None
+    needed_hbm_bytes: int | None = None
+    needed_ddr_bytes: int | None = None
+    largest_rank_hbm_bytes: int | None = None
+    largest_rank_ddr_bytes: int | None = None
 
 
 class Violation(_Value):

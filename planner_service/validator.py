@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 
 from planner_service.capacity import usable_capacity
 from planner_service.codec import plan_id_of
-from planner_service.shards import row_block_sizes, row_wise_shards
+from planner_service.shards import COLUMN_ALIGNMENT, row_block_sizes, row_wise_shards
 from planner_service.types import (
     COLUMN_SHARDING_TYPES,
     HOST_LOCAL_SHARDING_TYPES,
@@ -30,7 +30,6 @@ from planner_service.types import (
     gap,
 )
 
-COLUMN_ALIGNMENT = 4
 _ROWS, _COLUMNS = 0, 1
 _GAP_TOLERANCE = 1e-9
 

@@ -1,0 +1,76 @@
+"""Public workloads for tests and benchmarks, read from ../shared/data/.
+
+- NVIDIA distributed-embeddings synthetic models (tiny 55 tables ... colossal 2,002): one
+  feature per table with ``lookups_per_sample`` as its pooling factor.
+- Criteo's 26 categorical features (MLPerf DLRMv2 40M-capped cardinalities), dim 128,
+  pooling factors from the DLRMv2 multi-hot sizes.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from planner_service.codec import canonical_bytes, parse_request
+from planner_service.types import GiB, PlanRequest
+
+DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+NVIDIA_CSV = DATA / "nvidia_distributed_embeddings_synthetic_tables.csv"
+CRITEO_CSV = DATA / "criteo_cardinalities.csv"
+NVIDIA_MODELS = ("tiny", "small", "medium", "large", "jumbo", "colossal")
+
+
+def nvidia_tables(model: str) -> list[dict[str, Any]]:
+    with NVIDIA_CSV.open() as f:
+        rows = [row for row in csv.DictReader(f) if row["model"] == model]
+    if not rows:
+        raise ValueError(f"no model {model!r} in {NVIDIA_CSV.name}; models: {NVIDIA_MODELS}")
+    return [
+        {
+            "name": f"{model}_{row['table_id']}",
+            "num_embeddings": int(row["rows"]),
+            "embedding_dim": int(row["dim"]),
+            "pooling_factors": [float(row["lookups_per_sample"])],
+        }
+        for row in rows
+    ]
+
+
+def criteo_tables(
+    column: str = "terabyte_mlperf_dlrmv2_40M", dim: int = 128
+) -> list[dict[str, Any]]:
+    with CRITEO_CSV.open() as f:
+        rows = list(csv.DictReader(f))
+    return [
+        {
+            "name": row["feature"],
+            "num_embeddings": int(row[column]),
+            "embedding_dim": dim,
+            "pooling_factors": [float(row["mlperf_dlrmv2_multi_hot_size"])],
+        }
+        for row in rows
+    ]
+
+
+def workload_request(
+    tables: list[dict[str, Any]],
+    world_size: int,
+    *,
+    local_world_size: int = 8,
+    hbm_gib: int = 80,
+    batch_size: int = 512,
+    **extra: Any,
+) -> PlanRequest:
+    """The benchmark topology: ``world_size`` ranks, 8 per host, 80 GiB HBM each."""
+    document = {
+        "topology": {
+            "world_size": world_size,
+            "local_world_size": min(local_world_size, world_size),
+            "hbm_bytes": hbm_gib * GiB,
+        },
+        "tables": tables,
+        "batch_size": batch_size,
+        **extra,
+    }
+    return parse_request(canonical_bytes(document))
