@@ -8,10 +8,25 @@ Prints one row per (model, world size): tables, options, shards, best wall time.
 from __future__ import annotations
 
 import argparse
+import random
 import time
 
 from benchmarks.workloads import NVIDIA_MODELS, criteo_tables, nvidia_tables, workload_request
 from planner_service.enumerator import enumerate_options, fit_options
+
+
+def distinct_tables(count: int, seed: int = 0) -> list[dict[str, object]]:
+    """The worst case for shape caching: every table a different shape."""
+    rng = random.Random(seed)
+    return [
+        {
+            "name": f"t{i}",
+            "num_embeddings": rng.randint(1_000, 100_000_000),
+            "embedding_dim": rng.choice([32, 64, 128, 256, 512]),
+            "pooling_factors": [round(rng.uniform(1, 50), 3)],
+        }
+        for i in range(count)
+    ]
 
 
 def main() -> None:
@@ -22,6 +37,7 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     workloads = [(model, nvidia_tables(model)) for model in NVIDIA_MODELS]
     workloads.append(("criteo", criteo_tables()))
+    workloads.append(("2,000 distinct shapes", distinct_tables(2000)))
     for name, tables in workloads:
         for world in (8, 32, 128):
             request = workload_request(tables, world)

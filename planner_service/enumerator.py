@@ -11,6 +11,7 @@ that no rank can hold and reports, with numbers, every table left with none.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -286,15 +287,13 @@ def allowed_kernels(
     return [kernel for kernel in supported if kernel in allowed]
 
 
+@functools.cache
 def column_widths(dim: int, min_partition: int) -> list[int]:
     """Column-shard widths to try, widest first: the whole dim, then every multiple of 4
     that divides it and is at least ``min_partition`` (dim 512 -> 512, 256, 128)."""
-    narrower = [
-        width
-        for width in range(dim - 1, 0, -1)
-        if width % COLUMN_ALIGNMENT == 0 and dim % width == 0 and width >= min_partition
-    ]
-    return [dim, *narrower]
+    first = -(-max(min_partition, 1) // COLUMN_ALIGNMENT) * COLUMN_ALIGNMENT
+    narrower = [w for w in range(first, dim // 2 + 1, COLUMN_ALIGNMENT) if dim % w == 0]
+    return [dim, *reversed(narrower)]
 
 
 def _pins_allow(option: ShardingOption, pinned: list[int] | None, topology: Topology) -> bool:
@@ -324,10 +323,16 @@ def fit_options(request: PlanRequest, tables: list[TableOptions]) -> FitResult:
     """Drop options that no allowed rank could hold, even alone; report emptied tables."""
     capacities = usable_capacity(request.topology, request.constraints)
     kept, problems = [], []
+    # Tables of one shape share option objects, so their fit is decided once per shape.
+    decided: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[ShardingOption, ...]] = {}
     for entry in tables:
         pinned = request.constraints.for_table(entry.table.name).ranks
-        fits = _FitChecker(request.topology, capacities, pinned)
-        options = tuple(option for option in entry.options if fits.option_fits(option))
+        key = (tuple(map(id, entry.options)), tuple(pinned or ()))
+        options = decided.get(key)
+        if options is None:
+            fits = _FitChecker(request.topology, capacities, pinned)
+            options = tuple(option for option in entry.options if fits.option_fits(option))
+            decided[key] = options
         kept.append(TableOptions(entry.table, options))
         if not options:
             problems.append(_explain(request, entry, capacities, pinned))

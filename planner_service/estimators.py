@@ -16,7 +16,7 @@ model), so estimates are computed once per distinct width and device class.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from planner_service.types import (
@@ -91,22 +91,30 @@ class OptionContext:
     compute_kernel: ComputeKernel
     cache_load_factor: float | None
     cost_model: CostModel
+    # Derived once per option, read many times by the formulas.
+    is_pooled: bool = field(init=False)
+    dtype_bytes: int = field(init=False)
+    world_size: int = field(init=False)
+    local_world_size: int = field(init=False)
 
-    @property
-    def is_pooled(self) -> bool:
-        return self.table.pooling is not PoolingType.NONE
+    def __post_init__(self) -> None:
+        derived = {
+            "is_pooled": self.table.pooling is not PoolingType.NONE,
+            "dtype_bytes": element_bytes(self.table, self.cost_model),
+            "world_size": self.topology.world_size,
+            "local_world_size": self.topology.num_local_ranks,
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
-    @property
-    def dtype_bytes(self) -> int:
-        return self.table.data_type.size_bytes
 
-    @property
-    def world_size(self) -> int:
-        return self.topology.world_size
-
-    @property
-    def local_world_size(self) -> int:
-        return self.topology.num_local_ranks
+def element_bytes(table: Table, cost_model: CostModel) -> int:
+    """Bytes per element. TorchRec's modules materialise every non-fp32 table as fp16, so
+    its model prices int8 and bf16 at 2 bytes; ours at the type's real size."""
+    size = table.data_type.size_bytes
+    if cost_model is CostModel.TORCHREC_1_8 and size != 4:
+        return 2
+    return size
 
 
 # --------------------------------------------------------------------------- bandwidths

@@ -290,6 +290,13 @@ class Table(_Value):
                 table=self.name,
                 dups=", ".join(map(repr, duplicates)),
             )
+        if self.is_weighted and self.pooling is PoolingType.NONE:
+            raise _error(
+                "weighted_sequence",
+                "table {table!r} has is_weighted true with pooling none; per-id weights "
+                "scale ids inside a pooled bag, so use pooling sum or mean, or is_weighted false",
+                table=self.name,
+            )
         if self.pooling_factors is None:
             object.__setattr__(self, "pooling_factors", [1.0] * n)
         for field in ("pooling_factors", "batch_sizes"):

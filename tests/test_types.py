@@ -118,6 +118,10 @@ def test_enums_inside_strings_outside():
             "pooling_factors of table 'a' has 1 entries but the table has 2 feature_names",
         ),
         (
+            _doc(tables=[table("s", pooling="none", is_weighted=True)]),
+            "table 's' has is_weighted true with pooling none",
+        ),
+        (
             _doc(tables=[table("t0", colour="red")]),
             "tables[0].colour = 'red': unknown field; accepted fields here: name, num_embeddings",
         ),
