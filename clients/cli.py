@@ -11,16 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from planner_service import __version__
-from planner_service.codec import parse_plan, parse_request
+from planner_service.capacity import usable_capacity
+from planner_service.codec import parse_plan, parse_request, plan_bytes
 from planner_service.enumerator import enumerate_options, fit_options
 from planner_service.errors import FieldProblem, InputError
-from planner_service.reports import options_document
+from planner_service.reports import options_document, plan_table
+from planner_service.solver import solve
 from planner_service.types import PlanRequest, ShardingPlan
 from planner_service.validator import validate_plan
 
@@ -55,6 +59,17 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("plan", type=Path, help="ShardingPlan JSON file")
     validate.set_defaults(command=_validate)
 
+    plan = sub.add_parser("plan", help="solve a request and print the plan")
+    plan.add_argument("request", type=Path, help="PlanRequest JSON file")
+    plan.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="json",
+        help="json: the plan document (default); table: stats tables",
+    )
+    plan.add_argument("--output", "-o", type=Path, help="also write the plan JSON to this file")
+    plan.set_defaults(command=_plan)
+
     options = sub.add_parser(
         "options", help="print every table's sharding options with perf and storage estimates"
     )
@@ -87,6 +102,70 @@ def _validate(args: argparse.Namespace) -> int:
         f"{plan.world_size} rank(s)"
     )
     return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    request = parse_request(_read(args.request), source=str(args.request))
+    with _ProgressLine() as progress:
+        outcome = solve(request, on_progress=progress.update)
+    if outcome.plan is None:
+        assert outcome.infeasibility is not None
+        if args.format == "json":
+            print(outcome.infeasibility.model_dump_json(indent=2))
+        print(outcome.infeasibility.render(), file=sys.stderr)
+        return EXIT_NO_PLAN
+    document = plan_bytes(outcome.plan)
+    if args.output:
+        args.output.write_bytes(document + b"\n")
+    if args.format == "json":
+        sys.stdout.write(document.decode() + "\n")
+    else:
+        capacities = usable_capacity(request.topology, request.constraints)
+        sys.stdout.write(
+            plan_table(
+                request, outcome.plan, capacities, outcome.rank_io_bytes, outcome.wall_time_s
+            )
+        )
+    report = outcome.plan.solver
+    print(
+        f"{report.status.value}: objective {report.objective:.6g} ms, lower bound "
+        f"{report.lower_bound:.6g} ms, gap {report.gap:.2%}, {outcome.wall_time_s:.2f} s",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+class _ProgressLine:
+    """Prints a progress line on stderr every 2 s while a solve runs longer than that."""
+
+    INTERVAL_S = 2.0
+
+    def __init__(self) -> None:
+        self._state: tuple[str, float | None, float | None] = ("starting", None, None)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._start = time.monotonic()
+
+    def update(self, stage: str, best: float | None, bound: float | None) -> None:
+        self._state = (stage, best, bound)
+
+    def __enter__(self) -> _ProgressLine:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.INTERVAL_S):
+            stage, best, bound = self._state
+            parts = [f"planning: {time.monotonic() - self._start:.0f} s, {stage}"]
+            if best is not None:
+                parts.append(f"best {best:.6g} ms")
+            if bound is not None:
+                parts.append(f"bound {bound:.6g} ms")
+            print(", ".join(parts), file=sys.stderr, flush=True)
 
 
 def _options(args: argparse.Namespace) -> int:

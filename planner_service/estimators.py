@@ -279,8 +279,13 @@ def _data_parallel_perf(ctx: OptionContext, cols: int, device: DeviceSpec) -> Pe
 
 @dataclass(frozen=True, slots=True)
 class Storage:
+    """Bytes a shard occupies per tier; ``io_bytes`` (input ids plus output embeddings, part
+    of HBM on cuda and of DDR on cpu) is broken out for reports."""
+
     hbm_bytes: int
     ddr_bytes: int
+    input_bytes: int = 0
+    output_bytes: int = 0
 
 
 def estimate_storage(ctx: OptionContext, rows: int, cols: int) -> Storage:
@@ -288,9 +293,10 @@ def estimate_storage(ctx: OptionContext, rows: int, cols: int) -> Storage:
     input_bytes, output_bytes = _io_bytes(ctx, rows, cols)
     weights_hbm, weights_ddr = _weight_bytes(ctx, rows, cols)
     state_hbm, state_ddr = _optimizer_bytes(ctx, rows, cols, weights_hbm, weights_ddr)
+    io = input_bytes + output_bytes
     if ctx.topology.compute_device is ComputeDevice.CPU:
-        return Storage(0, input_bytes + output_bytes + weights_ddr + state_ddr)
-    return Storage(input_bytes + output_bytes + weights_hbm + state_hbm, weights_ddr + state_ddr)
+        return Storage(0, io + weights_ddr + state_ddr, input_bytes, output_bytes)
+    return Storage(io + weights_hbm + state_hbm, weights_ddr + state_ddr, input_bytes, output_bytes)
 
 
 def _io_bytes(ctx: OptionContext, rows: int, cols: int) -> tuple[int, int]:

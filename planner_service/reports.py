@@ -6,7 +6,7 @@ from typing import Any
 
 from planner_service.capacity import Capacity
 from planner_service.enumerator import DeviceClasses, ShardingOption, TableOptions
-from planner_service.types import PlanRequest, TableProblem
+from planner_service.types import PlanRequest, ShardingPlan, TableProblem
 
 
 def options_document(
@@ -111,3 +111,118 @@ def rank_ranges(ranks: list[int]) -> str:
     if start is not None:
         parts.append(f"{start}" if start == previous else f"{start}-{previous}")
     return ",".join(parts)
+
+
+# --------------------------------------------------------------------------- plan tables
+
+_PERF_COLUMNS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch")
+_TYPE_ABBREVIATIONS = {
+    "table_wise": "TW",
+    "row_wise": "RW",
+    "column_wise": "CW",
+    "table_row_wise": "TWRW",
+    "table_column_wise": "TWCW",
+    "data_parallel": "DP",
+}
+
+
+def plan_table(
+    request: PlanRequest,
+    plan: ShardingPlan,
+    capacities: list[Capacity],
+    rank_io_bytes: list[tuple[int, int]],
+    wall_time_s: float,
+) -> str:
+    """A stats table like TorchRec's: per rank, per table, then the solver report."""
+    sections = [
+        _rank_section(request, plan, capacities, rank_io_bytes),
+        _table_section(plan),
+        _report_section(plan, wall_time_s),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def _rank_section(
+    request: PlanRequest,
+    plan: ShardingPlan,
+    capacities: list[Capacity],
+    rank_io_bytes: list[tuple[int, int]],
+) -> str:
+    shard_counts: list[dict[str, int]] = [{} for _ in plan.rank_stats]
+    for sharding in plan.tables.values():
+        label = _TYPE_ABBREVIATIONS[sharding.sharding_type.value]
+        for shard in sharding.shards:
+            counts = shard_counts[shard.rank]
+            counts[label] = counts.get(label, 0) + 1
+    header = [
+        "rank",
+        "HBM GB (used %)",
+        "DDR GB",
+        "perf ms",
+        *_PERF_COLUMNS,
+        "input MB",
+        "output MB",
+        "shards",
+    ]
+    rows = []
+    for stats in plan.rank_stats:
+        total_hbm = capacities[stats.rank].hbm_bytes + capacities[stats.rank].reserved_bytes
+        used = f"{stats.hbm_bytes / 1e9:.2f} ({_percent(stats.hbm_bytes, total_hbm)})"
+        io = rank_io_bytes[stats.rank] if stats.rank < len(rank_io_bytes) else (0, 0)
+        rows.append(
+            [
+                str(stats.rank),
+                used,
+                f"{stats.ddr_bytes / 1e9:.2f}",
+                f"{stats.perf.total:.4f}",
+                *(f"{getattr(stats.perf, name):.4f}" for name in _PERF_COLUMNS),
+                f"{io[0] / 1e6:.2f}",
+                f"{io[1] / 1e6:.2f}",
+                " ".join(f"{k}:{v}" for k, v in sorted(shard_counts[stats.rank].items())) or "-",
+            ]
+        )
+    return _render(header, rows)
+
+
+def _table_section(plan: ShardingPlan) -> str:
+    header = ["table", "sharding type", "kernel", "shards", "ranks"]
+    rows = [
+        [
+            name,
+            sharding.sharding_type.value,
+            sharding.compute_kernel.value,
+            str(len(sharding.shards)),
+            rank_ranges(sorted(set(sharding.ranks))),
+        ]
+        for name, sharding in sorted(plan.tables.items())
+    ]
+    return _render(header, rows)
+
+
+def _report_section(plan: ShardingPlan, wall_time_s: float) -> str:
+    report = plan.solver
+    return "\n".join(
+        [
+            f"status        {report.status.value}",
+            f"objective     {report.objective:.6f} ms (max over ranks of perf total)",
+            f"lower bound   {report.lower_bound:.6f} ms ({report.lower_bound_source})",
+            f"gap           {report.gap:.4%}",
+            f"critical path {report.critical_path:.6f} ms",
+            f"wall time     {wall_time_s:.2f} s",
+            f"plan_id       {plan.plan_id}",
+        ]
+    )
+
+
+def _percent(used: int, total: int) -> str:
+    return f"{used / total:.0%}" if total else "-"
+
+
+def _render(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in [header, *rows]
+    ]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    return "\n".join(line.rstrip() for line in lines)

@@ -494,14 +494,20 @@ class RankStats(_Value):
 class SolverReport(_Value):
     """How good the plan is and how sure we are.
 
-    ``gap`` = (objective - lower_bound) / objective. The solve's wall time is not part of
-    the plan (it would make equal plans differ byte-for-byte); it travels beside the plan.
+    ``objective`` is the max over ranks of summed shard ``perf.total`` (ms);
+    ``lower_bound`` the best proven bound (``lower_bound_source`` says which);
+    ``gap`` = (objective - lower_bound) / objective; ``critical_path`` the sum over perf
+    components of their max over ranks (ranks wait for each other at every collective).
+    The solve's wall time is not part of the plan (it would make equal plans differ
+    byte-for-byte); it travels beside the plan.
     """
 
     status: SolverStatus
     objective: NonNegativeFloat
     lower_bound: NonNegativeFloat
     gap: NonNegativeFloat
+    lower_bound_source: str | None = None
+    critical_path: NonNegativeFloat = 0.0
 
 
 class ShardingPlan(_Value):
@@ -572,6 +578,69 @@ class TableProblem(_Value):
     needed_ddr_bytes: int | None = None
     largest_rank_hbm_bytes: int | None = None
     largest_rank_ddr_bytes: int | None = None
+
+
+class InfeasibilityCode(StrEnum):
+    TABLE_DOES_NOT_FIT = "table_does_not_fit"
+    NO_ALLOWED_OPTION = "no_allowed_option"
+    TOTAL_MEMORY = "total_memory"
+    PINNED_RANKS_OVERLOADED = "pinned_ranks_overloaded"
+    NO_FEASIBLE_COMBINATION = "no_feasible_combination"
+    TIMED_OUT = "timed_out"
+
+
+class InfeasibilityReason(_Value):
+    """One reason no plan exists, in terms a user can act on."""
+
+    code: InfeasibilityCode
+    message: str
+    tables: list[str] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=list)
+    needed_bytes: int | None = None
+    available_bytes: int | None = None
+
+
+class SmallestFixes(_Value):
+    """What relaxed re-solves found would make the request plannable."""
+
+    min_world_size: int | None = None
+    min_world_size_searched_up_to: int | None = None
+    tables_fit_with_uvm_caching: list[str] = Field(default_factory=list)
+    uvm_caching_makes_it_fit: bool = False
+
+
+class Infeasibility(_Value):
+    """Why a request has no plan (``infeasible``: proven; ``no_solution_in_time``: none
+    found within the time limit, not proven impossible), and the smallest fixes found."""
+
+    status: SolverStatus
+    reasons: list[InfeasibilityReason]
+    fixes: SmallestFixes = Field(default_factory=SmallestFixes)
+
+    def render(self) -> str:
+        title = (
+            "no plan exists"
+            if self.status is SolverStatus.INFEASIBLE
+            else "no plan found within the time limit"
+        )
+        lines = [f"{title}:"]
+        lines += [f"  - {reason.message}" for reason in self.reasons]
+        fixes = self.fixes
+        if fixes.min_world_size is not None:
+            lines.append(f"  fix: world_size {fixes.min_world_size} (same devices) fits")
+        elif fixes.min_world_size_searched_up_to is not None:
+            lines.append(f"  no world size up to {fixes.min_world_size_searched_up_to} fits either")
+        if fixes.tables_fit_with_uvm_caching:
+            verdict = (
+                "and then the whole model fits"
+                if fixes.uvm_caching_makes_it_fit
+                else ("(not enough on its own)")
+            )
+            lines.append(
+                "  fix: allow fused_uvm_caching for "
+                f"{', '.join(fixes.tables_fit_with_uvm_caching)} {verdict}"
+            )
+        return "\n".join(lines)
 
 
 class Violation(_Value):

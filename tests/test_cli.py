@@ -127,3 +127,85 @@ def test_schema_prints_both_json_schemas(run_cli):
     assert "world_size" in schemas["PlanRequest"]["$defs"]["Topology"]["properties"]
     only = json.loads(run_cli("schema", "--model", "plan").stdout)
     assert list(only) == ["ShardingPlan"]
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _write_request(tmp_path, document) -> str:
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_plan_writes_a_valid_plan(run_cli, tmp_path):
+    path = _write_request(
+        tmp_path,
+        {
+            "topology": {"world_size": 4, "local_world_size": 2},
+            "tables": [
+                {"name": f"t{i}", "num_embeddings": 10**5 * (i + 1), "embedding_dim": 64}
+                for i in range(6)
+            ],
+            "options": {"time_limit_s": 1},
+        },
+    )
+    out = tmp_path / "plan.json"
+    result = run_cli("plan", path, "--output", out)
+    assert result.returncode == 0, result.stderr
+    assert out.read_text().strip() == result.stdout.strip()
+    plan = json.loads(result.stdout)
+    assert plan["solver"]["objective"] >= plan["solver"]["lower_bound"]
+    assert "gap" in result.stderr and result.stderr.startswith(plan["solver"]["status"])
+    validated = run_cli("validate", path, out)
+    assert validated.returncode == 0, validated.stdout
+
+
+def test_plan_table_format(run_cli, tmp_path):
+    path = _write_request(
+        tmp_path,
+        {
+            "topology": {"world_size": 2},
+            "tables": [
+                {"name": "users", "num_embeddings": 1000, "embedding_dim": 128},
+                {"name": "ads", "num_embeddings": 50, "embedding_dim": 16},
+            ],
+        },
+    )
+    result = run_cli("plan", path, "--format", "table")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split(" | ")[:4] == ["rank", "HBM GB (used %)", "DDR GB", "perf ms"]
+    assert any(line.startswith("users ") for line in lines)
+    assert any(line.startswith("status ") for line in lines)
+    assert any(line.startswith("gap ") for line in lines)
+
+
+def test_plan_exits_3_with_an_explanation(run_cli, tmp_path):
+    path = _write_request(
+        tmp_path,
+        {
+            "topology": {"world_size": 2, "hbm_bytes": 2**30, "ddr_bytes": 2**30},
+            "tables": [{"name": "huge", "num_embeddings": 10**9, "embedding_dim": 128}],
+        },
+    )
+    result = run_cli("plan", path)
+    assert result.returncode == 3
+    explanation = json.loads(result.stdout)
+    assert explanation["status"] == "infeasible"
+    assert explanation["reasons"][0]["tables"] == ["huge"]
+    assert "no plan exists:" in result.stderr
+    assert "table 'huge' fits no rank" in result.stderr
+
+
+def test_progress_line_for_long_solves(monkeypatch, capsys):
+    from clients import cli
+
+    monkeypatch.setattr(cli._ProgressLine, "INTERVAL_S", 0.05)
+    import time
+
+    with cli._ProgressLine() as progress:
+        progress.update("cp-sat", 1.25, 1.0)
+        time.sleep(0.2)
+    err = capsys.readouterr().err
+    assert "planning: 0 s, cp-sat, best 1.25 ms, bound 1 ms" in err

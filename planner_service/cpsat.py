@@ -1,0 +1,439 @@
+"""The CP-SAT model: choose options and place shards so the most loaded rank is lightest.
+
+Identical tables are aggregated (see ``problem.group_tables``): per group and option an
+integer count of tables choosing it, and per free shard kind and rank an integer count of
+shards placed there. Column shards of one table may share a rank, so a column-wise option
+is just ``k`` interchangeable shards; a table-row-wise option is a count per host. The model
+therefore grows with distinct shapes x options x ranks, not with tables. When even that
+exceeds ``max_placement_vars``, each group keeps the options and ranks of the warm start plus
+its cheapest options and the least-loaded ranks; the model is then a neighbourhood of the
+warm start and its bound is not used as a proof.
+
+Perf is scaled to integers rounding down, so the model's optimum never exceeds the true one
+and its proven bound (divided by the scale) is a valid lower bound. Memory is exact bytes.
+Search is deterministic: interleaved workers and a deterministic time limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from planner_service.enumerator import Placement, ShardingOption
+from planner_service.problem import Choice, Group, Problem, loads_of
+from planner_service.types import ShardingType
+
+COST_RESOLUTION = 10_000_000  # integer units per warm-start makespan
+MAX_PLACEMENT_VARS = 150_000
+HBM_STEPS = 1000  # resolution of the peak-HBM tie-break
+NUM_WORKERS = 4  # interleaved subsolvers (LNS among them), run deterministically
+# The search budget is a fixed share of the request's time limit, never of the wall time
+# left, so the same request searches exactly as far in every process. Interleaved search
+# overshoots its deterministic budget by up to about 2x, hence the share; the wall-clock
+# limit is only a safety net far beyond it (hitting it would cost determinism).
+SEARCH_SHARE = 0.45
+WALL_SAFETY_FACTOR = 4.0
+RELATIVE_GAP_LIMIT = 1e-5  # stop once proven this close to optimal
+
+ProgressCallback = Callable[[str, float | None, float | None], None]
+
+
+@dataclass
+class CpSatResult:
+    choices: list[Choice] | None
+    status: str
+    bound: float | None  # proven lower bound in ms, only when the model was complete
+    exact: bool
+    num_variables: int
+    wall_time_s: float
+
+
+@dataclass
+class _OptionVars:
+    group: int
+    option: int
+    count: cp_model.IntVar
+    per_rank: dict[int, cp_model.IntVar] = field(default_factory=dict)  # free shards
+    per_host: dict[int, cp_model.IntVar] = field(default_factory=dict)  # host-local tables
+
+
+class _Model:
+    def __init__(
+        self,
+        problem: Problem,
+        groups: list[Group],
+        hint: list[Choice] | None,
+        scale: float,
+        restrict: bool,
+    ) -> None:
+        self.problem = problem
+        self.groups = groups
+        self.scale = scale
+        self.model = cp_model.CpModel()
+        world = problem.world_size
+        self.perf_terms: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(world)]
+        self.hbm_terms: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(world)]
+        self.ddr_terms: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(world)]
+        self.usage_terms: dict[int, list[list[tuple[cp_model.IntVar, int]]]] = {}
+        self.option_vars: list[_OptionVars] = []
+        self.hint = hint
+        self.hint_loads = loads_of(problem, hint) if hint is not None else None
+        self.restrict = restrict
+        self.num_placement_vars = 0
+        self.linked = _linked_groups(problem, groups)
+        for g in self.linked.values():
+            self.usage_terms[g] = [[] for _ in range(world)]
+        for g, group in enumerate(groups):
+            self._add_group(g, group)
+        self._add_capacities()
+        self._add_links()
+
+    # ---- variables
+
+    def _add_group(self, g: int, group: Group) -> None:
+        counts = []
+        for o in self._kept_options(g, group):
+            option = group.options[o]
+            count = self.model.new_int_var(0, group.size, f"y{g}_{o}")
+            counts.append(count)
+            entry = _OptionVars(g, o, count)
+            self.option_vars.append(entry)
+            if option.placement is Placement.FIXED:
+                self._add_fixed(entry, option, count, tuple(range(self.problem.world_size)))
+            elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
+                self._add_per_host(entry, option, group, free_within_host=False)
+            elif option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+                self._add_per_host(entry, option, group, free_within_host=True)
+            else:
+                self._add_free(entry, option, group, count, self._kept_ranks(g, o, group.allowed))
+        self.model.add(sum(counts) == group.size)
+
+    def _add_fixed(
+        self,
+        entry: _OptionVars,
+        option: ShardingOption,
+        count: cp_model.IntVar,
+        ranks: tuple[int, ...],
+    ) -> None:
+        costs = self.problem.costs(option)
+        for shard, rank in enumerate(ranks):
+            cost = costs.cost[shard, self.problem.class_of_rank[rank]]
+            self._load(rank, count, cost, int(costs.hbm[shard]), int(costs.ddr[shard]), entry.group)
+
+    def _add_free(
+        self,
+        entry: _OptionVars,
+        option: ShardingOption,
+        group: Group,
+        count: cp_model.IntVar,
+        ranks: list[int],
+    ) -> None:
+        """``k`` equal shards per table, each on any allowed rank (shards may share one)."""
+        costs = self.problem.costs(option)
+        k = costs.num_shards
+        placed = []
+        for rank in ranks:
+            z = self.model.new_int_var(0, group.size * k, f"z{entry.group}_{entry.option}_{rank}")
+            entry.per_rank[rank] = z
+            placed.append(z)
+            cost = costs.cost[0, self.problem.class_of_rank[rank]]
+            self._load(rank, z, cost, int(costs.hbm[0]), int(costs.ddr[0]), entry.group)
+        self.num_placement_vars += len(ranks)
+        self.model.add(sum(placed) == k * count)
+
+    def _add_per_host(
+        self, entry: _OptionVars, option: ShardingOption, group: Group, free_within_host: bool
+    ) -> None:
+        problem = self.problem
+        allowed = set(group.allowed)
+        hosts = []
+        for host in range(problem.num_hosts):
+            ranks = tuple(problem.host_ranks(host))
+            usable = [r for r in ranks if r in allowed]
+            if not usable or (not free_within_host and len(usable) < len(ranks)):
+                continue
+            h = self.model.new_int_var(0, group.size, f"h{entry.group}_{entry.option}_{host}")
+            entry.per_host[host] = h
+            hosts.append(h)
+            if free_within_host:
+                self._add_free(entry, option, group, h, usable)
+            else:
+                self._add_fixed(entry, option, h, ranks)
+        self.model.add(sum(hosts) == entry.count)
+
+    def _load(
+        self, rank: int, var: cp_model.IntVar, cost: float, hbm: int, ddr: int, group: int
+    ) -> None:
+        self.perf_terms[rank].append((var, math.floor(cost * self.scale)))
+        if hbm:
+            self.hbm_terms[rank].append((var, hbm))
+        if ddr:
+            self.ddr_terms[rank].append((var, ddr))
+        if group in self.usage_terms:
+            self.usage_terms[group][rank].append((var, 1))
+
+    # ---- restriction to a neighbourhood of the warm start
+
+    def _kept_options(self, g: int, group: Group) -> list[int]:
+        everything = list(range(len(group.options)))
+        if not self.restrict or self.hint is None:
+            return everything
+        used = {self.hint[t].option for t in group.members}
+        by_work = sorted(everything, key=lambda o: (self.problem.costs(group.options[o]).work, o))
+        return sorted(used | set(by_work[:3]))
+
+    def _kept_ranks(self, g: int, o: int, allowed: tuple[int, ...]) -> list[int]:
+        if not self.restrict or self.hint is None or self.hint_loads is None:
+            return list(allowed)
+        group = self.groups[g]
+        used = {r for t in group.members if self.hint[t].option == o for r in self.hint[t].ranks}
+        loads = self.hint_loads.perf
+        lightest = sorted(allowed, key=lambda r: (loads[r], r))[:8]
+        return sorted(used | set(lightest))
+
+    # ---- constraints
+
+    def _add_capacities(self) -> None:
+        problem = self.problem
+        for rank in range(problem.world_size):
+            for terms, cap in (
+                (self.hbm_terms[rank], problem.hbm_cap[rank]),
+                (self.ddr_terms[rank], problem.ddr_cap[rank]),
+            ):
+                if terms:
+                    self.model.add(_weighted(terms) <= int(cap))
+
+    def _add_links(self) -> None:
+        """Colocate and separate groups, over which ranks each linked table uses."""
+        constraints = self.problem.request.constraints
+        if not constraints.colocate and not constraints.separate:
+            return
+        used = self._usage_booleans()
+        for group in constraints.colocate:
+            first, *rest = (used[name] for name in group)
+            for other in rest:
+                for a, b in zip(first, other, strict=True):
+                    self.model.add(a == b)
+        for group in constraints.separate:
+            for i, name in enumerate(group):
+                for partner in group[i + 1 :]:
+                    for a, b in zip(used[name], used[partner], strict=True):
+                        self.model.add(a + b <= 1)
+
+    def _usage_booleans(self) -> dict[str, list[cp_model.IntVar]]:
+        """For each linked (singleton) table, a boolean per rank: is any shard of it there?"""
+        used = {}
+        for name, g in self.linked.items():
+            most = max(len(option.shards) for option in self.groups[g].options)
+            flags = []
+            for rank, terms in enumerate(self.usage_terms[g]):
+                flag = self.model.new_bool_var(f"u{g}_{rank}")
+                if terms:
+                    shards = _weighted(terms)
+                    self.model.add(shards <= most * flag)
+                    self.model.add(shards >= flag)
+                else:
+                    self.model.add(flag == 0)
+                flags.append(flag)
+            used[name] = flags
+        return used
+
+    # ---- objective
+
+    def makespan(self, upper: int) -> cp_model.IntVar:
+        makespan = self.model.new_int_var(0, upper, "T")
+        for terms in self.perf_terms:
+            if terms:
+                self.model.add(_weighted(terms) <= makespan)
+        return makespan
+
+    def peak_hbm(self) -> cp_model.IntVar:
+        """Peak HBM over ranks in steps of 1/HBM_STEPS of the largest rank's capacity."""
+        step = max(1, math.ceil(int(self.problem.hbm_cap.max(initial=0)) / (HBM_STEPS - 1)))
+        peak = self.model.new_int_var(0, HBM_STEPS - 1, "peak_hbm")
+        for terms in self.hbm_terms:
+            if terms:
+                self.model.add(_weighted(terms) <= peak * step)
+        return peak
+
+    # ---- hints and decoding
+
+    def add_hint(self, choices: list[Choice]) -> None:
+        counts: dict[tuple[int, int], int] = {}
+        ranks: dict[tuple[int, int, int], int] = {}
+        hosts: dict[tuple[int, int, int], int] = {}
+        for g, group in enumerate(self.groups):
+            for t in group.members:
+                choice = choices[t]
+                counts[g, choice.option] = counts.get((g, choice.option), 0) + 1
+                option = group.options[choice.option]
+                if option.placement is Placement.PER_HOST:
+                    host = self.problem.topology.host_of(choice.ranks[0])
+                    hosts[g, choice.option, host] = hosts.get((g, choice.option, host), 0) + 1
+                if entry_has_free_shards(option):
+                    for rank in choice.ranks:
+                        key = (g, choice.option, rank)
+                        ranks[key] = ranks.get(key, 0) + 1
+        for entry in self.option_vars:
+            self.model.add_hint(entry.count, counts.get((entry.group, entry.option), 0))
+            for rank, var in entry.per_rank.items():
+                self.model.add_hint(var, ranks.get((entry.group, entry.option, rank), 0))
+            for host, var in entry.per_host.items():
+                self.model.add_hint(var, hosts.get((entry.group, entry.option, host), 0))
+
+    def decode(self, solver: cp_model.CpSolver) -> list[Choice]:
+        choices: list[Choice | None] = [None] * len(self.problem.tables)
+        by_group: dict[int, list[_OptionVars]] = {}
+        for entry in self.option_vars:
+            by_group.setdefault(entry.group, []).append(entry)
+        for g, group in enumerate(self.groups):
+            members = iter(group.members)
+            for entry in by_group.get(g, []):
+                option = group.options[entry.option]
+                for ranks in self._assign(solver, entry, option, int(solver.value(entry.count))):
+                    choices[next(members)] = Choice(entry.option, ranks)
+        return [choice for choice in choices if choice is not None]
+
+    def _assign(
+        self, solver: cp_model.CpSolver, entry: _OptionVars, option: ShardingOption, count: int
+    ) -> list[tuple[int, ...]]:
+        """The rank tuples of ``count`` tables taking this option, from the counts."""
+        k = len(option.shards)
+        if option.placement is Placement.FIXED:
+            return [tuple(range(self.problem.world_size))] * count
+        if option.sharding_type is ShardingType.TABLE_ROW_WISE:
+            result = []
+            for host, var in entry.per_host.items():
+                result += [tuple(self.problem.host_ranks(host))] * int(solver.value(var))
+            return result
+        if option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+            result = []
+            for host, var in entry.per_host.items():
+                ranks = [r for r in self.problem.host_ranks(host) if r in entry.per_rank]
+                pool = _expand({r: int(solver.value(entry.per_rank[r])) for r in ranks})
+                tables = int(solver.value(var))
+                result += [tuple(pool[i * k : (i + 1) * k]) for i in range(tables)]
+            return result
+        pool = _expand({r: int(solver.value(v)) for r, v in entry.per_rank.items()})
+        return [tuple(pool[i * k : (i + 1) * k]) for i in range(count)]
+
+
+def entry_has_free_shards(option: ShardingOption) -> bool:
+    """Whether the model places this option's shards rank by rank (z variables)."""
+    return option.placement is not Placement.FIXED and (
+        option.sharding_type is not ShardingType.TABLE_ROW_WISE
+    )
+
+
+def _linked_groups(problem: Problem, groups: list[Group]) -> dict[str, int]:
+    """Group index of every table named in a colocate or separate group (singletons)."""
+    constraints = problem.request.constraints
+    names = {name for group in (*constraints.colocate, *constraints.separate) for name in group}
+    return {
+        problem.tables[group.members[0]].table.name: g
+        for g, group in enumerate(groups)
+        if problem.tables[group.members[0]].table.name in names
+    }
+
+
+def _expand(counts: dict[int, int]) -> list[int]:
+    return [rank for rank in sorted(counts) for _ in range(counts[rank])]
+
+
+def _weighted(terms: list[tuple[cp_model.IntVar, int]]) -> cp_model.LinearExpr:
+    return cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [c for _, c in terms])
+
+
+# --------------------------------------------------------------------------- solving
+
+
+def solve_cpsat(
+    problem: Problem,
+    groups: list[Group],
+    hint: list[Choice] | None,
+    *,
+    time_limit_s: float,
+    seed: int,
+    on_progress: ProgressCallback | None = None,
+) -> CpSatResult:
+    """Minimise the max rank cost, ties broken by the lower peak HBM (lexicographically:
+    the HBM term, in thousandths of a rank's capacity, never outweighs one cost unit)."""
+    start = time.perf_counter()
+    reference = _reference_makespan(problem, hint)
+    scale = COST_RESOLUTION / reference if reference > 0 else 1.0
+    size = sum(
+        len(group.allowed)
+        for group in groups
+        for option in group.options
+        if option.placement is not Placement.FIXED
+    )
+    restrict = hint is not None and size > MAX_PLACEMENT_VARS
+    built = _Model(problem, groups, hint, scale, restrict)
+    makespan = built.makespan(_makespan_upper(problem, hint, scale))
+    peak = built.peak_hbm()
+    built.model.minimize(makespan * HBM_STEPS + peak)
+    if hint is not None:
+        built.add_hint(hint)
+    solver = _solver(time_limit_s * SEARCH_SHARE, seed)
+    callback = _Progress(makespan, scale, on_progress) if on_progress else None
+    status = solver.solve(built.model, callback)
+    num_variables = len(built.model.proto.variables)
+    wall = time.perf_counter() - start
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return CpSatResult(
+            None, solver.status_name(status), None, not restrict, num_variables, wall
+        )
+    bound = None
+    if not restrict:  # a proof only when the model is the whole problem
+        bound = max(0.0, (solver.best_objective_bound - (HBM_STEPS - 1)) / HBM_STEPS / scale)
+    return CpSatResult(
+        built.decode(solver), solver.status_name(status), bound, not restrict, num_variables, wall
+    )
+
+
+def _solver(time_limit_s: float, seed: int) -> cp_model.CpSolver:
+    """A portfolio of workers interleaved deterministically, stopped by deterministic time:
+    the same request searches exactly as far, and answers the same, in every process."""
+    solver = cp_model.CpSolver()
+    parameters = solver.parameters
+    parameters.num_workers = NUM_WORKERS
+    parameters.interleave_search = True
+    parameters.random_seed = seed
+    parameters.max_deterministic_time = max(time_limit_s, 0.01)
+    parameters.max_time_in_seconds = max(time_limit_s, 0.01) * WALL_SAFETY_FACTOR
+    parameters.relative_gap_limit = RELATIVE_GAP_LIMIT
+    return solver
+
+
+def _reference_makespan(problem: Problem, hint: list[Choice] | None) -> float:
+    if hint is not None:
+        return loads_of(problem, hint).objective
+    work = sum(min(problem.costs(o).work for o in t.options) for t in problem.tables)
+    largest = max(
+        (min(problem.costs(o).largest_shard for o in t.options) for t in problem.tables),
+        default=0.0,
+    )
+    return work / problem.world_size + largest
+
+
+def _makespan_upper(problem: Problem, hint: list[Choice] | None, scale: float) -> int:
+    if hint is not None:
+        return math.ceil(loads_of(problem, hint).objective * scale) + 1
+    total = sum(max(problem.costs(o).work for o in t.options) for t in problem.tables)
+    return math.ceil(total * scale) + 1
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, makespan: cp_model.IntVar, scale: float, report: ProgressCallback) -> None:
+        super().__init__()
+        self._makespan = makespan
+        self._scale = scale
+        self._report = report
+
+    def on_solution_callback(self) -> None:
+        bound = self.best_objective_bound / HBM_STEPS / self._scale
+        self._report("cp-sat", self.value(self._makespan) / self._scale, bound)

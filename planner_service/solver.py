@@ -1,0 +1,255 @@
+"""Plan a request end to end: enumerate -> fit -> bound -> warm start -> CP-SAT -> plan.
+
+``solve`` is the one entry point the CLI and the service call. It returns either a sealed
+``ShardingPlan`` (which passes ``validate_plan``) or an ``Infeasibility`` explaining why no
+plan exists and what would fix it, plus the wall time, which is kept out of the plan so
+that the same request always yields byte-identical plans.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner_service import PLANNER_VERSION
+from planner_service.bounds import (
+    LowerBound,
+    Relaxation,
+    RelaxationInfeasible,
+    best_bound,
+    lp_bound,
+    simple_bounds,
+)
+from planner_service.codec import seal_plan
+from planner_service.cpsat import solve_cpsat
+from planner_service.enumerator import DeviceClasses, enumerate_options, fit_options
+from planner_service.heuristic import greedy_plan
+from planner_service.infeasibility import explain
+from planner_service.problem import (
+    Choice,
+    Group,
+    Loads,
+    Problem,
+    group_tables,
+    loads_of,
+    without_equivalents,
+)
+from planner_service.types import (
+    CostModel,
+    Infeasibility,
+    ParameterSharding,
+    Perf,
+    PlanRequest,
+    RankStats,
+    Shard,
+    ShardingPlan,
+    SolverReport,
+    SolverStatus,
+    gap,
+)
+
+OPTIMAL_GAP = 1e-4  # within the cost resolution of its proven bound: reported optimal
+MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
+PERF_FIELDS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch", "input_dist")
+
+Progress = Callable[[str, float | None, float | None], None]
+
+
+@dataclass
+class SolveOutcome:
+    """A plan or the reason there is none, with what is not part of the plan itself: the
+    wall time, per-rank input/output buffer bytes (for reports) and solver details."""
+
+    plan: ShardingPlan | None
+    infeasibility: Infeasibility | None
+    wall_time_s: float
+    details: dict[str, object] = field(default_factory=dict)
+    rank_io_bytes: list[tuple[int, int]] = field(default_factory=list)
+
+
+def solve(request: PlanRequest, *, on_progress: Progress | None = None) -> SolveOutcome:
+    start = time.perf_counter()
+    report = on_progress or (lambda stage, best, bound: None)
+    report("enumerate", None, None)
+    fitted = fit_options(request, enumerate_options(request))
+    if fitted.problems:
+        infeasibility = explain(request, fitted.problems, SolverStatus.INFEASIBLE)
+        return SolveOutcome(None, infeasibility, time.perf_counter() - start)
+    tables = [without_equivalents(entry, request.topology) for entry in fitted.tables]
+    problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
+    groups = group_tables(problem)
+    bounds = simple_bounds(problem)
+    try:
+        relaxation = lp_bound(problem, groups)
+    except RelaxationInfeasible:
+        infeasibility = explain(request, [], SolverStatus.INFEASIBLE, problem=problem)
+        return SolveOutcome(None, infeasibility, time.perf_counter() - start)
+    if relaxation is not None:
+        bounds.append(relaxation.bound)
+    report("warm start", None, best_bound(bounds).value)
+    warm = greedy_plan(problem, best_bound(bounds).value, _guides(problem, groups, relaxation))
+    details: dict[str, object] = {"groups": len(groups), "tables": len(problem.tables)}
+    if warm is not None:
+        details["warm_start_objective"] = loads_of(problem, warm).objective
+    candidates = [warm] if warm is not None else []
+    proven_infeasible = False
+    if _worth_searching(problem, warm, bounds, request.options.time_limit_s):
+        result = solve_cpsat(
+            problem,
+            groups,
+            warm,
+            time_limit_s=request.options.time_limit_s,
+            seed=request.options.seed,
+            on_progress=report,
+        )
+        details.update(
+            cpsat_status=result.status,
+            cpsat_exact=result.exact,
+            cpsat_variables=result.num_variables,
+            cpsat_wall_s=result.wall_time_s,
+        )
+        if result.bound is not None:
+            bounds.append(LowerBound(result.bound, "cp-sat"))
+        if result.choices is not None:
+            candidates.append(result.choices)
+        proven_infeasible = result.status == "INFEASIBLE" and result.exact
+    if not candidates:
+        status = SolverStatus.INFEASIBLE if proven_infeasible else SolverStatus.NO_SOLUTION_IN_TIME
+        infeasibility = explain(request, [], status, problem=problem)
+        return SolveOutcome(None, infeasibility, time.perf_counter() - start, details)
+    choices, loads = _best(problem, candidates)
+    plan = build_plan(problem, choices, loads, best_bound(bounds))
+    return SolveOutcome(plan, None, time.perf_counter() - start, details, rank_io(problem, choices))
+
+
+GUIDE_MEMORY_FRACTIONS = (0.98, 0.95)  # LP mixes that leave room to pack whole shards
+
+
+def _guides(
+    problem: Problem, groups: list[Group], relaxation: Relaxation | None
+) -> list[list[list[int]]]:
+    """Per-table preferred options from the LP's option mix at full and reduced memory."""
+    if relaxation is None:
+        return []
+    mixes = [relaxation]
+    for fraction in GUIDE_MEMORY_FRACTIONS:
+        try:
+            mix = lp_bound(problem, groups, memory_fraction=fraction)
+        except RelaxationInfeasible:
+            break
+        if mix is not None:
+            mixes.append(mix)
+    guides: list[list[list[int]]] = []
+    for mix in mixes:
+        guide = _table_quotas(groups, mix.quotas(), len(problem.tables))
+        if guide not in guides:
+            guides.append(guide)
+    return guides
+
+
+def _table_quotas(groups: list[Group], quotas: list[list[int]], num_tables: int) -> list[list[int]]:
+    """Hand each table of a group its share of the group's option quotas: the group's
+    members take the options in order, so the counts match exactly."""
+    per_table: list[list[int]] = [[] for _ in range(num_tables)]
+    for group, counts in zip(groups, quotas, strict=True):
+        sequence = [o for o, count in enumerate(counts) for _ in range(count)]
+        for member, option in zip(group.members, sequence, strict=False):
+            per_table[member] = [option]
+    return per_table
+
+
+def _worth_searching(
+    problem: Problem, warm: list[Choice] | None, bounds: list[LowerBound], time_limit_s: float
+) -> bool:
+    if time_limit_s < MIN_CPSAT_TIME_S:
+        return False
+    if warm is None:
+        return True
+    objective = loads_of(problem, warm).objective
+    return gap(objective, best_bound(bounds).value) > OPTIMAL_GAP
+
+
+def _best(problem: Problem, candidates: list[list[Choice]]) -> tuple[list[Choice], Loads]:
+    """The fastest candidate, ties to the lower peak HBM, then the earlier candidate."""
+    scored = [(loads_of(problem, c), i, c) for i, c in enumerate(candidates)]
+    loads, _, choices = min(scored, key=lambda item: (item[0].objective, item[0].peak_hbm, item[1]))
+    return choices, loads
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _critical_path(problem: Problem, components: np.ndarray) -> float:
+    """Sum over the perf components in the total of their max over ranks: every rank waits
+    for the slowest at each collective."""
+    if not len(components):
+        return 0.0
+    counted = [
+        i
+        for i, name in enumerate(PERF_FIELDS)
+        if name != "input_dist" or problem.request.options.cost_model is CostModel.SHARDPLAN
+    ]
+    return float(components[:, counted].max(axis=0).sum())
+
+
+def rank_io(problem: Problem, choices: list[Choice]) -> list[tuple[int, int]]:
+    """(input id bytes, output embedding bytes) each rank's shards buffer per iteration."""
+    io = np.zeros((problem.world_size, 2), dtype=np.int64)
+    for entry, choice in zip(problem.tables, choices, strict=True):
+        for shard, rank in zip(entry.options[choice.option].shards, choice.ranks, strict=True):
+            io[rank] += (shard.storage.input_bytes, shard.storage.output_bytes)
+    return [(int(i), int(o)) for i, o in io]
+
+
+def build_plan(
+    problem: Problem, choices: list[Choice], loads: Loads, bound: LowerBound
+) -> ShardingPlan:
+    tables = {}
+    components = np.zeros((problem.world_size, len(PERF_FIELDS)))
+    for entry, choice in zip(problem.tables, choices, strict=True):
+        option = entry.options[choice.option]
+        shards = []
+        for offsets, shard, rank in zip(option.offsets(), option.shards, choice.ranks, strict=True):
+            shards.append(Shard(offsets=offsets, sizes=shard.sizes, rank=rank))
+            perf = shard.perf[problem.class_of_rank[rank]]
+            components[rank] += [getattr(perf, name) for name in PERF_FIELDS]
+        tables[entry.table.name] = ParameterSharding(
+            sharding_type=option.sharding_type,
+            compute_kernel=option.compute_kernel,
+            ranks=list(choice.ranks),
+            shards=shards,
+            cache_load_factor=option.cache_load_factor,
+        )
+    rank_stats = [
+        RankStats(
+            rank=rank,
+            hbm_bytes=int(loads.hbm[rank]),
+            ddr_bytes=int(loads.ddr[rank]),
+            perf=Perf(
+                **dict(zip(PERF_FIELDS, map(float, components[rank]), strict=True)),
+                total=float(loads.perf[rank]),
+            ),
+        )
+        for rank in range(problem.world_size)
+    ]
+    objective = loads.objective
+    lower = min(bound.value, objective)
+    plan_gap = gap(objective, lower)
+    report = SolverReport(
+        status=SolverStatus.OPTIMAL if plan_gap <= OPTIMAL_GAP else SolverStatus.FEASIBLE,
+        objective=objective,
+        lower_bound=lower,
+        gap=plan_gap,
+        lower_bound_source=bound.source,
+        critical_path=_critical_path(problem, components),
+    )
+    return seal_plan(
+        request=problem.request,
+        planner_version=PLANNER_VERSION,
+        tables=tables,
+        rank_stats=rank_stats,
+        solver=report,
+    )

@@ -1,0 +1,348 @@
+"""The solver: valid plans, true optima on tiny instances, bounds, constraints, determinism."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner_service.enumerator import (
+    DeviceClasses,
+    Placement,
+    enumerate_options,
+    fit_options,
+)
+from planner_service.problem import Choice, Problem, loads_of, without_equivalents
+from planner_service.solver import solve
+from planner_service.types import (
+    InfeasibilityCode,
+    ShardingType,
+    SolverStatus,
+)
+from planner_service.validator import validate_plan
+from tests.builders import request, table
+
+GIB = 2**30
+
+
+def _solved(req):
+    outcome = solve(req)
+    assert outcome.plan is not None, outcome.infeasibility
+    assert validate_plan(req, outcome.plan) == []
+    return outcome.plan
+
+
+# --------------------------------------------------------------------------- properties
+
+_table = st.builds(
+    lambda i, rows, dim, factor, optimizer: table(
+        f"t{i}", rows=rows, dim=dim, pooling_factors=[factor], optimizer=optimizer
+    ),
+    st.integers(0, 10**6),
+    st.integers(1, 2_000_000),
+    st.sampled_from([4, 8, 16, 32, 64, 128, 256]),
+    st.sampled_from([0.5, 1.0, 3.0, 20.0]),
+    st.sampled_from(["sgd", "rowwise_adagrad", "adam"]),
+)
+
+
+@st.composite
+def _requests(draw):
+    hosts, local = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    tables = draw(st.lists(_table, min_size=1, max_size=6, unique_by=lambda t: t["name"]))
+    constraints = {}
+    for t in tables:
+        if draw(st.booleans()):
+            constraints[t["name"]] = {
+                "sharding_types": draw(
+                    st.lists(
+                        st.sampled_from(
+                            [
+                                "table_wise",
+                                "column_wise",
+                                "row_wise",
+                                "data_parallel",
+                                "table_row_wise",
+                                "table_column_wise",
+                            ]
+                        ),
+                        min_size=1,
+                        max_size=3,
+                        unique=True,
+                    )
+                ),
+            }
+    return request(
+        tables,
+        world_size=hosts * local,
+        topology={"local_world_size": local, "hbm_bytes": draw(st.sampled_from([GIB, 8 * GIB]))},
+        constraints={"tables": constraints},
+        options={
+            "time_limit_s": 0.5,
+            "cost_model": draw(st.sampled_from(["shardplan", "torchrec-1.8"])),
+        },
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_requests())
+def test_every_plan_is_valid_and_above_its_bound(req):
+    outcome = solve(req)
+    if outcome.plan is None:  # small HBM can make a random request impossible
+        assert outcome.infeasibility is not None
+        assert outcome.infeasibility.reasons
+        return
+    plan = outcome.plan
+    assert validate_plan(req, plan) == []
+    report = plan.solver
+    assert report.objective >= report.lower_bound
+    assert report.status in (SolverStatus.OPTIMAL, SolverStatus.FEASIBLE)
+    assert report.objective == pytest.approx(max(s.perf.total for s in plan.rank_stats), rel=1e-12)
+    assert report.critical_path >= 0
+
+
+# --------------------------------------------------------------------------- brute force
+
+
+def _brute_force_optimum(req) -> float:
+    """Try every option and every placement of every table; the best max-rank cost."""
+    fitted = fit_options(req, enumerate_options(req))
+    tables = [without_equivalents(e, req.topology) for e in fitted.tables]
+    problem = Problem(req, tables, fitted.capacities, DeviceClasses.of(req.topology))
+    per_table = [list(_placements(problem, t)) for t in range(len(problem.tables))]
+    best = float("inf")
+    for combination in itertools.product(*per_table):
+        loads = loads_of(problem, list(combination))
+        if loads.fits(problem):
+            best = min(best, loads.objective)
+    return best
+
+
+def _placements(problem: Problem, t: int):
+    world, topology = problem.world_size, problem.topology
+    for index, option in enumerate(problem.tables[t].options):
+        k = len(option.shards)
+        if option.placement is Placement.FIXED:
+            yield Choice(index, tuple(range(world)))
+        elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
+            for host in range(topology.num_hosts):
+                yield Choice(index, tuple(topology.host_ranks(host)))
+        elif option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+            for host in range(topology.num_hosts):
+                for ranks in itertools.product(topology.host_ranks(host), repeat=k):
+                    yield Choice(index, ranks)
+        else:
+            for ranks in itertools.product(range(world), repeat=k):
+                yield Choice(index, ranks)
+
+
+@pytest.mark.parametrize(
+    ("tables", "world", "local", "hbm"),
+    [
+        (
+            [
+                table("a", rows=1000, dim=256),
+                table("b", rows=50, dim=64),
+                table("c", rows=10**6, dim=16, pooling_factors=[30.0]),
+            ],
+            2,
+            2,
+            8 * GIB,
+        ),
+        (
+            [
+                table("a", rows=10**5, dim=128),
+                table("b", rows=10**5, dim=128),
+                table("c", rows=10**5, dim=128),
+                table("d", rows=20, dim=8),
+            ],
+            3,
+            3,
+            8 * GIB,
+        ),
+        (
+            [
+                table("a", rows=3 * 10**6, dim=64, pooling_factors=[5.0]),
+                table("b", rows=2 * 10**6, dim=128),
+            ],
+            2,
+            1,
+            2 * GIB,
+        ),  # memory pushes to UVM
+        (
+            [
+                table("a", rows=8 * 10**6, dim=64),
+                table("b", rows=4 * 10**6, dim=64, pooling_factors=[10.0]),
+            ],
+            2,
+            2,
+            3 * GIB,
+        ),
+    ],
+)
+def test_solver_finds_the_true_optimum_on_tiny_instances(tables, world, local, hbm):
+    req = request(
+        tables,
+        world_size=world,
+        topology={"local_world_size": local, "hbm_bytes": hbm},
+        options={"time_limit_s": 5},
+    )
+    optimum = _brute_force_optimum(req)
+    plan = _solved(req)
+    assert plan.solver.objective == pytest.approx(optimum, rel=1e-4)
+    assert plan.solver.objective >= optimum * (1 - 1e-12)
+    assert plan.solver.status is SolverStatus.OPTIMAL
+
+
+# --------------------------------------------------------------------------- constraints
+
+
+def test_colocate_separate_and_pins_are_honoured():
+    req = request(
+        [table("a"), table("b"), table("c"), table("d"), table("e", rows=10**6, dim=64)],
+        world_size=4,
+        constraints={
+            "tables": {
+                "e": {"ranks": [3]},
+                "c": {"sharding_types": ["table_wise"]},
+                "d": {"sharding_types": ["table_wise"]},
+            },
+            "colocate": [["a", "b"]],
+            "separate": [["c", "d", "e"]],
+        },
+        options={"time_limit_s": 2},
+    )
+    plan = _solved(req)
+    ranks = {name: set(s.ranks) for name, s in plan.tables.items()}
+    assert ranks["a"] == ranks["b"]
+    assert ranks["e"] == {3}
+    assert not (ranks["c"] & ranks["d"]) and not (ranks["c"] & ranks["e"])
+    assert not (ranks["d"] & ranks["e"])
+
+
+def test_slow_ranks_get_less_work():
+    tables = [table(f"t{i}", rows=10**5, dim=128) for i in range(12)]
+    req = request(
+        tables,
+        world_size=2,
+        topology={"rank_overrides": [{"rank": 1, "hbm_bw_bytes_per_s": 897 * GIB / 4}]},
+        constraints={"tables": {f"t{i}": {"sharding_types": ["table_wise"]} for i in range(12)}},
+        options={"time_limit_s": 2},
+    )
+    plan = _solved(req)
+    per_rank = [sum(1 for s in plan.tables.values() if s.ranks == [r]) for r in range(2)]
+    assert per_rank[0] > per_rank[1]
+
+
+def test_tiny_time_limit_answers_with_the_warm_start():
+    tables = [table(f"t{i}", rows=1000 * (i + 1), dim=64) for i in range(30)]
+    req = request(tables, world_size=8, options={"time_limit_s": 0.001})
+    outcome = solve(req)
+    assert "cpsat_status" not in outcome.details
+    assert outcome.plan is not None and validate_plan(req, outcome.plan) == []
+
+
+# --------------------------------------------------------------------------- infeasible
+
+
+def test_table_too_big_for_any_rank_is_named():
+    req = request(
+        [table("huge", rows=2 * 10**9, dim=256), table("ok")],
+        world_size=2,
+        topology={"hbm_bytes": 8 * GIB, "ddr_bytes": 16 * GIB},
+    )
+    outcome = solve(req)
+    assert outcome.plan is None
+    reasons = outcome.infeasibility.reasons
+    assert outcome.infeasibility.status is SolverStatus.INFEASIBLE
+    assert [r.tables for r in reasons if r.code is InfeasibilityCode.TABLE_DOES_NOT_FIT] == [
+        ["huge"]
+    ]
+    text = outcome.infeasibility.render()
+    assert "table 'huge' fits no rank under any allowed option" in text
+
+
+def test_total_memory_shortfall_and_the_world_size_fix():
+    # Each 2.4 GiB table fits a rank alone, but 8 of them do not fit 2 x (4 GiB HBM + 2 GiB DDR).
+    tables = [table(f"t{i}", rows=10**7, dim=64) for i in range(8)]
+    req = request(tables, world_size=2, topology={"hbm_bytes": 4 * GIB, "ddr_bytes": 2 * GIB})
+    outcome = solve(req)
+    assert outcome.plan is None
+    infeasibility = outcome.infeasibility
+    total = [r for r in infeasibility.reasons if r.code is InfeasibilityCode.TOTAL_MEMORY]
+    assert total and total[0].needed_bytes > total[0].available_bytes
+    assert sorted(total[0].tables) == sorted(t["name"] for t in tables)
+    fix = infeasibility.fixes.min_world_size
+    assert fix is not None and fix > 2
+    bigger = request(tables, world_size=fix, topology={"hbm_bytes": 4 * GIB, "ddr_bytes": 2 * GIB})
+    assert solve(bigger).plan is not None
+    smaller = request(
+        tables, world_size=fix - 1, topology={"hbm_bytes": 4 * GIB, "ddr_bytes": 2 * GIB}
+    )
+    assert solve(smaller).plan is None
+
+
+def test_pinned_ranks_overloaded_are_named():
+    tables = [table(f"t{i}", rows=10**7, dim=64) for i in range(4)]
+    req = request(
+        tables,
+        world_size=4,
+        topology={"hbm_bytes": 4 * GIB, "ddr_bytes": GIB},
+        constraints={"tables": {t["name"]: {"ranks": [0]} for t in tables}},
+    )
+    outcome = solve(req)
+    assert outcome.plan is None
+    pinned = [
+        r
+        for r in outcome.infeasibility.reasons
+        if r.code is InfeasibilityCode.PINNED_RANKS_OVERLOADED
+    ]
+    assert pinned and pinned[0].ranks == [0]
+    assert "pinned ranks [0]" in pinned[0].message
+
+
+def test_constraint_that_empties_options_and_the_caching_fix():
+    req = request(
+        [table("big", rows=3 * 10**7, dim=64), table("s", pooling="none")],
+        world_size=2,
+        topology={"hbm_bytes": 4 * GIB},
+        constraints={
+            "tables": {
+                "big": {"compute_kernels": ["fused"], "sharding_types": ["table_wise"]},
+                "s": {"sharding_types": ["table_row_wise"]},
+            }
+        },
+    )
+    outcome = solve(req)
+    assert outcome.plan is None
+    codes = {r.code: r.tables for r in outcome.infeasibility.reasons}
+    assert codes[InfeasibilityCode.NO_ALLOWED_OPTION] == ["s"]
+    assert codes[InfeasibilityCode.TABLE_DOES_NOT_FIT] == ["big"]
+    assert outcome.infeasibility.fixes.tables_fit_with_uvm_caching == ["big"]
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+def test_same_request_same_bytes_in_two_processes(run_cli, tmp_path):
+    tables = [
+        table(f"t{i}", rows=10 ** (3 + i % 4), dim=32 * (1 + i % 3), pooling_factors=[1.0 + i % 5])
+        for i in range(40)
+    ]
+    path = tmp_path / "request.json"
+    path.write_text(
+        json.dumps(
+            {
+                "topology": {"world_size": 8, "local_world_size": 4},
+                "tables": tables,
+                "options": {"time_limit_s": 1.5},
+            }
+        )
+    )
+    first, second = run_cli("plan", path), run_cli("plan", path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert json.loads(first.stdout)["solver"]["status"] in ("optimal", "feasible")
