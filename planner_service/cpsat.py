@@ -35,8 +35,8 @@ NUM_WORKERS = 4  # interleaved subsolvers (LNS among them), run deterministicall
 # left, so the same request searches exactly as far in every process. Interleaved search
 # overshoots its deterministic budget by up to about 2x, hence the share; the wall-clock
 # limit is only a safety net far beyond it (hitting it would cost determinism).
-SEARCH_SHARE = 0.45
-WALL_SAFETY_FACTOR = 4.0
+SEARCH_SHARE = 0.2
+WALL_SAFETY_FACTOR = 6.0
 RELATIVE_GAP_LIMIT = 1e-5  # stop once proven this close to optimal
 
 ProgressCallback = Callable[[str, float | None, float | None], None]

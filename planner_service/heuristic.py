@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner_service.enumerator import Placement, ShardingOption
-from planner_service.problem import Choice, OptionCosts, Problem, loads_of
+from planner_service.problem import Choice, Loads, OptionCosts, Problem, loads_of
 from planner_service.types import ShardingType
 
 
@@ -31,6 +31,12 @@ class _State:
     ddr: np.ndarray
     max_perf: float = 0.0
     placed: dict[int, frozenset[int]] = field(default_factory=dict)
+    # What the tables not yet placed need at least, in total: an option may only use memory
+    # beyond this reserve, so early tables cannot starve later ones.
+    reserve_hbm: int = 0
+    reserve_bytes: int = 0
+    free_hbm: int = 0
+    free_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,10 @@ class _Candidate:
     choice: Choice
 
 
-TARGET_FACTORS = (1.0, 1.03, 1.1, 1.3)
+# Unguided passes are sensitive to the target; guided ones barely (measured on the public
+# workloads), so they run at the bound only.
+UNGUIDED_TARGET_FACTORS = (1.0, 1.03, 1.1)
+GUIDED_TARGET_FACTORS = (1.0,)
 
 
 def greedy_plan(
@@ -49,9 +58,11 @@ def greedy_plan(
     options to try first: the LP relaxation's rounded option mix, which knows which tables
     memory should push into slower tiers), or None when no pass places every table."""
     best: tuple[tuple[float, int], list[Choice]] | None = None
+    least = _least_memory(problem)
     for guide in [None, *(guides or [])]:
-        for factor in TARGET_FACTORS:
-            choices = _greedy(problem, lower_bound * factor, guide)
+        factors = UNGUIDED_TARGET_FACTORS if guide is None else GUIDED_TARGET_FACTORS
+        for factor in factors:
+            choices = _greedy(problem, lower_bound * factor, guide, least)
             if choices is None:
                 continue
             loads = loads_of(problem, choices)
@@ -64,15 +75,21 @@ def greedy_plan(
 
 
 def _greedy(
-    problem: Problem, target: float, preferred: list[list[int]] | None
+    problem: Problem,
+    target: float,
+    preferred: list[list[int]] | None,
+    least: tuple[list[int], list[int]],
 ) -> list[Choice] | None:
     """One pass at ``target``; None when this pass cannot place some table. With
     ``preferred``, a table tries only its preferred options first."""
-    world = problem.world_size
-    state = _State(np.zeros(world), np.zeros(world, np.int64), np.zeros(world, np.int64))
+    state = _empty_state(problem)
     groups = _GroupIndex(problem)
     choices: list[Choice | None] = [None] * len(problem.tables)
+    least_hbm, least_bytes = least
+    state.reserve_hbm, state.reserve_bytes = sum(least_hbm), sum(least_bytes)
     for t in _order(problem, target, preferred):
+        state.reserve_hbm -= least_hbm[t]
+        state.reserve_bytes -= least_bytes[t]
         options = problem.tables[t].options
         rounds = (
             [preferred[t], range(len(options))]
@@ -80,10 +97,17 @@ def _greedy(
             else [range(len(options))]
         )
         best: _Candidate | None = None
-        for indices in rounds:
+        for round_number, indices in enumerate(rounds):
+            # The guide's options compete on time; when none fits, memory is what ran out,
+            # so the fallback takes the option that adds the least HBM, then the least bytes.
+            fallback = preferred is not None and round_number > 0
             for index in indices:
                 candidate = _try_option(problem, state, groups, t, index, options[index], target)
-                if candidate is not None and (best is None or candidate.key < best.key):
+                if candidate is None:
+                    continue
+                if fallback:
+                    candidate = _by_memory(problem, options[index], candidate)
+                if best is None or candidate.key < best.key:
                     best = candidate
             if best is not None:
                 break
@@ -94,22 +118,58 @@ def _greedy(
     return [choice for choice in choices if choice is not None]
 
 
+def _empty_state(problem: Problem) -> _State:
+    world = problem.world_size
+    state = _State(np.zeros(world), np.zeros(world, np.int64), np.zeros(world, np.int64))
+    state.free_hbm = int(problem.hbm_cap.sum())
+    state.free_bytes = state.free_hbm + int(problem.ddr_cap.sum())
+    return state
+
+
+def _by_memory(problem: Problem, option: ShardingOption, candidate: _Candidate) -> _Candidate:
+    costs = problem.costs(option)
+    hbm, ddr = costs.hbm_total, costs.ddr_total
+    return _Candidate((float(hbm), float(hbm + ddr), 0, candidate.key[3]), candidate.choice)
+
+
+def _least_memory(problem: Problem) -> tuple[list[int], list[int]]:
+    """Per table, the least total HBM and the least total HBM + DDR of any option."""
+    hbm, total = [], []
+    for entry in problem.tables:
+        costs = [problem.costs(option) for option in entry.options]
+        hbm.append(min(c.hbm_total for c in costs))
+        total.append(min(c.hbm_total + c.ddr_total for c in costs))
+    return hbm, total
+
+
 def _order(problem: Problem, target: float, preferred: list[list[int]] | None) -> list[int]:
-    """Biggest first, where big means a large share of a rank's time (at the target) or of
-    a rank's HBM: memory-heavy tables must be packed while there is still room."""
+    """Options fixed on every rank (or a whole host) first, while every rank still has room;
+    then biggest first, where big means a large share of a rank's time (at the target) or
+    of a rank's HBM or DDR: memory-heavy tables must be packed while there is room."""
     hbm_cap = float(problem.hbm_cap.max(initial=0)) or 1.0
+    ddr_cap = float(problem.ddr_cap.max(initial=0)) or 1.0
 
-    def size(t: int) -> float:
+    def key(t: int) -> tuple[int, float, str]:
         options = problem.tables[t].options
-        indices = preferred[t] if preferred and preferred[t] else range(len(options))
+        indices = list(preferred[t]) if preferred and preferred[t] else range(len(options))
         costs = [problem.costs(options[i]) for i in indices]
-        time_share = min(c.work for c in costs) / target if target > 0 else 0.0
-        memory_share = min(float(c.hbm.max()) for c in costs) / hbm_cap
-        return max(time_share, memory_share, min(c.work for c in costs) * 1e-12)
+        spread = all(
+            options[i].placement is not Placement.PER_SHARD
+            and options[i].sharding_type is not ShardingType.TABLE_COLUMN_WISE
+            for i in indices
+        )
+        work = min(c.work for c in costs)
+        time_share = work / target if target > 0 else 0.0
+        memory_share = min(
+            max(float(c.hbm.max()) / hbm_cap, float(c.ddr.max()) / ddr_cap) for c in costs
+        )
+        return (
+            0 if spread else 1,
+            -max(time_share, memory_share, work * 1e-12),
+            problem.tables[t].table.name,
+        )
 
-    return sorted(
-        range(len(problem.tables)), key=lambda t: (-size(t), problem.tables[t].table.name)
-    )
+    return sorted(range(len(problem.tables)), key=key)
 
 
 class _GroupIndex:
@@ -226,23 +286,45 @@ def _score(
     target: float,
 ) -> tuple[float, float, int, int] | None:
     """(resulting max load if above target else the target, added work, resulting peak HBM
-    on touched ranks, option index), or None if the placement overflows a rank."""
+    on touched ranks, option index), or None if the placement overflows a rank or eats
+    into what the tables still to place need."""
+    if state.free_hbm - costs.hbm_total < state.reserve_hbm or (
+        state.free_bytes - costs.hbm_total - costs.ddr_total < state.reserve_bytes
+    ):
+        return None
+    if costs.num_shards == 1:
+        return _score_one(problem, state, costs, ranks[0], index, target)
     idx = np.asarray(ranks, dtype=np.int64)
-    add_perf = np.zeros(problem.world_size)
-    add_hbm = np.zeros(problem.world_size, dtype=np.int64)
-    add_ddr = np.zeros(problem.world_size, dtype=np.int64)
     shard_cost = costs.cost[np.arange(costs.num_shards), problem.class_of_rank[idx]]
-    np.add.at(add_perf, idx, shard_cost)
-    np.add.at(add_hbm, idx, costs.hbm)
-    np.add.at(add_ddr, idx, costs.ddr)
-    touched = np.unique(idx)
-    new_hbm = state.hbm[touched] + add_hbm[touched]
+    if len(set(ranks)) == len(ranks):  # one shard per rank: no aggregation needed
+        touched, add_perf, add_hbm, add_ddr = idx, shard_cost, costs.hbm, costs.ddr
+    else:
+        touched, inverse = np.unique(idx, return_inverse=True)
+        add_perf = np.bincount(inverse, weights=shard_cost)
+        add_hbm = np.bincount(inverse, weights=costs.hbm)
+        add_ddr = np.bincount(inverse, weights=costs.ddr)
+    new_hbm = state.hbm[touched] + add_hbm
     if (new_hbm > problem.hbm_cap[touched]).any():
         return None
-    if (state.ddr[touched] + add_ddr[touched] > problem.ddr_cap[touched]).any():
+    if (state.ddr[touched] + add_ddr > problem.ddr_cap[touched]).any():
         return None
-    new_max = max(state.max_perf, float((state.perf[touched] + add_perf[touched]).max()))
+    new_max = max(state.max_perf, float((state.perf[touched] + add_perf).max()))
     return (max(new_max, target), float(shard_cost.sum()), int(new_hbm.max()), index)
+
+
+def _score_one(
+    problem: Problem, state: _State, costs: OptionCosts, rank: int, index: int, target: float
+) -> tuple[float, float, int, int] | None:
+    """``_score`` for a single shard, without arrays."""
+    new_hbm = int(state.hbm[rank]) + int(costs.hbm[0])
+    if (
+        new_hbm > problem.hbm_cap[rank]
+        or int(state.ddr[rank]) + int(costs.ddr[0]) > (problem.ddr_cap[rank])
+    ):
+        return None
+    cost = float(costs.cost[0, problem.class_of_rank[rank]])
+    new_max = max(state.max_perf, float(state.perf[rank]) + cost)
+    return (max(new_max, target), cost, new_hbm, index)
 
 
 def _commit(problem: Problem, state: _State, t: int, choice: Choice) -> None:
@@ -254,3 +336,89 @@ def _commit(problem: Problem, state: _State, t: int, choice: Choice) -> None:
     np.add.at(state.ddr, idx, costs.ddr)
     state.max_perf = float(state.perf.max())
     state.placed[t] = frozenset(choice.ranks)
+    state.free_hbm -= costs.hbm_total
+    state.free_bytes -= costs.hbm_total + costs.ddr_total
+
+
+# --------------------------------------------------------------------------- improvement
+
+MAX_IMPROVEMENT_ROUNDS = 200
+
+
+def improve(problem: Problem, choices: list[Choice]) -> list[Choice]:
+    """Re-insertion local search on the most loaded rank: take each table with a shard
+    there, remove it, and put it back with its best option and placement (as the greedy
+    would, against the current max as target); keep the move if the max drops, or stays
+    and fewer ranks sit at it. Deterministic; stops at a local optimum or after
+    ``MAX_IMPROVEMENT_ROUNDS`` moves."""
+    current = list(choices)
+    loads = loads_of(problem, current)
+    groups = _GroupIndex(problem)
+    for _ in range(MAX_IMPROVEMENT_ROUNDS):
+        moved = _improve_once(problem, groups, current, loads)
+        if moved is None:
+            break
+        current, loads = moved
+    return current
+
+
+def _improve_once(
+    problem: Problem, groups: _GroupIndex, choices: list[Choice], loads: Loads
+) -> tuple[list[Choice], Loads] | None:
+    peak = loads.objective
+    at_peak = int((loads.perf >= peak * (1 - 1e-12)).sum())
+    bottleneck = int(np.argmax(loads.perf))
+    placed = {t: frozenset(c.ranks) for t, c in enumerate(choices)}
+    on_bottleneck = [t for t, c in enumerate(choices) if bottleneck in c.ranks]
+    contributions = {t: _contribution(problem, t, choices[t]) for t in on_bottleneck}
+    on_bottleneck.sort(key=lambda t: (-float(contributions[t][0][bottleneck]), t))
+    for t in on_bottleneck:
+        old = contributions[t]
+        state = _state_without(problem, loads, placed, t, old)
+        best: _Candidate | None = None
+        for index, option in enumerate(problem.tables[t].options):
+            candidate = _try_option(problem, state, groups, t, index, option, peak)
+            if candidate is not None and (best is None or candidate.key < best.key):
+                best = candidate
+        if best is None or best.choice == choices[t]:
+            continue
+        new = _contribution(problem, t, best.choice)
+        trial = Loads(state.perf + new[0], state.hbm + new[1], state.ddr + new[2])
+        new_at_peak = int((trial.perf >= peak * (1 - 1e-12)).sum())
+        if trial.objective < peak * (1 - 1e-12) or (
+            trial.objective <= peak and new_at_peak < at_peak
+        ):
+            moved = list(choices)
+            moved[t] = best.choice
+            return moved, trial
+    return None
+
+
+def _contribution(
+    problem: Problem, t: int, choice: Choice
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What one table's choice adds to each rank: (perf, hbm, ddr)."""
+    costs = problem.costs(problem.tables[t].options[choice.option])
+    idx = np.asarray(choice.ranks, dtype=np.int64)
+    world = problem.world_size
+    perf, hbm, ddr = np.zeros(world), np.zeros(world, np.int64), np.zeros(world, np.int64)
+    np.add.at(perf, idx, costs.cost[np.arange(costs.num_shards), problem.class_of_rank[idx]])
+    np.add.at(hbm, idx, costs.hbm)
+    np.add.at(ddr, idx, costs.ddr)
+    return perf, hbm, ddr
+
+
+def _state_without(
+    problem: Problem,
+    loads: Loads,
+    placed: dict[int, frozenset[int]],
+    skip: int,
+    contribution: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> _State:
+    perf, hbm, ddr = contribution
+    state = _State(loads.perf - perf, loads.hbm - hbm, loads.ddr - ddr)
+    state.max_perf = float(state.perf.max())
+    state.placed = {t: ranks for t, ranks in placed.items() if t != skip}
+    state.free_hbm = int(problem.hbm_cap.sum() - state.hbm.sum())
+    state.free_bytes = state.free_hbm + int(problem.ddr_cap.sum() - state.ddr.sum())
+    return state

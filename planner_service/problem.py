@@ -46,6 +46,14 @@ class OptionCosts:
             self.fixed_cost = self.cost[np.arange(len(option.shards)), class_of_rank]
 
     @cached_property
+    def hbm_total(self) -> int:
+        return int(self.hbm.sum())
+
+    @cached_property
+    def ddr_total(self) -> int:
+        return int(self.ddr.sum())
+
+    @cached_property
     def min_cost(self) -> np.ndarray:
         """Each shard's cost on the fastest class it could run on (fixed: on its rank)."""
         if self.fixed_cost is not None:
@@ -157,10 +165,24 @@ _PREFERENCE = {
 }
 
 
-def without_equivalents(entry: TableOptions, topology: Topology) -> TableOptions:
-    """Drop options that cost exactly what a freer option of the table costs."""
+def without_equivalents(tables: list[TableOptions], topology: Topology) -> list[TableOptions]:
+    """Drop options that cost exactly what a freer option of the table costs (decided once
+    per distinct option tuple: tables of one shape share them)."""
+    decided: dict[tuple[int, ...], tuple[ShardingOption, ...]] = {}
+    result = []
+    for entry in tables:
+        key = tuple(map(id, entry.options))
+        if key not in decided:
+            decided[key] = _distinct_options(entry.options, topology)
+        result.append(TableOptions(entry.table, decided[key]))
+    return result
+
+
+def _distinct_options(
+    options: tuple[ShardingOption, ...], topology: Topology
+) -> tuple[ShardingOption, ...]:
     kept: dict[tuple[object, ...], ShardingOption] = {}
-    for option in entry.options:
+    for option in options:
         key = _equivalence_key(option, topology)
         incumbent = kept.get(key)
         if (
@@ -169,7 +191,7 @@ def without_equivalents(entry: TableOptions, topology: Topology) -> TableOptions
         ):
             kept[key] = option
     survivors = set(map(id, kept.values()))
-    return TableOptions(entry.table, tuple(o for o in entry.options if id(o) in survivors))
+    return tuple(o for o in options if id(o) in survivors)
 
 
 def _equivalence_key(option: ShardingOption, topology: Topology) -> tuple[object, ...]:
@@ -185,7 +207,7 @@ def _equivalence_key(option: ShardingOption, topology: Topology) -> tuple[object
         family = "free"
     else:
         family = kind.value
-    shards = tuple((s.sizes, s.perf, s.storage) for s in option.shards)
+    shards = tuple((s.sizes, tuple(p.total for p in s.perf), s.storage) for s in option.shards)
     return (family, option.compute_kernel, option.cache_load_factor, shards)
 
 

@@ -26,7 +26,7 @@ from planner_service.bounds import (
 from planner_service.codec import seal_plan
 from planner_service.cpsat import solve_cpsat
 from planner_service.enumerator import DeviceClasses, enumerate_options, fit_options
-from planner_service.heuristic import greedy_plan
+from planner_service.heuristic import greedy_plan, improve
 from planner_service.infeasibility import explain
 from planner_service.problem import (
     Choice,
@@ -78,7 +78,7 @@ def solve(request: PlanRequest, *, on_progress: Progress | None = None) -> Solve
     if fitted.problems:
         infeasibility = explain(request, fitted.problems, SolverStatus.INFEASIBLE)
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
-    tables = [without_equivalents(entry, request.topology) for entry in fitted.tables]
+    tables = without_equivalents(fitted.tables, request.topology)
     problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
     groups = group_tables(problem)
     bounds = simple_bounds(problem)
@@ -91,6 +91,8 @@ def solve(request: PlanRequest, *, on_progress: Progress | None = None) -> Solve
         bounds.append(relaxation.bound)
     report("warm start", None, best_bound(bounds).value)
     warm = greedy_plan(problem, best_bound(bounds).value, _guides(problem, groups, relaxation))
+    if warm is not None:
+        warm = improve(problem, warm)
     details: dict[str, object] = {"groups": len(groups), "tables": len(problem.tables)}
     if warm is not None:
         details["warm_start_objective"] = loads_of(problem, warm).objective
@@ -125,7 +127,7 @@ def solve(request: PlanRequest, *, on_progress: Progress | None = None) -> Solve
     return SolveOutcome(plan, None, time.perf_counter() - start, details, rank_io(problem, choices))
 
 
-GUIDE_MEMORY_FRACTIONS = (0.98, 0.95)  # LP mixes that leave room to pack whole shards
+GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
 
 
 def _guides(

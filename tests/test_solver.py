@@ -110,7 +110,7 @@ def test_every_plan_is_valid_and_above_its_bound(req):
 def _brute_force_optimum(req) -> float:
     """Try every option and every placement of every table; the best max-rank cost."""
     fitted = fit_options(req, enumerate_options(req))
-    tables = [without_equivalents(e, req.topology) for e in fitted.tables]
+    tables = without_equivalents(fitted.tables, req.topology)
     problem = Problem(req, tables, fitted.capacities, DeviceClasses.of(req.topology))
     per_table = [list(_placements(problem, t)) for t in range(len(problem.tables))]
     best = float("inf")
