@@ -2,25 +2,24 @@
 requests: the least world size (same devices) that fits, and which tables would fit if
 ``fused_uvm_caching`` were allowed.
 
-Re-solves use enumeration, fit and the constructive heuristic only (fast and
-deterministic), so a fix reported here is a plan the heuristic actually found.
+The least world size is searched cheaply first with the LP relaxation (a world size whose
+relaxation has no solution certainly has no plan), then confirmed by running the warm start
+(enumeration, fit, LP-guided heuristic) at that size and a few larger ones; a world size
+reported as a fix is one where a plan was actually found. Everything is deterministic.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from planner_service.codec import canonical_bytes, parse_request
 from planner_service.enumerator import (
-    DeviceClasses,
     FitResult,
     TableOptions,
     enumerate_options,
     fit_options,
 )
-from planner_service.heuristic import greedy_plan
-from planner_service.problem import Problem
 from planner_service.types import (
     ComputeDevice,
     ComputeKernel,
@@ -33,17 +32,16 @@ from planner_service.types import (
     TableProblem,
     TableProblemCode,
 )
+from planner_service.warm_start import prepare, warm_start
 
 MAX_WORLD_SIZE_SEARCH = 65_536
 MAX_WORLD_SIZE_FACTOR = 64  # search world sizes up to 64x the requested one
+VERIFY_ATTEMPTS = 4  # confirmations of the LP's least size, each ~10% larger
+VERIFY_GROWTH = 1.1
 
 
 def explain(
-    request: PlanRequest,
-    table_problems: list[TableProblem],
-    status: SolverStatus,
-    *,
-    problem: Problem | None = None,
+    request: PlanRequest, table_problems: list[TableProblem], status: SolverStatus
 ) -> Infeasibility:
     reasons = [_table_reason(p) for p in table_problems]
     reasons += _memory_reasons(request)
@@ -184,44 +182,67 @@ def _tier(option: object, field: str) -> int:
 # --------------------------------------------------------------------------- fixes
 
 
-def plannable(request: PlanRequest) -> tuple[bool, Problem | None, list[list[int]] | None]:
-    """Whether the heuristic finds a plan; the problem and its choices' ranks if so."""
-    fitted = fit_options(request, enumerate_options(request))
-    if fitted.problems:
-        return False, None, None
-    problem = Problem(request, fitted.tables, fitted.capacities, DeviceClasses.of(request.topology))
-    choices = greedy_plan(problem)
-    if choices is None:
-        return False, problem, None
-    return True, problem, [list(c.ranks) for c in choices]
+def plannable(request: PlanRequest) -> bool:
+    """Whether the warm start finds a plan for ``request``."""
+    prepared = prepare(request)
+    if prepared.problem is None or prepared.relaxation_infeasible:
+        return False
+    return warm_start(prepared) is not None
+
+
+def _relaxation_feasible(request: PlanRequest) -> bool:
+    prepared = prepare(request)
+    return prepared.problem is not None and not prepared.relaxation_infeasible
 
 
 def _world_size_fix(request: PlanRequest) -> dict[str, int | None]:
-    """The least world size (a multiple of ranks per host) at which a plan is found."""
+    """The least world size (whole hosts) at which the warm start finds a plan."""
     topology = request.topology
     local = topology.num_local_ranks
     limit = min(MAX_WORLD_SIZE_SEARCH, topology.world_size * MAX_WORLD_SIZE_FACTOR)
     limit -= limit % local
-    low, high = topology.world_size, None
-    size = topology.world_size
-    while size < limit:  # double until a size fits
+    necessary = _least_size(request, topology.world_size, limit, local, _relaxation_feasible)
+    if necessary is None:
+        return {"min_world_size": None, "min_world_size_searched_up_to": limit}
+    size = necessary
+    for _ in range(VERIFY_ATTEMPTS):
+        if plannable(_resized(request, size)):
+            return {"min_world_size": size, "min_world_size_searched_up_to": None}
+        size = min(limit, _round_up(int(size * VERIFY_GROWTH) + 1, local))
+    return {"min_world_size": None, "min_world_size_searched_up_to": size}
+
+
+def _least_size(
+    request: PlanRequest,
+    start: int,
+    limit: int,
+    local: int,
+    feasible: Callable[[PlanRequest], bool],
+) -> int | None:
+    """Least multiple of ``local`` in (start, limit] where ``feasible`` holds, assuming it
+    stays true once true: double, then bisect in whole hosts."""
+    low, high, size = start, None, start
+    while size < limit:
         size = min(limit, size * 2)
-        if plannable(_resized(request, size))[0]:
+        if feasible(_resized(request, size)):
             high = size
             break
         low = size
     if high is None:
-        return {"min_world_size": None, "min_world_size_searched_up_to": limit}
-    while high - low > local:  # then bisect, in whole hosts
-        middle = (low + high) // 2
-        middle -= middle % local
-        if middle <= low:
+        return None
+    while high - low > local:
+        middle = _round_up((low + high) // 2, local)
+        if middle >= high:
             break
-        if plannable(_resized(request, middle))[0]:
+        if feasible(_resized(request, middle)):
             high = middle
         else:
             low = middle
-    return {"min_world_size": high, "min_world_size_searched_up_to": None}
+    return high
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _resized(request: PlanRequest, world_size: int) -> PlanRequest:
@@ -245,9 +266,12 @@ def _caching_fix(request: PlanRequest) -> dict[str, object]:
         return {}
     relaxed = parse_request(canonical_bytes(data))
     before = {p.table for p in fit_options(request, enumerate_options(request)).problems}
-    fits, problem, ranks = plannable(relaxed)
-    if fits and problem is not None:
-        choices = greedy_plan(problem) or []
+    prepared = prepare(relaxed)
+    choices = None
+    if prepared.problem is not None and not prepared.relaxation_infeasible:
+        choices = warm_start(prepared)
+    if choices is not None and prepared.problem is not None:
+        problem = prepared.problem
         chosen = [
             problem.tables[t].table.name
             for t, choice in enumerate(choices)

@@ -15,28 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner_service import PLANNER_VERSION
-from planner_service.bounds import (
-    LowerBound,
-    Relaxation,
-    RelaxationInfeasible,
-    best_bound,
-    lp_bound,
-    simple_bounds,
-)
+from planner_service.bounds import LowerBound, best_bound
 from planner_service.codec import seal_plan
 from planner_service.cpsat import solve_cpsat
-from planner_service.enumerator import DeviceClasses, enumerate_options, fit_options
-from planner_service.heuristic import greedy_plan, improve
 from planner_service.infeasibility import explain
-from planner_service.problem import (
-    Choice,
-    Group,
-    Loads,
-    Problem,
-    group_tables,
-    loads_of,
-    without_equivalents,
-)
+from planner_service.problem import Choice, Loads, Problem, loads_of
 from planner_service.types import (
     CostModel,
     Infeasibility,
@@ -50,6 +33,7 @@ from planner_service.types import (
     SolverStatus,
     gap,
 )
+from planner_service.warm_start import prepare, warm_start
 
 OPTIMAL_GAP = 1e-4  # within the cost resolution of its proven bound: reported optimal
 MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
@@ -74,25 +58,15 @@ def solve(request: PlanRequest, *, on_progress: Progress | None = None) -> Solve
     start = time.perf_counter()
     report = on_progress or (lambda stage, best, bound: None)
     report("enumerate", None, None)
-    fitted = fit_options(request, enumerate_options(request))
-    if fitted.problems:
-        infeasibility = explain(request, fitted.problems, SolverStatus.INFEASIBLE)
+    prepared = prepare(request)
+    if prepared.problem is None or prepared.relaxation_infeasible:
+        infeasibility = explain(request, prepared.table_problems, SolverStatus.INFEASIBLE)
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
-    tables = without_equivalents(fitted.tables, request.topology)
-    problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
-    groups = group_tables(problem)
-    bounds = simple_bounds(problem)
-    try:
-        relaxation = lp_bound(problem, groups)
-    except RelaxationInfeasible:
-        infeasibility = explain(request, [], SolverStatus.INFEASIBLE, problem=problem)
-        return SolveOutcome(None, infeasibility, time.perf_counter() - start)
-    if relaxation is not None:
-        bounds.append(relaxation.bound)
+    problem, groups = prepared.problem, prepared.groups
+    assert groups is not None and prepared.bounds is not None
+    bounds = prepared.bounds
     report("warm start", None, best_bound(bounds).value)
-    warm = greedy_plan(problem, best_bound(bounds).value, _guides(problem, groups, relaxation))
-    if warm is not None:
-        warm = improve(problem, warm)
+    warm = warm_start(prepared)
     details: dict[str, object] = {"groups": len(groups), "tables": len(problem.tables)}
     if warm is not None:
         details["warm_start_objective"] = loads_of(problem, warm).objective
@@ -120,47 +94,11 @@ def solve(request: PlanRequest, *, on_progress: Progress | None = None) -> Solve
         proven_infeasible = result.status == "INFEASIBLE" and result.exact
     if not candidates:
         status = SolverStatus.INFEASIBLE if proven_infeasible else SolverStatus.NO_SOLUTION_IN_TIME
-        infeasibility = explain(request, [], status, problem=problem)
+        infeasibility = explain(request, [], status)
         return SolveOutcome(None, infeasibility, time.perf_counter() - start, details)
     choices, loads = _best(problem, candidates)
     plan = build_plan(problem, choices, loads, best_bound(bounds))
     return SolveOutcome(plan, None, time.perf_counter() - start, details, rank_io(problem, choices))
-
-
-GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
-
-
-def _guides(
-    problem: Problem, groups: list[Group], relaxation: Relaxation | None
-) -> list[list[list[int]]]:
-    """Per-table preferred options from the LP's option mix at full and reduced memory."""
-    if relaxation is None:
-        return []
-    mixes = [relaxation]
-    for fraction in GUIDE_MEMORY_FRACTIONS:
-        try:
-            mix = lp_bound(problem, groups, memory_fraction=fraction)
-        except RelaxationInfeasible:
-            break
-        if mix is not None:
-            mixes.append(mix)
-    guides: list[list[list[int]]] = []
-    for mix in mixes:
-        guide = _table_quotas(groups, mix.quotas(), len(problem.tables))
-        if guide not in guides:
-            guides.append(guide)
-    return guides
-
-
-def _table_quotas(groups: list[Group], quotas: list[list[int]], num_tables: int) -> list[list[int]]:
-    """Hand each table of a group its share of the group's option quotas: the group's
-    members take the options in order, so the counts match exactly."""
-    per_table: list[list[int]] = [[] for _ in range(num_tables)]
-    for group, counts in zip(groups, quotas, strict=True):
-        sequence = [o for o, count in enumerate(counts) for _ in range(count)]
-        for member, option in zip(group.members, sequence, strict=False):
-            per_table[member] = [option]
-    return per_table
 
 
 def _worth_searching(

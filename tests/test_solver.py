@@ -346,3 +346,64 @@ def test_same_request_same_bytes_in_two_processes(run_cli, tmp_path):
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout
     assert json.loads(first.stdout)["solver"]["status"] in ("optimal", "feasible")
+
+
+# --------------------------------------------------------------------------- CP-SAT paths
+
+
+def _problem(req):
+    from planner_service.problem import group_tables
+
+    fitted = fit_options(req, enumerate_options(req))
+    tables = without_equivalents(fitted.tables, req.topology)
+    problem = Problem(req, tables, fitted.capacities, DeviceClasses.of(req.topology))
+    return problem, group_tables(problem)
+
+
+def _plan_from(problem, choices, req):
+    from planner_service.bounds import LowerBound
+    from planner_service.solver import build_plan
+
+    loads = loads_of(problem, choices)
+    return build_plan(problem, choices, loads, LowerBound(0.0, "test"))
+
+
+def test_cpsat_alone_honours_colocate_separate_and_pins():
+    """CP-SAT with no warm start must find a plan that satisfies the link constraints."""
+    from planner_service.cpsat import solve_cpsat
+
+    req = request(
+        [table("a", dim=256), table("b"), table("c"), table("d"), table("e")],
+        world_size=4,
+        topology={"local_world_size": 2},
+        constraints={
+            "tables": {"e": {"ranks": [2, 3]}},
+            "colocate": [["a", "b"]],
+            "separate": [["c", "d", "e"]],
+        },
+    )
+    problem, groups = _problem(req)
+    result = solve_cpsat(problem, groups, None, time_limit_s=2, seed=0)
+    assert result.choices is not None and result.exact
+    plan = _plan_from(problem, result.choices, req)
+    violations = [v for v in validate_plan(req, plan) if v.code.value != "solver_report"]
+    assert violations == []
+
+
+def test_restricted_model_improves_the_warm_start_without_claiming_a_bound(monkeypatch):
+    """Past MAX_PLACEMENT_VARS the model is a neighbourhood of the warm start: its answer is
+    valid and no worse, but its bound is not reported as a proof."""
+    import planner_service.cpsat as cpsat
+    from planner_service.heuristic import greedy_plan
+
+    monkeypatch.setattr(cpsat, "MAX_PLACEMENT_VARS", 10)
+    tables = [table(f"t{i}", rows=10**4 * (i + 1), dim=64 * (1 + i % 3)) for i in range(12)]
+    req = request(tables, world_size=8, topology={"local_world_size": 4})
+    problem, groups = _problem(req)
+    warm = greedy_plan(problem)
+    result = cpsat.solve_cpsat(problem, groups, warm, time_limit_s=2, seed=0)
+    assert result.exact is False and result.bound is None
+    assert result.choices is not None
+    assert loads_of(problem, result.choices).objective <= loads_of(problem, warm).objective
+    plan = _plan_from(problem, result.choices, req)
+    assert [v for v in validate_plan(req, plan) if v.code.value != "solver_report"] == []

@@ -1,0 +1,100 @@
+"""Preparing a request for solving: fit its options, build the problem, bound it, and find
+a warm start. Shared by the solver and by the infeasibility fixes, which re-run it on
+relaxed requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner_service.bounds import (
+    LowerBound,
+    Relaxation,
+    RelaxationInfeasible,
+    best_bound,
+    lp_bound,
+    simple_bounds,
+)
+from planner_service.enumerator import DeviceClasses, enumerate_options, fit_options
+from planner_service.heuristic import greedy_plan, improve
+from planner_service.problem import Choice, Group, Problem, group_tables, without_equivalents
+from planner_service.types import PlanRequest, TableProblem
+
+GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
+
+
+@dataclass
+class Prepared:
+    """A request ready to solve. ``table_problems`` lists tables that fit nowhere (then
+    there is no problem to solve); ``relaxation_infeasible`` means even the LP has no
+    solution, which proves there is no plan."""
+
+    table_problems: list[TableProblem]
+    problem: Problem | None = None
+    groups: list[Group] | None = None
+    bounds: list[LowerBound] | None = None
+    relaxation: Relaxation | None = None
+    relaxation_infeasible: bool = False
+
+    @property
+    def lower_bound(self) -> LowerBound:
+        assert self.bounds is not None
+        return best_bound(self.bounds)
+
+
+def prepare(request: PlanRequest) -> Prepared:
+    fitted = fit_options(request, enumerate_options(request))
+    if fitted.problems:
+        return Prepared(fitted.problems)
+    tables = without_equivalents(fitted.tables, request.topology)
+    problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
+    groups = group_tables(problem)
+    bounds = simple_bounds(problem)
+    try:
+        relaxation = lp_bound(problem, groups)
+    except RelaxationInfeasible:
+        return Prepared([], problem, groups, bounds, None, relaxation_infeasible=True)
+    if relaxation is not None:
+        bounds.append(relaxation.bound)
+    return Prepared([], problem, groups, bounds, relaxation)
+
+
+def warm_start(prepared: Prepared) -> list[Choice] | None:
+    """The heuristic's best plan, improved by local search; None if it places no plan."""
+    assert prepared.problem is not None and prepared.groups is not None
+    problem, groups = prepared.problem, prepared.groups
+    guides = _guides(problem, groups, prepared.relaxation)
+    choices = greedy_plan(problem, prepared.lower_bound.value, guides)
+    return improve(problem, choices) if choices is not None else None
+
+
+def _guides(
+    problem: Problem, groups: list[Group], relaxation: Relaxation | None
+) -> list[list[list[int]]]:
+    """Per-table preferred options from the LP's option mix at full and reduced memory."""
+    if relaxation is None:
+        return []
+    mixes = [relaxation]
+    for fraction in GUIDE_MEMORY_FRACTIONS:
+        try:
+            mix = lp_bound(problem, groups, memory_fraction=fraction)
+        except RelaxationInfeasible:
+            break
+        if mix is not None:
+            mixes.append(mix)
+    guides: list[list[list[int]]] = []
+    for mix in mixes:
+        guide = _table_quotas(groups, mix.quotas(), len(problem.tables))
+        if guide not in guides:
+            guides.append(guide)
+    return guides
+
+
+def _table_quotas(groups: list[Group], quotas: list[list[int]], num_tables: int) -> list[list[int]]:
+    """Hand each table of a group its share of the group's option quotas: the group's
+    members take the options in order, so the counts match exactly."""
+    per_table: list[list[int]] = [[] for _ in range(num_tables)]
+    for group, counts in zip(groups, quotas, strict=True):
+        sequence = [o for o, count in enumerate(counts) for _ in range(count)]
+        for member, option in zip(group.members, sequence, strict=False):
+            per_table[member] = [option]
+    return per_table
