@@ -24,20 +24,12 @@ from typing import Any
 
 from planner_service.codec import parse_request
 from planner_service.enumerator import ShardingOption, enumerate_options
-from planner_service.types import ComputeDevice, PlanRequest, PoolingType, ShardingType
+from planner_service.types import ComputeDevice, Perf, PlanRequest, PoolingType, ShardingType
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHREC_PYTHON = ROOT / ".venv-torchrec" / "bin" / "python"
 HARNESS = ROOT / "benchmarks" / "torchrec_reference.py"
-PERF_FIELDS = (
-    "fwd_compute",
-    "fwd_comms",
-    "bwd_compute",
-    "bwd_comms",
-    "prefetch",
-    "input_dist",
-    "total",
-)
+PERF_FIELDS = tuple(Perf.model_fields)  # every component, and the total
 TOLERANCE = 0.005
 
 
