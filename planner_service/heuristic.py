@@ -346,20 +346,70 @@ MAX_IMPROVEMENT_ROUNDS = 200
 
 
 def improve(problem: Problem, choices: list[Choice]) -> list[Choice]:
-    """Re-insertion local search on the most loaded rank: take each table with a shard
+    """Local search on the most loaded rank. Re-insertion: take each table with a shard
     there, remove it, and put it back with its best option and placement (as the greedy
-    would, against the current max as target); keep the move if the max drops, or stays
-    and fewer ranks sit at it. Deterministic; stops at a local optimum or after
+    would, against the current max as target). Swap: exchange a whole single-shard table
+    there with a cheaper one elsewhere. A move is kept if the max drops, or stays and fewer
+    ranks sit at it. Deterministic; stops at a local optimum or after
     ``MAX_IMPROVEMENT_ROUNDS`` moves."""
     current = list(choices)
     loads = loads_of(problem, current)
     groups = _GroupIndex(problem)
     for _ in range(MAX_IMPROVEMENT_ROUNDS):
-        moved = _improve_once(problem, groups, current, loads)
+        moved = _improve_once(problem, groups, current, loads) or _swap_once(
+            problem, groups, current, loads
+        )
         if moved is None:
             break
         current, loads = moved
     return current
+
+
+def _swap_once(
+    problem: Problem, groups: _GroupIndex, choices: list[Choice], loads: Loads
+) -> tuple[list[Choice], Loads] | None:
+    """Swap a single-shard table on the most loaded rank with a cheaper single-shard table
+    on another rank, when both ranks end below the current max and within memory."""
+    peak = loads.objective
+    bottleneck = int(np.argmax(loads.perf))
+    linked = set(groups.colocate) | set(groups.separate)
+    singles = [
+        t
+        for t, c in enumerate(choices)
+        if len(c.ranks) == 1
+        and t not in linked
+        and set(problem.allowed[t]) == set(range(problem.world_size))
+    ]
+    here = [t for t in singles if choices[t].ranks[0] == bottleneck]
+    elsewhere = [t for t in singles if choices[t].ranks[0] != bottleneck]
+    for a in sorted(here, key=lambda t: (-_single_cost(problem, t, choices[t], bottleneck), t)):
+        for b in elsewhere:
+            other = choices[b].ranks[0]
+            delta = (
+                _single_cost(problem, a, choices[a], other),
+                _single_cost(problem, b, choices[b], bottleneck),
+            )
+            new_here = (
+                loads.perf[bottleneck] - _single_cost(problem, a, choices[a], bottleneck) + delta[1]
+            )
+            new_other = loads.perf[other] - _single_cost(problem, b, choices[b], other) + delta[0]
+            if max(new_here, new_other) >= peak * (1 - 1e-12):
+                continue
+            trial = list(choices)
+            trial[a] = Choice(choices[a].option, (other,))
+            trial[b] = Choice(choices[b].option, (bottleneck,))
+            new = loads_of(problem, trial)
+            if new.fits(problem) and new.objective <= peak:
+                at_peak = int((loads.perf >= peak * (1 - 1e-12)).sum())
+                new_at_peak = int((new.perf >= peak * (1 - 1e-12)).sum())
+                if new.objective < peak * (1 - 1e-12) or new_at_peak < at_peak:
+                    return trial, new
+    return None
+
+
+def _single_cost(problem: Problem, t: int, choice: Choice, rank: int) -> float:
+    costs = problem.costs(problem.tables[t].options[choice.option])
+    return float(costs.cost[0, problem.class_of_rank[rank]])
 
 
 def _improve_once(
