@@ -407,3 +407,34 @@ def test_restricted_model_improves_the_warm_start_without_claiming_a_bound(monke
     assert loads_of(problem, result.choices).objective <= loads_of(problem, warm).objective
     plan = _plan_from(problem, result.choices, req)
     assert [v for v in validate_plan(req, plan) if v.code.value != "solver_report"] == []
+
+
+def test_warm_start_swaps_out_of_the_lpt_trap(monkeypatch):
+    """Two ranks, whole tables costing 3, 3, 2, 2, 2 units: LPT stops at 7, and no single
+    move helps; swapping a 3 with a 2 reaches the optimum 6."""
+    import planner_service.heuristic as heuristic
+
+    def tw_cost(factor: float) -> float:
+        req = request([table("t", dim=128, pooling_factors=[factor])], world_size=2)
+        options = enumerate_options(req)[0].options
+        return options[0].shards[0].perf[0].total
+
+    slope = tw_cost(11.0) - tw_cost(10.0)
+    base = tw_cost(10.0) - 10 * slope
+    two = 10.0
+    three = (1.5 * (base + slope * two) - base) / slope
+    factors = [three, three, two, two, two]
+    tables = [table(f"t{i}", dim=128, pooling_factors=[f]) for i, f in enumerate(factors)]
+    only_tw = {
+        t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
+    }
+    req = request(
+        tables, world_size=2, constraints={"tables": only_tw}, options={"time_limit_s": 0.01}
+    )
+    unit = base + slope * two  # what a "2" table costs; a "3" costs 1.5 units
+    with_swaps = solve(req).plan.solver.objective
+    assert with_swaps == pytest.approx(3 * unit, rel=1e-4)  # {3, 3} and {2, 2, 2}
+
+    monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
+    without = solve(req).plan.solver.objective
+    assert without == pytest.approx(3.5 * unit, rel=1e-4)  # LPT: {3, 2, 2} and {3, 2}
