@@ -369,41 +369,61 @@ def _swap_once(
     problem: Problem, groups: _GroupIndex, choices: list[Choice], loads: Loads
 ) -> tuple[list[Choice], Loads] | None:
     """Swap a single-shard table on the most loaded rank with a cheaper single-shard table
-    on another rank, when both ranks end below the current max and within memory."""
+    on another rank, when both ranks end below the current max and within memory. Each
+    candidate pair is checked in O(1); loads are updated incrementally."""
     peak = loads.objective
     bottleneck = int(np.argmax(loads.perf))
     linked = set(groups.colocate) | set(groups.separate)
+    everywhere = set(range(problem.world_size))
     singles = [
         t
         for t, c in enumerate(choices)
-        if len(c.ranks) == 1
-        and t not in linked
-        and set(problem.allowed[t]) == set(range(problem.world_size))
+        if len(c.ranks) == 1 and t not in linked and set(problem.allowed[t]) == everywhere
     ]
     here = [t for t in singles if choices[t].ranks[0] == bottleneck]
     elsewhere = [t for t in singles if choices[t].ranks[0] != bottleneck]
-    for a in sorted(here, key=lambda t: (-_single_cost(problem, t, choices[t], bottleneck), t)):
+    here.sort(key=lambda t: (-_single_cost(problem, t, choices[t], bottleneck), t))
+    for a in here:
+        costs_a = problem.costs(problem.tables[a].options[choices[a].option])
         for b in elsewhere:
             other = choices[b].ranks[0]
-            delta = (
-                _single_cost(problem, a, choices[a], other),
-                _single_cost(problem, b, choices[b], bottleneck),
+            costs_b = problem.costs(problem.tables[b].options[choices[b].option])
+            class_here, class_other = (
+                problem.class_of_rank[bottleneck],
+                problem.class_of_rank[other],
             )
             new_here = (
-                loads.perf[bottleneck] - _single_cost(problem, a, choices[a], bottleneck) + delta[1]
+                loads.perf[bottleneck] - costs_a.cost[0, class_here] + costs_b.cost[0, class_here]
             )
-            new_other = loads.perf[other] - _single_cost(problem, b, choices[b], other) + delta[0]
+            new_other = (
+                loads.perf[other] - costs_b.cost[0, class_other] + costs_a.cost[0, class_other]
+            )
             if max(new_here, new_other) >= peak * (1 - 1e-12):
                 continue
-            trial = list(choices)
-            trial[a] = Choice(choices[a].option, (other,))
-            trial[b] = Choice(choices[b].option, (bottleneck,))
-            new = loads_of(problem, trial)
-            if new.fits(problem) and new.objective <= peak:
-                at_peak = int((loads.perf >= peak * (1 - 1e-12)).sum())
-                new_at_peak = int((new.perf >= peak * (1 - 1e-12)).sum())
-                if new.objective < peak * (1 - 1e-12) or new_at_peak < at_peak:
-                    return trial, new
+            hbm_delta = int(costs_a.hbm[0]) - int(costs_b.hbm[0])
+            ddr_delta = int(costs_a.ddr[0]) - int(costs_b.ddr[0])
+            if (
+                loads.hbm[other] + hbm_delta > problem.hbm_cap[other]
+                or loads.ddr[other] + ddr_delta > problem.ddr_cap[other]
+                or loads.hbm[bottleneck] - hbm_delta > problem.hbm_cap[bottleneck]
+                or loads.ddr[bottleneck] - ddr_delta > problem.ddr_cap[bottleneck]
+            ):
+                continue
+            perf, hbm, ddr = loads.perf.copy(), loads.hbm.copy(), loads.ddr.copy()
+            perf[bottleneck], perf[other] = new_here, new_other
+            hbm[bottleneck] -= hbm_delta
+            hbm[other] += hbm_delta
+            ddr[bottleneck] -= ddr_delta
+            ddr[other] += ddr_delta
+            new = Loads(perf, hbm, ddr)
+            at_peak = int((loads.perf >= peak * (1 - 1e-12)).sum())
+            if new.objective < peak * (1 - 1e-12) or (
+                int((new.perf >= peak * (1 - 1e-12)).sum()) < at_peak
+            ):
+                trial = list(choices)
+                trial[a] = Choice(choices[a].option, (other,))
+                trial[b] = Choice(choices[b].option, (bottleneck,))
+                return trial, new
     return None
 
 
