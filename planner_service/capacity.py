@@ -8,7 +8,7 @@ model). It is taken from HBM on cuda and from DDR on cpu, where tables live.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner_service.types import ComputeDevice, Constraints, DeviceSpec, Topology
 
@@ -30,17 +30,11 @@ class Capacity:
 
 def usable_capacity(topology: Topology, constraints: Constraints) -> list[Capacity]:
     base = _usable(topology.device(0), topology.compute_device, constraints)
-    capacities = [_with_rank(base, rank) for rank in range(topology.world_size)]
+    capacities = [replace(base, rank=rank) for rank in range(topology.world_size)]
     for override in topology.rank_overrides:
         device = topology.device(override.rank)
         capacities[override.rank] = _usable(device, topology.compute_device, constraints)
     return capacities
-
-
-def _with_rank(capacity: Capacity, rank: int) -> Capacity:
-    return Capacity(
-        rank, capacity.hbm_bytes, capacity.ddr_bytes, capacity.headroom_bytes, capacity.dense_bytes
-    )
 
 
 def _usable(

@@ -110,13 +110,6 @@ class Problem:
     def host_ranks(self, host: int) -> range:
         return self.topology.host_ranks(host)
 
-    def fixed_ranks(self, option: ShardingOption, host: int = 0) -> tuple[int, ...]:
-        """Ranks of an option whose shards have no freedom (row_wise, data_parallel,
-        table_row_wise once its host is chosen)."""
-        if option.placement is Placement.FIXED:
-            return tuple(range(self.world_size))
-        return tuple(self.host_ranks(host))
-
 
 @dataclass(frozen=True)
 class Loads:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from planner_service.capacity import Capacity
-from planner_service.enumerator import DeviceClasses, ShardingOption, TableOptions
-from planner_service.types import PlanRequest, ShardingPlan, TableProblem
+from planner_service.enumerator import DeviceClasses, Placement, ShardingOption, TableOptions
+from planner_service.types import ComputeDevice, PlanRequest, ShardingPlan, TableProblem
 
 
 def options_document(
@@ -42,7 +42,7 @@ def options_document(
 
 def reservation_document(request: PlanRequest, capacities: list[Capacity]) -> dict[str, Any]:
     """What is held back on each rank and why, grouped by identical capacities."""
-    tier = "HBM" if request.topology.compute_device.value == "cuda" else "DDR"
+    tier = "HBM" if request.topology.compute_device is ComputeDevice.CUDA else "DDR"
     constraints = request.constraints
     groups: dict[tuple[int, int, int, int], list[int]] = {}
     for capacity in capacities:
@@ -75,7 +75,7 @@ def reservation_document(request: PlanRequest, capacities: list[Capacity]) -> di
 
 
 def _option_document(option: ShardingOption, classes: DeviceClasses) -> dict[str, Any]:
-    fixed = option.placement.value == "fixed"
+    fixed = option.placement is Placement.FIXED
     shards = []
     offsets = option.offsets()
     for index, shard in enumerate(option.shards):

@@ -9,7 +9,6 @@ that the same request always yields byte-identical plans.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from planner_service import PLANNER_VERSION
 from planner_service.bounds import LowerBound, best_bound
 from planner_service.codec import seal_plan
-from planner_service.cpsat import solve_cpsat
+from planner_service.cpsat import ProgressCallback, solve_cpsat
 from planner_service.infeasibility import explain
 from planner_service.problem import Choice, Loads, Problem, loads_of
 from planner_service.types import (
@@ -39,8 +38,6 @@ OPTIMAL_GAP = 1e-4  # within the cost resolution of its proven bound: reported o
 MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
 PERF_FIELDS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch", "input_dist")
 
-Progress = Callable[[str, float | None, float | None], None]
-
 
 @dataclass
 class SolveOutcome:
@@ -54,7 +51,7 @@ class SolveOutcome:
     rank_io_bytes: list[tuple[int, int]] = field(default_factory=list)
 
 
-def solve(request: PlanRequest, *, on_progress: Progress | None = None) -> SolveOutcome:
+def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) -> SolveOutcome:
     start = time.perf_counter()
     report = on_progress or (lambda stage, best, bound: None)
     report("enumerate", None, None)
