@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from planner_service import __version__
+from planner_service.api.settings import DEFAULT_DATABASE, Settings
 from planner_service.capacity import usable_capacity
 from planner_service.codec import parse_plan, parse_request, plan_bytes
 from planner_service.enumerator import enumerate_options, fit_options
@@ -84,6 +85,18 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the planner service")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    serve.add_argument(
+        "--db",
+        help="plan store: a SQLite path or postgresql://… (default: $SHARDPLAN_DATABASE_URL, "
+        f"else {DEFAULT_DATABASE})",
+    )
+    serve.add_argument("--workers", type=int, default=1, help="HTTP worker processes (default 1)")
+    serve.add_argument(
+        "--solve-workers",
+        type=int,
+        help="solver processes per HTTP worker (default: $SHARDPLAN_SOLVE_WORKERS, else the "
+        "number of CPUs)",
+    )
     serve.set_defaults(command=_serve)
     return parser
 
@@ -191,12 +204,48 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+
     import uvicorn
 
-    from planner_service.api.main import create_app
-
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="info")
+    # Every worker process builds its app from the environment: flags become variables.
+    if args.db:
+        os.environ["SHARDPLAN_DATABASE_URL"] = args.db
+    if args.solve_workers is not None:
+        os.environ["SHARDPLAN_SOLVE_WORKERS"] = str(args.solve_workers)
+    if args.workers < 1:
+        raise InputError("--workers", [FieldProblem("", "must be at least 1", args.workers)])
+    settings = Settings.from_env()  # refuse bad settings here, once, with a clear message
+    if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shardplan-metrics-")
+    print(
+        f"shardplan {__version__}: serving on http://{args.host}:{args.port} with "
+        f"{args.workers} HTTP worker(s) x {settings.solve_workers} solver process(es), "
+        f"store {_redacted(settings.database_url)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        "planner_service.api.main:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
     return EXIT_OK
+
+
+def _redacted(url: str) -> str:
+    """A database URL without its password."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        credentials, _, host = rest.rpartition("@")
+        user = credentials.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
 
 
 def _read(path: Path) -> bytes:

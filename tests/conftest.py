@@ -28,3 +28,29 @@ def run_cli(shardplan_exe):
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One real PostgreSQL server for the session; each test takes a fresh database."""
+    from tests.servers import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.destroy()
+
+
+BACKENDS = ["sqlite", "postgres"]
+
+
+def database_url(backend: str, postgres_server, directory: Path) -> str:
+    """A fresh, empty store of the given kind."""
+    if backend == "sqlite":
+        return str(directory / "plans.db")
+    return postgres_server.new_database()
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request, tmp_path):
+    postgres_server = request.getfixturevalue("postgres") if request.param == "postgres" else None
+    return database_url(request.param, postgres_server, tmp_path)

@@ -6,18 +6,67 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from planner_service.errors import InputError
+from planner_service.errors import FieldProblem, InputError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
+TITLES = {
+    304: "Not Modified",
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    413: "Content too large",
+    415: "Unsupported media type",
+    422: "Invalid input",
+    500: "Internal error",
+    503: "Service unavailable",
+}
 
-def problem(status: int, title: str, detail: str, **extensions: Any) -> JSONResponse:
+
+class ProblemError(Exception):
+    """Raised by routes and dependencies; rendered as problem+json by the app."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        title: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extensions: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.title = title or TITLES.get(status, "Error")
+        self.headers = headers or {}
+        self.extensions = extensions
+
+    def response(self) -> JSONResponse:
+        return problem(
+            self.status, self.title, self.detail, headers=self.headers, **self.extensions
+        )
+
+
+def problem(
+    status: int,
+    title: str,
+    detail: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **extensions: Any,
+) -> JSONResponse:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
     body.update(extensions)
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
 def input_problem(error: InputError) -> JSONResponse:
     """422 naming every bad field by JSON path, with the value and what is accepted."""
-    errors = [field_problem.as_dict() for field_problem in error.problems]
-    return problem(422, "Invalid input", error.render(), errors=errors)
+    return problem(422, "Invalid input", error.render(), errors=field_errors(error.problems))
+
+
+def field_errors(problems: list[FieldProblem]) -> list[dict[str, str]]:
+    return [field_problem.as_dict() for field_problem in problems]

@@ -1,6 +1,15 @@
-"""Liveness."""
+"""Liveness, readiness and metrics."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from planner_service.api import metrics
+from planner_service.api.problems import ProblemError
+from planner_service.api.state import state_of
+from planner_service.store import StoreUnavailableError
 
 router = APIRouter(tags=["health"])
 
@@ -9,3 +18,27 @@ router = APIRouter(tags=["health"])
 def healthz() -> dict[str, str]:
     """The process is up and serving."""
     return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    responses={503: {"description": "the plan store cannot be reached"}},
+)
+async def readyz(request: Request) -> dict[str, str]:
+    """Ready to serve: the plan store answers a query."""
+    state = state_of(request)
+    try:
+        await run_in_threadpool(lambda: state.store().ping())
+    except StoreUnavailableError as error:
+        raise ProblemError(
+            503, f"the plan store is unreachable: {error}", headers={"Retry-After": "5"}
+        ) from None
+    return {"status": "ready", "store": type(state.store()).__name__}
+
+
+@router.get("/metrics", response_class=Response)
+def prometheus_metrics() -> Response:
+    """Prometheus text format: requests by route and status, latency histograms, solve
+    durations, plan cache results, solve queue depth."""
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from planner_service.api.problems import input_problem
+from planner_service.api.problems import PROBLEM_MEDIA_TYPE
+from planner_service.api.state import reader
 from planner_service.codec import load_json, parse_plan, parse_request
 from planner_service.errors import FieldProblem, InputError
 from planner_service.types import PlanRequest, ShardingPlan, Violation
@@ -31,20 +32,21 @@ class ValidateResult(BaseModel):
 @router.post(
     "/v1/validate",
     response_model=ValidateResult,
+    dependencies=[Depends(reader)],
     openapi_extra={
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": ValidateBody.model_json_schema()}},
         }
     },
-    responses={422: {"description": "the request or the plan is malformed"}},
+    responses={
+        413: {"description": "body too large", "content": {PROBLEM_MEDIA_TYPE: {}}},
+        422: {"description": "the request or the plan is malformed"},
+    },
 )
 async def validate(http_request: Request) -> Any:
     """Check ``plan`` against ``request``; 200 with every violation (empty when valid)."""
-    try:
-        request, plan = _decode(await http_request.body())
-    except InputError as error:
-        return input_problem(error)
+    request, plan = _decode(await http_request.body())
     violations = validate_plan(request, plan)
     result = ValidateResult(valid=not violations, violations=violations)
     return JSONResponse(result.model_dump(mode="json"))

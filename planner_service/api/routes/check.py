@@ -1,0 +1,123 @@
+"""POST /v1/check: does this request fit? A capacity check for CI that stores nothing."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from planner_service import PLANNER_VERSION
+from planner_service.api import metrics
+from planner_service.api.limits import decode_plan_request
+from planner_service.api.routes.plans import _PROBLEM, JSON, _solve
+from planner_service.api.solving import SolveResult
+from planner_service.api.state import reader, state_of
+from planner_service.capacity import usable_capacity
+from planner_service.codec import canonical_bytes, parse_plan, request_hash
+from planner_service.types import Infeasibility, PlanRequest, ShardingPlan, SolverStatus
+
+router = APIRouter(tags=["plans"])
+
+
+class RankHeadroom(BaseModel):
+    rank: int
+    hbm_used_bytes: int
+    hbm_usable_bytes: int = Field(description="after hbm_headroom_fraction and dense bytes")
+    hbm_free_bytes: int
+    ddr_used_bytes: int
+    ddr_usable_bytes: int
+    ddr_free_bytes: int
+    perf_total_ms: float
+
+
+class CheckResult(BaseModel):
+    fits: bool
+    status: SolverStatus
+    plan_id: str | None = Field(
+        description="the plan's id (POST /v1/plans stores exactly this plan)"
+    )
+    stored: bool = Field(description="a plan for this request is already stored")
+    objective: float | None = None
+    lower_bound: float | None = None
+    gap: float | None = None
+    min_hbm_free_bytes: int | None = Field(None, description="the tightest rank's free HBM")
+    ranks: list[RankHeadroom] = Field(default_factory=list)
+    infeasibility: Infeasibility | None = None
+
+
+@router.post(
+    "/v1/check",
+    response_model=CheckResult,
+    dependencies=[Depends(reader)],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": PlanRequest.model_json_schema()}},
+        }
+    },
+    responses={
+        413: {"description": "body too large", **_PROBLEM},
+        422: {"description": "invalid request", **_PROBLEM},
+        503: {"description": "solver pool and queue full", **_PROBLEM},
+    },
+)
+async def check(http_request: Request) -> CheckResult:
+    """Solve without storing and report whether it fits, each rank's free memory, and,
+    when it does not fit, why and the smallest fixes. 200 either way."""
+    state = state_of(http_request)
+    request = decode_plan_request(await http_request.body(), state.settings)
+    key = request_hash(request)
+    existing = await run_in_threadpool(state.store().plan_for_request, key, PLANNER_VERSION)
+    if existing is not None:
+        data = await state.plan_bytes(existing)
+        if data is not None:
+            metrics.CACHE.labels("request").inc()
+            return _fits(request, parse_plan(data), stored=True)
+
+    def finish(result: SolveResult) -> SolveResult:
+        metrics.SOLVE_SECONDS.labels("plan" if result.plan else "no_plan").observe(
+            result.wall_time_s
+        )
+        return result
+
+    result, _ = await _solve(state, "check:" + key, canonical_bytes(request), finish)
+    if result.plan is None:
+        assert result.infeasibility is not None
+        infeasibility = Infeasibility.model_validate_json(result.infeasibility)
+        return CheckResult(
+            fits=False,
+            status=infeasibility.status,
+            plan_id=None,
+            stored=False,
+            infeasibility=infeasibility,
+        )
+    return _fits(request, parse_plan(result.plan), stored=False)
+
+
+def _fits(request: PlanRequest, plan: ShardingPlan, *, stored: bool) -> CheckResult:
+    capacities = usable_capacity(request.topology, request.constraints)
+    ranks = [
+        RankHeadroom(
+            rank=stats.rank,
+            hbm_used_bytes=stats.hbm_bytes,
+            hbm_usable_bytes=capacity.hbm_bytes,
+            hbm_free_bytes=capacity.hbm_bytes - stats.hbm_bytes,
+            ddr_used_bytes=stats.ddr_bytes,
+            ddr_usable_bytes=capacity.ddr_bytes,
+            ddr_free_bytes=capacity.ddr_bytes - stats.ddr_bytes,
+            perf_total_ms=stats.perf.total,
+        )
+        for stats, capacity in zip(plan.rank_stats, capacities, strict=True)
+    ]
+    report = plan.solver
+    return CheckResult(
+        fits=True,
+        status=report.status,
+        plan_id=plan.plan_id,
+        stored=stored,
+        objective=report.objective,
+        lower_bound=report.lower_bound,
+        gap=report.gap,
+        min_hbm_free_bytes=min(rank.hbm_free_bytes for rank in ranks),
+        ranks=ranks,
+    )

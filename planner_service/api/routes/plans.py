@@ -1,0 +1,208 @@
+"""Plans: POST /v1/plans (solve or return the stored plan), GET /v1/plans/{plan_id} (the
+stored bytes, immutable and cacheable), its request, and its HTML view."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import HTMLResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from planner_service import PLANNER_VERSION
+from planner_service.api import metrics
+from planner_service.api.limits import decode_plan_request
+from planner_service.api.problems import ProblemError
+from planner_service.api.solving import PoolFullError, SolveResult
+from planner_service.api.state import ServiceState, reader, state_of, writer
+from planner_service.api.view import render_plan_page
+from planner_service.codec import canonical_bytes, parse_plan, parse_request, request_hash
+from planner_service.types import Infeasibility, PlanRequest, ShardingPlan
+
+router = APIRouter(tags=["plans"])
+
+PLAN_ID_PATTERN = r"^[0-9a-f]{64}$"
+PlanId = Annotated[
+    str, Path(pattern=PLAN_ID_PATTERN, description="a plan's content address (sha256, hex)")
+]
+IMMUTABLE = "public, max-age=31536000, immutable"
+JSON = "application/json"
+
+_PLAN_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": ShardingPlan.model_json_schema()}}}
+_PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}}
+
+
+@router.post(
+    "/v1/plans",
+    status_code=201,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": PlanRequest.model_json_schema()}},
+        }
+    },
+    responses={
+        200: {"description": "a plan for this request was already stored", **_PLAN_RESPONSE},
+        201: {"description": "solved and stored", **_PLAN_RESPONSE},
+        401: {"description": "no bearer token (when SHARDPLAN_API_TOKENS is set)", **_PROBLEM},
+        403: {"description": "wrong bearer token", **_PROBLEM},
+        413: {"description": "body too large", **_PROBLEM},
+        422: {"description": "invalid request, or no plan exists (explained)", **_PROBLEM},
+        503: {"description": "solver pool and queue full, or store down", **_PROBLEM},
+    },
+)
+async def create_plan(http_request: Request, actor: Annotated[str, Depends(writer)]) -> Response:
+    """Solve a PlanRequest and store the plan, or answer with the plan already stored for
+    the same request (same ``request_hash`` and planner version). The body is the plan;
+    ``Location`` names it; ``X-Shardplan-Cache`` says ``hit`` or ``miss``."""
+    del actor
+    state = state_of(http_request)
+    request = decode_plan_request(await http_request.body(), state.settings)
+    key = request_hash(request)
+    store = state.store()
+    existing = await run_in_threadpool(store.plan_for_request, key, PLANNER_VERSION)
+    if existing is not None:
+        data = await state.plan_bytes(existing)
+        if data is not None:
+            metrics.CACHE.labels("request").inc()
+            return _plan_response(existing, data, status=200, cache="hit")
+
+    request_document = canonical_bytes(request)
+
+    def finish(result: SolveResult) -> tuple[SolveResult, bool]:
+        outcome = "plan" if result.plan is not None else "no_plan"
+        metrics.SOLVE_SECONDS.labels(outcome).observe(result.wall_time_s)
+        if result.plan is None or result.plan_id is None:
+            return result, False
+        inserted = store.put_plan(
+            plan_id=result.plan_id,
+            request_hash=key,
+            planner_version=PLANNER_VERSION,
+            request=request_document,
+            plan=result.plan,
+        )
+        state.cache.put(result.plan_id, result.plan)
+        return result, inserted
+
+    (result, inserted), shared = await _solve(state, "plan:" + key, request_document, finish)
+    metrics.CACHE.labels("shared" if shared else "miss").inc()
+    if result.plan is None or result.plan_id is None:
+        raise _no_plan(result)
+    fresh = inserted and not shared
+    response = _plan_response(
+        result.plan_id, result.plan, status=201 if fresh else 200, cache="miss" if fresh else "hit"
+    )
+    response.headers["X-Shardplan-Solve-Seconds"] = f"{result.wall_time_s:.3f}"
+    return response
+
+
+async def _solve(
+    state: ServiceState, key: str, request_document: bytes, finish: Any
+) -> tuple[Any, bool]:
+    metrics.QUEUE_DEPTH.set(state.pool.depth + 1)
+    try:
+        return await state.pool.solve(key, request_document, finish)
+    except PoolFullError as error:
+        metrics.REJECTED.inc()
+        raise ProblemError(
+            503,
+            f"{error}; retry in {error.retry_after_s} s",
+            headers={"Retry-After": str(error.retry_after_s)},
+        ) from None
+    finally:
+        metrics.QUEUE_DEPTH.set(state.pool.depth)
+
+
+def _no_plan(result: SolveResult) -> ProblemError:
+    assert result.infeasibility is not None
+    infeasibility = Infeasibility.model_validate_json(result.infeasibility)
+    return ProblemError(
+        422,
+        infeasibility.render(),
+        title="No plan exists" if infeasibility.status.value == "infeasible" else "No plan found",
+        infeasibility=json.loads(result.infeasibility),
+    )
+
+
+def _plan_response(plan_id: str, data: bytes, *, status: int, cache: str | None) -> Response:
+    headers = {
+        "Location": f"/v1/plans/{plan_id}",
+        "ETag": f'"{plan_id}"',
+        "X-Shardplan-Plan-Id": plan_id,
+    }
+    if cache is not None:
+        headers["X-Shardplan-Cache"] = cache
+    return Response(data, status_code=status, media_type=JSON, headers=headers)
+
+
+def etag_matches(if_none_match: str | None, plan_id: str) -> bool:
+    """RFC 9110 If-None-Match: ``*`` or any listed entity tag (weak or strong) equal to ours."""
+    if not if_none_match:
+        return False
+    for tag in if_none_match.split(","):
+        tag = tag.strip()
+        if tag == "*" or tag.removeprefix("W/").strip('"') == plan_id:
+            return True
+    return False
+
+
+@router.get(
+    "/v1/plans/{plan_id}",
+    dependencies=[Depends(reader)],
+    responses={
+        200: {"description": "the plan's stored bytes", **_PLAN_RESPONSE},
+        304: {"description": "If-None-Match matched: the client's copy is current"},
+        404: {"description": "no such plan", **_PROBLEM},
+    },
+)
+async def get_plan(plan_id: PlanId, http_request: Request) -> Response:
+    """The stored plan, byte for byte. Plans never change: ``ETag`` is the plan_id,
+    ``If-None-Match`` gives 304, and responses may be cached forever."""
+    headers = {"ETag": f'"{plan_id}"', "Cache-Control": IMMUTABLE}
+    state = state_of(http_request)
+    data = await state.plan_bytes(plan_id)
+    if data is None:
+        raise _not_found(plan_id)
+    if etag_matches(http_request.headers.get("if-none-match"), plan_id):
+        return Response(status_code=304, headers=headers)
+    return Response(data, media_type=JSON, headers=headers)
+
+
+def _not_found(plan_id: str) -> ProblemError:
+    return ProblemError(404, f"no plan with plan_id {plan_id} is stored here")
+
+
+@router.get(
+    "/v1/plans/{plan_id}/request",
+    dependencies=[Depends(reader)],
+    responses={
+        200: {
+            "description": "the request the plan was made for",
+            "content": {JSON: {"schema": PlanRequest.model_json_schema()}},
+        },
+        404: {"description": "no such plan", **_PROBLEM},
+    },
+)
+async def get_plan_request(plan_id: PlanId, http_request: Request) -> Response:
+    """The PlanRequest stored beside the plan (canonical JSON)."""
+    stored = await state_of(http_request).stored(plan_id)
+    if stored is None:
+        raise _not_found(plan_id)
+    return Response(stored.request, media_type=JSON, headers={"Cache-Control": IMMUTABLE})
+
+
+@router.get(
+    "/v1/plans/{plan_id}/view",
+    dependencies=[Depends(reader)],
+    response_class=HTMLResponse,
+    responses={404: {"description": "no such plan", **_PROBLEM}},
+)
+async def view_plan(plan_id: PlanId, http_request: Request) -> HTMLResponse:
+    """A page for people: per-rank memory and perf bars, the tables, the solver report."""
+    stored = await state_of(http_request).stored(plan_id)
+    if stored is None:
+        raise _not_found(plan_id)
+    request = parse_request(stored.request, source="stored request")
+    plan = parse_plan(stored.plan, source="stored plan")
+    return HTMLResponse(render_plan_page(request, plan), headers={"Cache-Control": IMMUTABLE})

@@ -1,0 +1,333 @@
+"""The plan store: one interface, two real implementations sharing their SQL.
+
+- ``SqliteStore`` (default): one file under ``./var/``, WAL journal, ``synchronous=FULL``,
+  so a committed plan survives a killed process and a power cut; zero set-up.
+- ``PostgresStore`` (production): ``SHARDPLAN_DATABASE_URL=postgresql://…``, psycopg 3 with
+  a connection pool; several service replicas can share one database.
+
+Plans are immutable: inserted once by ``plan_id`` (their content address) with the request
+beside them, never updated or deleted. ``put_plan`` returns only after the commit, so a
+plan the API reports as stored is durable. Aliases are the one mutable thing; every change
+is appended to ``alias_history`` in the same transaction as the alias itself.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+# One schema for both databases: TEXT timestamps (ISO 8601, UTC) and binary plan bytes.
+# ``BLOB`` is spelled per database (``BYTEA`` on PostgreSQL).
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (
+    plan_id TEXT PRIMARY KEY,
+    request_hash TEXT NOT NULL,
+    planner_version TEXT NOT NULL,
+    request BLOB NOT NULL,
+    plan BLOB NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS plans_by_request ON plans (request_hash, planner_version);
+CREATE TABLE IF NOT EXISTS aliases (
+    name TEXT PRIMARY KEY,
+    plan_id TEXT NOT NULL REFERENCES plans (plan_id),
+    version INTEGER NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS alias_history (
+    name TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    plan_id TEXT NOT NULL REFERENCES plans (plan_id),
+    previous_plan_id TEXT,
+    actor TEXT NOT NULL,
+    comment TEXT,
+    changed_at TEXT NOT NULL,
+    PRIMARY KEY (name, version)
+);
+"""
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    plan_id: str
+    plan: bytes
+    request: bytes
+    created_at: str
+
+
+@dataclass(frozen=True)
+class AliasChange:
+    """One change of an alias: who pointed it where, when, and where it pointed before."""
+
+    name: str
+    version: int
+    plan_id: str
+    previous_plan_id: str | None
+    actor: str
+    comment: str | None
+    changed_at: str
+
+
+class UnknownPlanError(LookupError):
+    """An alias was pointed at a plan the store does not hold."""
+
+
+class StoreUnavailableError(RuntimeError):
+    """The database cannot be reached or refused the operation."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+class PlanStore(ABC):
+    """Plans by content address, the request each was planned from, and aliases."""
+
+    placeholder = "?"
+    blob_type = "BLOB"
+
+    # --------------------------------------------------------------- database specifics
+
+    @abstractmethod
+    def _transaction(self, *, write: bool = False) -> AbstractContextManager[Any]:
+        """A cursor inside one transaction, committed on normal exit, rolled back on error;
+        ``write`` transactions take the write lock up front where the database has one."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def _sql(self, text: str) -> str:
+        return text.replace("?", self.placeholder)
+
+    def _create_schema(self, cursor: Any) -> None:
+        for statement in _SCHEMA.replace("BLOB", self.blob_type).split(";"):
+            if statement.strip():
+                cursor.execute(statement)
+
+    # --------------------------------------------------------------- operations
+
+    def ping(self) -> None:
+        """Raise StoreUnavailableError unless the database answers a query."""
+        with self._transaction() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
+    def put_plan(
+        self, *, plan_id: str, request_hash: str, planner_version: str, request: bytes, plan: bytes
+    ) -> bool:
+        """Insert a plan once; True when this call stored it, False when it already was.
+        Returns after the commit."""
+        with self._transaction(write=True) as cursor:
+            cursor.execute(
+                self._sql(
+                    "INSERT INTO plans (plan_id, request_hash, planner_version, request, plan, "
+                    "created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (plan_id) DO NOTHING"
+                ),
+                (plan_id, request_hash, planner_version, request, plan, _now()),
+            )
+            return bool(cursor.rowcount == 1)
+
+    def get_plan(self, plan_id: str) -> StoredPlan | None:
+        with self._transaction() as cursor:
+            cursor.execute(
+                self._sql("SELECT plan_id, plan, request, created_at FROM plans WHERE plan_id = ?"),
+                (plan_id,),
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return StoredPlan(row[0], bytes(row[1]), bytes(row[2]), row[3])
+
+    def plan_for_request(self, request_hash: str, planner_version: str) -> str | None:
+        """The plan_id already planned for this request by this planner version, if any."""
+        with self._transaction() as cursor:
+            cursor.execute(
+                self._sql(
+                    "SELECT plan_id FROM plans WHERE request_hash = ? AND planner_version = ? "
+                    "ORDER BY created_at LIMIT 1"
+                ),
+                (request_hash, planner_version),
+            )
+            row = cursor.fetchone()
+        return None if row is None else str(row[0])
+
+    def set_alias(
+        self, name: str, plan_id: str, *, actor: str, comment: str | None = None
+    ) -> AliasChange:
+        """Point ``name`` at ``plan_id`` and record the change; UnknownPlanError when the
+        plan is not stored."""
+        with self._transaction(write=True) as cursor:
+            self._lock_alias(cursor, name)
+            cursor.execute(self._sql("SELECT 1 FROM plans WHERE plan_id = ?"), (plan_id,))
+            if cursor.fetchone() is None:
+                raise UnknownPlanError(plan_id)
+            cursor.execute(
+                self._sql("SELECT plan_id, version FROM aliases WHERE name = ?"), (name,)
+            )
+            row = cursor.fetchone()
+            previous, version = (None, 1) if row is None else (str(row[0]), int(row[1]) + 1)
+            change = AliasChange(name, version, plan_id, previous, actor, comment, _now())
+            cursor.execute(
+                self._sql(
+                    "INSERT INTO alias_history (name, version, plan_id, previous_plan_id, actor, "
+                    "comment, changed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                ),
+                (name, version, plan_id, previous, actor, comment, change.changed_at),
+            )
+            cursor.execute(
+                self._sql(
+                    "INSERT INTO aliases (name, plan_id, version, updated_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET plan_id = excluded.plan_id, "
+                    "version = excluded.version, updated_at = excluded.updated_at"
+                ),
+                (name, plan_id, version, change.changed_at),
+            )
+        return change
+
+    def _lock_alias(self, cursor: Any, name: str) -> None:
+        """Serialise concurrent changes of one alias (SQLite's BEGIN IMMEDIATE already does)."""
+        del cursor, name
+
+    def get_alias(self, name: str) -> AliasChange | None:
+        """The alias's current target, as its latest change."""
+        history = self.alias_history(name, limit=1)
+        return history[0] if history else None
+
+    def alias_history(self, name: str, *, limit: int = 100) -> list[AliasChange]:
+        """Changes of ``name``, newest first."""
+        with self._transaction() as cursor:
+            cursor.execute(
+                self._sql(
+                    "SELECT name, version, plan_id, previous_plan_id, actor, comment, changed_at "
+                    "FROM alias_history WHERE name = ? ORDER BY version DESC LIMIT ?"
+                ),
+                (name, limit),
+            )
+            rows: Sequence[Sequence[Any]] = cursor.fetchall()
+        return [AliasChange(r[0], int(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in rows]
+
+    def count_plans(self) -> int:
+        with self._transaction() as cursor:
+            cursor.execute("SELECT COUNT(*) FROM plans")
+            row = cursor.fetchone()
+        return int(row[0])
+
+
+class SqliteStore(PlanStore):
+    """One SQLite file; a connection per thread; WAL + synchronous=FULL."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        with self._transaction(write=True) as cursor:
+            self._create_schema(cursor)
+
+    def _connection(self) -> sqlite3.Connection:
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            try:
+                connection = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False, timeout=30
+                )
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=FULL")
+                connection.execute("PRAGMA foreign_keys=ON")
+            except sqlite3.Error as error:
+                raise StoreUnavailableError(f"SQLite {self.path}: {error}") from error
+            self._local.connection = connection
+            with self._lock:
+                self._connections.append(connection)
+        return connection
+
+    @contextmanager
+    def _transaction(self, *, write: bool = False) -> Iterator[sqlite3.Cursor]:
+        connection = self._connection()
+        cursor = connection.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield cursor
+            except BaseException:
+                connection.rollback()
+                raise
+            connection.commit()
+        except sqlite3.Error as error:
+            raise StoreUnavailableError(f"SQLite {self.path}: {error}") from error
+        finally:
+            cursor.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+
+class PostgresStore(PlanStore):
+    """PostgreSQL through a psycopg 3 connection pool."""
+
+    placeholder = "%s"
+    blob_type = "BYTEA"
+    _SCHEMA_LOCK = 0x5348415244  # pg_advisory_xact_lock key: replicas create the schema once
+
+    def __init__(self, url: str, *, max_connections: int = 8) -> None:
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        self._errors = (psycopg.Error, TimeoutError)
+        self.url = url
+        try:
+            # One direct connection first: it fails at once when the server refuses, where
+            # a pool would retry until its timeout. It creates the schema, once across
+            # replicas starting together (transaction-scoped advisory lock).
+            with (
+                psycopg.connect(url, connect_timeout=10) as connection,
+                connection.transaction(),
+                connection.cursor() as cursor,
+            ):
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", (self._SCHEMA_LOCK,))
+                self._create_schema(cursor)
+            self._pool = ConnectionPool(
+                url, min_size=1, max_size=max_connections, open=True, timeout=10
+            )
+        except self._errors as error:
+            raise StoreUnavailableError(f"PostgreSQL: {error}") from error
+
+    @contextmanager
+    def _transaction(self, *, write: bool = False) -> Iterator[Any]:
+        from psycopg_pool import PoolTimeout
+
+        try:
+            with (
+                self._pool.connection() as connection,
+                connection.transaction(),
+                connection.cursor() as cursor,
+            ):
+                yield cursor
+        except (*self._errors, PoolTimeout) as error:
+            raise StoreUnavailableError(f"PostgreSQL: {error}") from error
+
+    def _lock_alias(self, cursor: Any, name: str) -> None:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def open_store(url: str) -> PlanStore:
+    """``postgresql://…`` (or ``postgres://…``) opens PostgreSQL; anything else is a SQLite
+    path (``sqlite:///path`` or a plain path)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(url)
+    return SqliteStore(url.removeprefix("sqlite://") if url.startswith("sqlite://") else url)
