@@ -298,8 +298,15 @@ class PostgresStore(PlanStore):
             ):
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", (self._SCHEMA_LOCK,))
                 self._create_schema(cursor)
+            # check_connection: a connection broken by a database restart is replaced
+            # on checkout instead of failing one request after the restart.
             self._pool = ConnectionPool(
-                url, min_size=1, max_size=max_connections, open=True, timeout=10
+                url,
+                min_size=1,
+                max_size=max_connections,
+                open=True,
+                timeout=5,  # waiting longer for a connection means overload or an outage
+                check=ConnectionPool.check_connection,
             )
         except self._errors as error:
             raise StoreUnavailableError(f"PostgreSQL: {error}") from error
@@ -320,6 +327,16 @@ class PostgresStore(PlanStore):
 
     def _lock_alias(self, cursor: Any, name: str) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+
+    def ping(self) -> None:
+        """A fresh connection, not the pool's: answers at once when the server is down."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.url, connect_timeout=3) as connection:
+                connection.execute("SELECT 1").fetchone()
+        except self._errors as error:
+            raise StoreUnavailableError(f"PostgreSQL: {error}") from error
 
     def close(self) -> None:
         self._pool.close()

@@ -1,0 +1,501 @@
+"""The planner service over real HTTP: a `shardplan serve` subprocess on loopback, backed by
+a real SQLite file and by a real PostgreSQL server (every test in this module runs on
+both). Each status code the API documents is provoked here."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from planner_service.codec import canonical_bytes, parse_plan, parse_request, plan_id_of
+from planner_service.validator import validate_plan
+from tests import builders
+from tests.builders import request, table
+from tests.conftest import BACKENDS, database_url
+from tests.servers import Service
+
+TOKEN = "ci-token-0123456789abcdef"
+
+
+def start_service(request_fixture, exe, tmp_path_factory, **env: str) -> Service:
+    backend = request_fixture.param
+    postgres = request_fixture.getfixturevalue("postgres") if backend == "postgres" else None
+    directory = tmp_path_factory.mktemp(f"service-{backend}")
+    db = database_url(backend, postgres, directory)
+    return Service(exe, directory / "server.log", db=db, env=env).start()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def service(request, shardplan_exe, tmp_path_factory):
+    server = start_service(
+        request,
+        shardplan_exe,
+        tmp_path_factory,
+        SHARDPLAN_MAX_TABLES="50",
+        SHARDPLAN_MAX_WORLD_SIZE="4096",
+        SHARDPLAN_MAX_TIME_LIMIT_S="30",
+        SHARDPLAN_MAX_BODY_BYTES="200000",
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(service):
+    with httpx.Client(base_url=service.base, timeout=60) as http:
+        yield http
+
+
+def small_request(name: str = "a", world_size: int = 2, **fields):
+    return json.loads(
+        request(
+            [table(f"{name}1", rows=1000), table(f"{name}2", rows=5000, dim=32)],
+            world_size=world_size,
+            **fields,
+        ).model_dump_json()
+    )
+
+
+def infeasible_request():
+    """One table of 1e9 x 1024 fp32 (4 TB) on two ranks with 1 GiB HBM and DDR each."""
+    return {
+        "topology": {"world_size": 2, "hbm_bytes": 2**30, "ddr_bytes": 2**30},
+        "tables": [{"name": "huge", "num_embeddings": 10**9, "embedding_dim": 1024}],
+    }
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def test_post_solves_stores_and_then_answers_from_the_store(client):
+    document = small_request("post")
+    created = client.post("/v1/plans", json=document)
+    assert created.status_code == 201, created.text
+    plan = parse_plan(created.content)
+    assert created.headers["location"] == f"/v1/plans/{plan.plan_id}"
+    assert created.headers["etag"] == f'"{plan.plan_id}"'
+    assert created.headers["x-shardplan-cache"] == "miss"
+    assert float(created.headers["x-shardplan-solve-seconds"]) >= 0
+    assert validate_plan(parse_request(json.dumps(document)), plan) == []
+
+    again = client.post("/v1/plans", json=document)
+    assert again.status_code == 200
+    assert again.headers["x-shardplan-cache"] == "hit"
+    assert again.content == created.content
+
+    # Same request, tables in another order: same request_hash, so the same stored plan.
+    reordered = {**document, "tables": document["tables"][::-1]}
+    assert client.post("/v1/plans", json=reordered).content == created.content
+
+
+def test_get_plan_is_immutable_and_revalidates_with_etag(client):
+    created = client.post("/v1/plans", json=small_request("get"))
+    plan_id = created.headers["x-shardplan-plan-id"]
+    fetched = client.get(f"/v1/plans/{plan_id}")
+    assert fetched.status_code == 200
+    assert fetched.content == created.content
+    assert fetched.headers["etag"] == f'"{plan_id}"'
+    assert fetched.headers["cache-control"] == "public, max-age=31536000, immutable"
+    assert fetched.headers["content-type"] == "application/json"
+    assert plan_id_of(json.loads(fetched.content)) == plan_id
+    for tag in (f'"{plan_id}"', f'W/"{plan_id}"', f'"{"0" * 64}", "{plan_id}"', "*"):
+        revalidated = client.get(f"/v1/plans/{plan_id}", headers={"If-None-Match": tag})
+        assert revalidated.status_code == 304, tag
+        assert revalidated.content == b""
+        assert revalidated.headers["etag"] == f'"{plan_id}"'
+    other = client.get(f"/v1/plans/{plan_id}", headers={"If-None-Match": f'"{"0" * 64}"'})
+    assert other.status_code == 200
+
+    stored_request = client.get(f"/v1/plans/{plan_id}/request")
+    assert stored_request.status_code == 200
+    assert parse_request(stored_request.content).tables[0].name == "get1"
+
+
+def test_unknown_and_malformed_plan_ids(client):
+    missing = client.get(f"/v1/plans/{'e' * 64}")
+    assert missing.status_code == 404
+    assert missing.headers["content-type"] == "application/problem+json"
+    assert missing.json()["detail"] == f"no plan with plan_id {'e' * 64} is stored here"
+    for path in (f"/v1/plans/{'e' * 64}/request", f"/v1/plans/{'e' * 64}/view"):
+        assert client.get(path).status_code == 404
+    malformed = client.get("/v1/plans/not-a-hash")
+    assert malformed.status_code == 422
+    error = malformed.json()["errors"][0]
+    assert error["path"] == "plan_id" and error["in"] == "path" and "not-a-hash" in error["value"]
+    assert "[0-9a-f]{64}" in error["message"]
+
+
+def test_invalid_requests_name_the_field(client):
+    document = small_request("bad")
+    document["tables"][1]["embedding_dim"] = 0
+    response = client.post("/v1/plans", json=document)
+    assert response.status_code == 422
+    problem = response.json()
+    assert problem["title"] == "Invalid input"
+    assert any(
+        e["path"] == "tables[1].embedding_dim" and e["value"] == "0" for e in problem["errors"]
+    ), problem
+    not_json = client.post("/v1/plans", content=b"{nope", headers={"content-type": "text/plain"})
+    assert not_json.status_code == 422 and "not valid JSON" in not_json.json()["detail"]
+    empty = client.post("/v1/plans", content=b"")
+    assert empty.status_code == 422
+
+
+def test_service_limits_are_422_naming_field_value_and_limit(client):
+    too_many = small_request("many")
+    too_many["tables"] = [table(f"t{i}") for i in range(51)]
+    response = client.post("/v1/plans", json=too_many)
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {
+            "path": "tables",
+            "message": "this service plans at most 50 tables per request "
+            "(SHARDPLAN_MAX_TABLES); got 51",
+        }
+    ]
+    wide = small_request("wide", world_size=8192)
+    error = client.post("/v1/plans", json=wide).json()["errors"][0]
+    assert error["path"] == "topology.world_size" and error["value"] == "8192"
+    assert "at most 4096" in error["message"]
+    slow = small_request("slow", options={"time_limit_s": 31.0})
+    error = client.post("/v1/check", json=slow).json()["errors"][0]
+    assert error["path"] == "options.time_limit_s" and "at most 30 s" in error["message"]
+
+
+def test_body_over_the_limit_is_413_before_it_is_read(client):
+    huge = b'{"pad": "' + b"x" * 300_000 + b'"}'
+    response = client.post("/v1/plans", content=huge)
+    assert response.status_code == 413
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "at most 200000 bytes (SHARDPLAN_MAX_BODY_BYTES)" in response.json()["detail"]
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for _ in range(30):
+            yield b"x" * 10_000
+
+    streamed = client.post("/v1/plans", content=chunked())
+    assert streamed.status_code == 413
+
+
+def test_infeasible_request_is_422_with_the_explanation(client):
+    response = client.post("/v1/plans", json=infeasible_request())
+    assert response.status_code == 422
+    problem = response.json()
+    assert problem["title"] == "No plan exists"
+    infeasibility = problem["infeasibility"]
+    assert infeasibility["status"] == "infeasible"
+    assert any("huge" in reason.get("tables", []) for reason in infeasibility["reasons"]), problem
+    assert "huge" in problem["detail"]
+
+
+def test_wrong_method_and_unknown_route_are_problem_json(client):
+    assert client.delete(f"/v1/plans/{'a' * 64}").status_code == 405
+    unknown = client.get("/v2/everything")
+    assert unknown.status_code == 404
+    assert unknown.headers["content-type"] == "application/problem+json"
+
+
+# --------------------------------------------------------------------------- aliases
+
+
+def test_alias_lifecycle_with_history_and_rollback(client):
+    first = client.post("/v1/plans", json=small_request("al1")).headers["x-shardplan-plan-id"]
+    second = client.post("/v1/plans", json=small_request("al2")).headers["x-shardplan-plan-id"]
+    created = client.put("/v1/aliases/ranking-prod", json={"plan_id": first})
+    assert created.status_code == 201
+    assert created.json()["version"] == 1 and created.json()["actor"] == "anonymous"
+    moved = client.put("/v1/aliases/ranking-prod", json={"plan_id": second, "comment": "v2"})
+    assert moved.status_code == 200 and moved.json()["previous_plan_id"] == first
+
+    current = client.get("/v1/aliases/ranking-prod")
+    assert current.status_code == 200
+    assert current.headers["x-shardplan-plan-id"] == second
+    assert current.headers["cache-control"] == "no-cache"
+    assert current.content == client.get(f"/v1/plans/{second}").content
+    unchanged = client.get("/v1/aliases/ranking-prod", headers={"If-None-Match": f'"{second}"'})
+    assert unchanged.status_code == 304
+
+    rollback = client.put(
+        "/v1/aliases/ranking-prod", json={"plan_id": first, "comment": "roll back"}
+    )
+    assert rollback.status_code == 200
+    assert client.get("/v1/aliases/ranking-prod").headers["x-shardplan-plan-id"] == first
+    history = client.get("/v1/aliases/ranking-prod/history").json()
+    assert [(c["version"], c["plan_id"], c["comment"]) for c in history["changes"]] == [
+        (3, first, "roll back"),
+        (2, second, "v2"),
+        (1, first, None),
+    ]
+
+
+def test_alias_errors(client):
+    assert client.get("/v1/aliases/never-set").status_code == 404
+    assert client.get("/v1/aliases/never-set/history").status_code == 404
+    unknown = client.put("/v1/aliases/x", json={"plan_id": "d" * 64})
+    assert unknown.status_code == 422
+    assert unknown.json()["errors"][0]["path"] == "plan_id"
+    assert "no plan with this id" in unknown.json()["detail"]
+    assert client.get("/v1/aliases/x").status_code == 404  # nothing was created
+    bad_body = client.put("/v1/aliases/x", json={"plan_id": "d" * 64, "extra": 1})
+    assert bad_body.status_code == 422
+    assert any(e["path"] == "extra" for e in bad_body.json()["errors"])
+    bad_id = client.put("/v1/aliases/x", json={"plan_id": "short"})
+    assert bad_id.status_code == 422 and bad_id.json()["errors"][0]["path"] == "plan_id"
+    bad_name = client.put("/v1/aliases/-starts-with-dash", json={"plan_id": "d" * 64})
+    assert bad_name.status_code == 422 and bad_name.json()["errors"][0]["path"] == "name"
+
+
+# --------------------------------------------------------------------------- check, validate
+
+
+def test_check_reports_headroom_and_stores_nothing(client):
+    document = small_request("chk")
+    fits = client.post("/v1/check", json=document)
+    assert fits.status_code == 200
+    result = fits.json()
+    assert result["fits"] is True and result["stored"] is False
+    assert len(result["ranks"]) == 2
+    for rank in result["ranks"]:
+        assert rank["hbm_free_bytes"] == rank["hbm_usable_bytes"] - rank["hbm_used_bytes"] > 0
+    assert result["min_hbm_free_bytes"] == min(r["hbm_free_bytes"] for r in result["ranks"])
+    assert client.get(f"/v1/plans/{result['plan_id']}").status_code == 404  # not stored
+    # POST /v1/plans then stores exactly the plan the check described.
+    assert (
+        client.post("/v1/plans", json=document).headers["x-shardplan-plan-id"]
+        == (result["plan_id"])
+    )
+    assert client.post("/v1/check", json=document).json()["stored"] is True
+
+    no_fit = client.post("/v1/check", json=infeasible_request())
+    assert no_fit.status_code == 200
+    assert no_fit.json()["fits"] is False
+    assert no_fit.json()["infeasibility"]["status"] == "infeasible"
+
+
+def _validate_documents():
+    req = request([table("a"), table("b")], world_size=2)
+    plan = builders.plan(
+        req, {"a": builders.table_wise(req, "a", 0), "b": builders.row_wise(req, "b")}
+    )
+    return json.loads(req.model_dump_json()), json.loads(canonical_bytes(plan))
+
+
+def test_validate_valid_and_invalid(client):
+    req, plan = _validate_documents()
+    ok = client.post("/v1/validate", json={"request": req, "plan": plan})
+    assert ok.status_code == 200
+    assert ok.json() == {"valid": True, "violations": []}
+    plan["tables"]["a"]["shards"][0]["rank"] = 7
+    bad = client.post("/v1/validate", json={"request": req, "plan": plan}).json()
+    assert bad["valid"] is False
+    codes = [v["code"] for v in bad["violations"]]
+    assert codes == ["plan_id_mismatch", "rank_out_of_range", "ranks_mismatch"]
+    assert bad["violations"][1]["table"] == "a" and bad["violations"][1]["rank"] == 7
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "text"),
+    [
+        (b"{oops", "", "not valid JSON"),
+        (b'{"request": {}}', "", 'exactly the keys "request" and "plan"'),
+        (None, "tables[0].num_embeddings", "greater than or equal to 1"),
+    ],
+)
+def test_validate_bad_input_is_problem_json(client, body, path, text):
+    if body is None:
+        req, plan = _validate_documents()
+        req["tables"][0]["num_embeddings"] = 0
+        body = json.dumps({"request": req, "plan": plan}).encode()
+    response = client.post(
+        "/v1/validate", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["status"] == 422 and problem["title"] == "Invalid input"
+    assert any(e["path"] == path and text in e["message"] for e in problem["errors"]), problem
+
+
+# --------------------------------------------------------------------------- operations
+
+
+def test_health_readiness_metrics_and_openapi(client, service):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    expected = "SqliteStore" if "postgresql" not in service.db else "PostgresStore"
+    assert ready.json() == {"status": "ready", "store": expected}
+
+    client.post("/v1/plans", json=small_request("met"))
+    client.post("/v1/plans", json=small_request("met"))
+    client.get(f"/v1/plans/{'e' * 64}")
+    text = client.get("/metrics").text
+    assert 'shardplan_http_requests_total{method="POST",route="/v1/plans",status="201"}' in text
+    assert 'route="/v1/plans/{plan_id}",status="404"' in text
+    assert 'shardplan_http_request_duration_seconds_bucket{le="0.001",method="POST"' in text
+    assert 'shardplan_solve_duration_seconds_count{outcome="plan"}' in text
+    assert 'shardplan_plan_cache_total{result="request"}' in text
+    assert "shardplan_solve_queue_depth 0.0" in text
+
+    spec = client.get("/openapi.json").json()
+    assert {
+        "/v1/plans",
+        "/v1/plans/{plan_id}",
+        "/v1/plans/{plan_id}/view",
+        "/v1/aliases/{name}",
+        "/v1/aliases/{name}/history",
+        "/v1/check",
+        "/v1/validate",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= set(spec["paths"])
+
+
+# --------------------------------------------------------------------------- auth
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def secured(request, shardplan_exe, tmp_path_factory):
+    server = start_service(
+        request, shardplan_exe, tmp_path_factory, SHARDPLAN_API_TOKENS=f"ci:{TOKEN}"
+    )
+    yield server
+    server.stop()
+
+
+def test_writes_need_a_bearer_token(secured):
+    with httpx.Client(base_url=secured.base, timeout=60) as http:
+        document = small_request("auth")
+        missing = http.post("/v1/plans", json=document)
+        assert missing.status_code == 401
+        assert missing.headers["www-authenticate"].startswith("Bearer")
+        wrong = http.post("/v1/plans", json=document, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 403
+        good = {"Authorization": f"Bearer {TOKEN}"}
+        created = http.post("/v1/plans", json=document, headers=good)
+        assert created.status_code == 201
+        plan_id = created.headers["x-shardplan-plan-id"]
+        assert http.put("/v1/aliases/p", json={"plan_id": plan_id}).status_code == 401
+        changed = http.put("/v1/aliases/p", json={"plan_id": plan_id}, headers=good)
+        assert changed.status_code == 201 and changed.json()["actor"] == "ci"
+        # Reads stay open by default.
+        assert http.get(f"/v1/plans/{plan_id}").status_code == 200
+        assert http.get("/v1/aliases/p").status_code == 200
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def read_protected(request, shardplan_exe, tmp_path_factory):
+    server = start_service(
+        request,
+        shardplan_exe,
+        tmp_path_factory,
+        SHARDPLAN_API_TOKENS=TOKEN,
+        SHARDPLAN_PROTECT_READS="1",
+    )
+    yield server
+    server.stop()
+
+
+def test_protected_reads_need_a_token_too(read_protected):
+    with httpx.Client(base_url=read_protected.base, timeout=60) as http:
+        good = {"Authorization": f"Bearer {TOKEN}"}
+        plan_id = http.post("/v1/plans", json=small_request("pr"), headers=good).headers[
+            "x-shardplan-plan-id"
+        ]
+        assert http.get(f"/v1/plans/{plan_id}").status_code == 401
+        wrong = {"Authorization": "Bearer not-the-token-at-all"}
+        assert http.get(f"/v1/plans/{plan_id}", headers=wrong).status_code == 403
+        assert http.get(f"/v1/plans/{plan_id}", headers=good).status_code == 200
+        assert http.post("/v1/check", json=small_request("pr")).status_code == 401
+        assert http.get("/healthz").status_code == 200  # probes stay open
+
+
+# --------------------------------------------------------------------------- overload
+
+
+def slow_request(seed: int) -> dict:
+    """150 tables on 32 ranks that CP-SAT cannot close: it runs to its time limit."""
+    tables = [
+        {
+            "name": f"t{i}",
+            "num_embeddings": 1000 + (i * 7919 + seed * 104729) % 5_000_000,
+            "embedding_dim": [16, 32, 64, 128][i % 4],
+            "pooling_factors": [1.0 + (i * 31 % 17)],
+        }
+        for i in range(150)
+    ]
+    return {
+        "topology": {"world_size": 32, "local_world_size": 8},
+        "tables": tables,
+        "options": {"time_limit_s": 10.0, "seed": seed},
+    }
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def single_solver(request, shardplan_exe, tmp_path_factory):
+    server = start_service(request, shardplan_exe, tmp_path_factory, SHARDPLAN_SOLVE_QUEUE="0")
+    yield server
+    server.stop()
+
+
+def test_full_pool_is_503_with_retry_after_and_identical_requests_share_a_solve(single_solver):
+    with httpx.Client(base_url=single_solver.base, timeout=120) as http:
+        results: dict[str, httpx.Response] = {}
+
+        def post(key: str, document: dict) -> None:
+            results[key] = http.post("/v1/plans", json=document)
+
+        first = threading.Thread(target=post, args=("first", slow_request(1)))
+        twin = threading.Thread(target=post, args=("twin", slow_request(1)))
+        first.start()
+        deadline = time.monotonic() + 30
+        while "shardplan_solve_queue_depth 1.0" not in http.get("/metrics").text:
+            assert time.monotonic() < deadline and first.is_alive()
+            time.sleep(0.02)
+        twin.start()  # the identical request joins the solve in flight: not turned away
+        busy = http.post("/v1/plans", json=slow_request(2))
+        assert busy.status_code == 503
+        assert int(busy.headers["retry-after"]) >= 1
+        assert "queue of 0 is full" in busy.json()["detail"]
+        first.join(timeout=120)
+        twin.join(timeout=120)
+        assert results["first"].status_code == 201
+        assert results["twin"].status_code == 200
+        assert results["twin"].content == results["first"].content
+        assert "shardplan_solve_rejected_total 1.0" in http.get("/metrics").text
+        # Once the pool is free again the turned-away request goes through.
+        assert http.post("/v1/plans", json=slow_request(2)).status_code == 201
+
+
+def test_store_down_is_503_and_readyz_says_so(postgres, shardplan_exe, tmp_path):
+    from tests.servers import PostgresServer
+
+    database = PostgresServer().start()
+    try:
+        server = Service(shardplan_exe, tmp_path / "log", db=database.new_database()).start()
+        try:
+            with httpx.Client(base_url=server.base, timeout=60) as http:
+                plan_id = http.post("/v1/plans", json=small_request("down")).headers[
+                    "x-shardplan-plan-id"
+                ]
+                database.stop()
+                not_ready = http.get("/readyz")
+                assert not_ready.status_code == 503
+                assert not_ready.headers["retry-after"] == "5"
+                assert "PostgreSQL" in not_ready.json()["detail"]
+                refused = http.post("/v1/plans", json=small_request("down2"))
+                assert refused.status_code == 503
+                # Stored plans already in memory are still served: they cannot change.
+                assert http.get(f"/v1/plans/{plan_id}").status_code == 200
+                database.start()
+                assert http.get("/readyz").status_code == 200
+                assert http.post("/v1/plans", json=small_request("down2")).status_code == 201
+        finally:
+            server.stop()
+    finally:
+        database.destroy()
