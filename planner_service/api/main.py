@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,8 +20,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from planner_service import __version__
 from planner_service.api.limits import BodyLimitMiddleware
 from planner_service.api.metrics import MetricsMiddleware
-from planner_service.api.problems import TITLES, ProblemError, input_problem, problem
+from planner_service.api.problems import (
+    COMMON_PROBLEMS,
+    TITLES,
+    ProblemError,
+    input_problem,
+    problem,
+)
 from planner_service.api.routes import aliases, check, health, plans, validate
+from planner_service.api.schemas import add_components
 from planner_service.api.settings import Settings
 from planner_service.api.solving import SolvePool
 from planner_service.api.state import PlanCache, ServiceState, store_unavailable
@@ -53,14 +61,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="Plans embedding-table sharding for DLRM-style models and serves the plans.",
         lifespan=lifespan,
+        responses=COMMON_PROBLEMS,
     )
     app.state.service = state
     for router in (health.router, plans.router, aliases.router, check.router, validate.router):
         app.include_router(router)
     _install_error_handlers(app)
+    _document_raw_bodies(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)
     return app
+
+
+def _document_raw_bodies(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_components(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _install_error_handlers(app: FastAPI) -> None:

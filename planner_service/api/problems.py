@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
+from planner_service.api.schemas import schema_ref
 from planner_service.errors import FieldProblem, InputError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -22,6 +24,34 @@ TITLES = {
     422: "Invalid input",
     500: "Internal error",
     503: "Service unavailable",
+}
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, with shardplan's extensions."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, str]] | None = Field(
+        None, description="for invalid input: one entry per bad field (path, message, value)"
+    )
+    infeasibility: dict[str, Any] | None = Field(
+        None, description="when no plan exists: the reasons and the smallest fixes"
+    )
+
+
+PROBLEM_CONTENT: dict[str, Any] = {"content": {PROBLEM_MEDIA_TYPE: {"schema": schema_ref(Problem)}}}
+
+# Errors any route can answer with, documented once for the whole API.
+COMMON_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no bearer token (when SHARDPLAN_API_TOKENS is set)", **PROBLEM_CONTENT},
+    403: {"description": "a bearer token this service does not accept", **PROBLEM_CONTENT},
+    413: {"description": "request body over SHARDPLAN_MAX_BODY_BYTES", **PROBLEM_CONTENT},
+    422: {"description": "invalid input: every bad field by JSON path", **PROBLEM_CONTENT},
+    503: {"description": "overloaded or the store is down; see Retry-After", **PROBLEM_CONTENT},
 }
 
 

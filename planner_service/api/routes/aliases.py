@@ -10,14 +10,14 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from planner_service.api.problems import ProblemError
+from planner_service.api.problems import PROBLEM_CONTENT, ProblemError
 from planner_service.api.routes.plans import (
     _PLAN_RESPONSE,
-    _PROBLEM,
     JSON,
     PLAN_ID_PATTERN,
     etag_matches,
 )
+from planner_service.api.schemas import json_body
 from planner_service.api.state import reader, state_of, writer
 from planner_service.codec import load_json
 from planner_service.errors import InputError, problems_from_validation_error
@@ -76,17 +76,10 @@ class AliasHistory(BaseModel):
 @router.put(
     "/v1/aliases/{name}",
     response_model=AliasRecord,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {JSON: {"schema": AliasUpdate.model_json_schema()}},
-        }
-    },
+    openapi_extra=json_body(AliasUpdate),
     responses={
         201: {"description": "alias created", "model": AliasRecord},
-        401: {"description": "no bearer token", **_PROBLEM},
-        403: {"description": "wrong bearer token", **_PROBLEM},
-        422: {"description": "bad body, or no such plan", **_PROBLEM},
+        422: {"description": "bad body, or no such plan", **PROBLEM_CONTENT},
     },
 )
 async def put_alias(
@@ -127,7 +120,7 @@ async def put_alias(
     responses={
         200: {"description": "the plan the alias points at", **_PLAN_RESPONSE},
         304: {"description": "If-None-Match matched the current plan"},
-        404: {"description": "no such alias", **_PROBLEM},
+        404: {"description": "no such alias", **PROBLEM_CONTENT},
     },
 )
 async def get_alias(name: AliasName, http_request: Request) -> Response:
@@ -154,7 +147,7 @@ async def get_alias(name: AliasName, http_request: Request) -> Response:
     "/v1/aliases/{name}/history",
     response_model=AliasHistory,
     dependencies=[Depends(reader)],
-    responses={404: {"description": "no such alias", **_PROBLEM}},
+    responses={404: {"description": "no such alias", **PROBLEM_CONTENT}},
 )
 async def alias_history(name: AliasName, http_request: Request) -> AliasHistory:
     """Every change of the alias, newest first (up to 100): to see who moved it and to

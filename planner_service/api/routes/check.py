@@ -9,7 +9,8 @@ from starlette.concurrency import run_in_threadpool
 from planner_service import PLANNER_VERSION
 from planner_service.api import metrics
 from planner_service.api.limits import decode_plan_request
-from planner_service.api.routes.plans import _PROBLEM, JSON, _solve
+from planner_service.api.routes.plans import REQUEST_EXAMPLE, _solve
+from planner_service.api.schemas import json_body
 from planner_service.api.solving import SolveResult
 from planner_service.api.state import reader, state_of
 from planner_service.capacity import usable_capacity
@@ -49,17 +50,7 @@ class CheckResult(BaseModel):
     "/v1/check",
     response_model=CheckResult,
     dependencies=[Depends(reader)],
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {JSON: {"schema": PlanRequest.model_json_schema()}},
-        }
-    },
-    responses={
-        413: {"description": "body too large", **_PROBLEM},
-        422: {"description": "invalid request", **_PROBLEM},
-        503: {"description": "solver pool and queue full", **_PROBLEM},
-    },
+    openapi_extra=json_body(PlanRequest, REQUEST_EXAMPLE),
 )
 async def check(http_request: Request) -> CheckResult:
     """Solve without storing and report whether it fits, each rank's free memory, and,

@@ -22,7 +22,6 @@ def healthz() -> dict[str, str]:
 
 @router.get(
     "/readyz",
-    responses={503: {"description": "the plan store cannot be reached"}},
 )
 async def readyz(request: Request) -> dict[str, str]:
     """Ready to serve: the plan store answers a query."""

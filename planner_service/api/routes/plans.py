@@ -13,7 +13,8 @@ from starlette.concurrency import run_in_threadpool
 from planner_service import PLANNER_VERSION
 from planner_service.api import metrics
 from planner_service.api.limits import decode_plan_request
-from planner_service.api.problems import ProblemError
+from planner_service.api.problems import PROBLEM_CONTENT, ProblemError
+from planner_service.api.schemas import json_body, schema_ref
 from planner_service.api.solving import PoolFullError, SolveResult
 from planner_service.api.state import ServiceState, reader, state_of, writer
 from planner_service.api.view import render_plan_page
@@ -23,33 +24,31 @@ from planner_service.types import Infeasibility, PlanRequest, ShardingPlan
 router = APIRouter(tags=["plans"])
 
 PLAN_ID_PATTERN = r"^[0-9a-f]{64}$"
+REQUEST_EXAMPLE = {
+    "topology": {"world_size": 2, "hbm_bytes": 16 * 2**30},
+    "tables": [
+        {"name": "user_id", "num_embeddings": 1_000_000, "embedding_dim": 128},
+        {"name": "item_id", "num_embeddings": 200_000, "embedding_dim": 64},
+    ],
+    "options": {"time_limit_s": 2.0},
+}
 PlanId = Annotated[
     str, Path(pattern=PLAN_ID_PATTERN, description="a plan's content address (sha256, hex)")
 ]
 IMMUTABLE = "public, max-age=31536000, immutable"
 JSON = "application/json"
 
-_PLAN_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": ShardingPlan.model_json_schema()}}}
-_PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}}
+_PLAN_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": schema_ref(ShardingPlan)}}}
 
 
 @router.post(
     "/v1/plans",
     status_code=201,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {JSON: {"schema": PlanRequest.model_json_schema()}},
-        }
-    },
+    openapi_extra=json_body(PlanRequest, REQUEST_EXAMPLE),
     responses={
         200: {"description": "a plan for this request was already stored", **_PLAN_RESPONSE},
         201: {"description": "solved and stored", **_PLAN_RESPONSE},
-        401: {"description": "no bearer token (when SHARDPLAN_API_TOKENS is set)", **_PROBLEM},
-        403: {"description": "wrong bearer token", **_PROBLEM},
-        413: {"description": "body too large", **_PROBLEM},
-        422: {"description": "invalid request, or no plan exists (explained)", **_PROBLEM},
-        503: {"description": "solver pool and queue full, or store down", **_PROBLEM},
+        422: {"description": "invalid request, or no plan exists (explained)", **PROBLEM_CONTENT},
     },
 )
 async def create_plan(http_request: Request, actor: Annotated[str, Depends(writer)]) -> Response:
@@ -153,7 +152,7 @@ def etag_matches(if_none_match: str | None, plan_id: str) -> bool:
     responses={
         200: {"description": "the plan's stored bytes", **_PLAN_RESPONSE},
         304: {"description": "If-None-Match matched: the client's copy is current"},
-        404: {"description": "no such plan", **_PROBLEM},
+        404: {"description": "no such plan", **PROBLEM_CONTENT},
     },
 )
 async def get_plan(plan_id: PlanId, http_request: Request) -> Response:
@@ -179,9 +178,9 @@ def _not_found(plan_id: str) -> ProblemError:
     responses={
         200: {
             "description": "the request the plan was made for",
-            "content": {JSON: {"schema": PlanRequest.model_json_schema()}},
+            "content": {JSON: {"schema": schema_ref(PlanRequest)}},
         },
-        404: {"description": "no such plan", **_PROBLEM},
+        404: {"description": "no such plan", **PROBLEM_CONTENT},
     },
 )
 async def get_plan_request(plan_id: PlanId, http_request: Request) -> Response:
@@ -196,7 +195,7 @@ async def get_plan_request(plan_id: PlanId, http_request: Request) -> Response:
     "/v1/plans/{plan_id}/view",
     dependencies=[Depends(reader)],
     response_class=HTMLResponse,
-    responses={404: {"description": "no such plan", **_PROBLEM}},
+    responses={404: {"description": "no such plan", **PROBLEM_CONTENT}},
 )
 async def view_plan(plan_id: PlanId, http_request: Request) -> HTMLResponse:
     """A page for people: per-rank memory and perf bars, the tables, the solver report."""

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from planner_service.api.problems import PROBLEM_MEDIA_TYPE
+from planner_service.api.schemas import json_body
 from planner_service.api.state import reader
 from planner_service.codec import load_json, parse_plan, parse_request
 from planner_service.errors import FieldProblem, InputError
@@ -33,16 +33,7 @@ class ValidateResult(BaseModel):
     "/v1/validate",
     response_model=ValidateResult,
     dependencies=[Depends(reader)],
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": ValidateBody.model_json_schema()}},
-        }
-    },
-    responses={
-        413: {"description": "body too large", "content": {PROBLEM_MEDIA_TYPE: {}}},
-        422: {"description": "the request or the plan is malformed"},
-    },
+    openapi_extra=json_body(ValidateBody),
 )
 async def validate(http_request: Request) -> Any:
     """Check ``plan`` against ``request``; 200 with every violation (empty when valid)."""
