@@ -7,7 +7,7 @@ PORT ?= 8000
 DB ?= var/shardplan.db
 PYTEST_ARGS ?=
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,15 @@ $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[runtime,dev]'
 	touch $@ $(VENV)/.installed-core
 
+# PostgreSQL and Chromium from Debian, for the tests that run them (no-op when present).
+system-deps:
+	bash scripts/install-system-deps.sh
+
 run: $(VENV)/.installed-core
 	mkdir -p $(dir $(DB))
-	$(BIN)/shardplan serve --host $(HOST) --port $(PORT)
+	$(BIN)/shardplan serve --host $(HOST) --port $(PORT) --db $(DB)
 
-test: $(VENV)/.installed-all
+test: $(VENV)/.installed-all system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-all

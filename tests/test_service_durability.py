@@ -161,3 +161,25 @@ def test_plan_view_renders_in_headless_chromium(view_service, tmp_path):
         assert f"<td>{name}</td><td>{sharding.sharding_type.value}</td>" in dom
     assert dom.count('class="bar"') == 3 * plan.world_size  # HBM, DDR and perf per rank
     assert plan.solver.status.value in dom
+
+
+def test_several_http_workers_share_the_store_and_sum_their_metrics(shardplan_exe, tmp_path):
+    server = Service(shardplan_exe, tmp_path / "log", db=str(tmp_path / "p.db"), workers=2).start()
+    try:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            plan_ids = set()
+            for index in range(6):
+                created = http.post("/v1/plans", json=tiny_request(index))
+                assert created.status_code == 201
+                plan_ids.add(created.headers["x-shardplan-plan-id"])
+            for _ in range(5):  # new connections: both workers answer, from one store
+                for plan_id in plan_ids:
+                    with httpx.Client(base_url=server.base, timeout=60) as fresh:
+                        assert fresh.get(f"/v1/plans/{plan_id}").status_code == 200
+            text = http.get("/metrics").text
+        line = (
+            'shardplan_http_requests_total{method="GET",route="/v1/plans/{plan_id}",status="200"}'
+        )
+        assert f"{line} 30.0" in text, text
+    finally:
+        server.stop()
