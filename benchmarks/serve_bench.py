@@ -147,7 +147,9 @@ http {{
 """
 
 
-def start_nginx(root: Path, plan_id: str, data: bytes, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_nginx(
+    root: Path, plan_id: str, data: bytes, workers: int
+) -> tuple[subprocess.Popen[bytes], str]:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     (root / "tmp").mkdir(parents=True)
     target = root / "www" / "v1" / "plans" / plan_id
@@ -198,7 +200,8 @@ def main() -> None:
     args = parser.parse_args()
     _raise_fd_limit()
     root = Path(tempfile.mkdtemp(prefix="shardplan-serve-bench-"))
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs"
+    print(f"machine: {machine}, Python {platform.python_version()}")
     rows = []
     try:
         data, plan_id = b"", ""
@@ -238,8 +241,10 @@ def main() -> None:
     nginx_rps = rows[-1][2]["rps"]
     print(f"plan: {len(data):,} bytes; burst: {args.clients} clients; sustained: wrk -t2 "
           f"-c{args.connections} -d{args.duration}s")  # fmt: skip
-    print("| server | burst ok | burst p50 ms | burst p99 ms | burst max ms | burst wall s "
-          "| sustained req/s | sustained p99 ms | non-2xx | vs nginx |")
+    print(
+        "| server | burst ok | burst p50 ms | burst p99 ms | burst max ms | burst wall s "
+        "| sustained req/s | sustained p99 ms | non-2xx | vs nginx |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, b, w in rows:
         print(
