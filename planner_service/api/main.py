@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from planner_service import __version__
 from planner_service.api.limits import BodyLimitMiddleware
-from planner_service.api.metrics import MetricsMiddleware
+from planner_service.api.metrics import QUEUE_DEPTH, MetricsMiddleware
 from planner_service.api.problems import (
     COMMON_PROBLEMS,
     TITLES,
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     state = ServiceState(
         settings=settings,
-        pool=SolvePool(settings.solve_workers, settings.solve_queue),
+        pool=SolvePool(settings.solve_workers, settings.solve_queue, QUEUE_DEPTH.set),
         cache=PlanCache(settings.cache_bytes),
     )
 

@@ -62,8 +62,11 @@ def _warm_up() -> None:
 
 
 class SolvePool:
-    def __init__(self, workers: int, queue: int) -> None:
+    def __init__(
+        self, workers: int, queue: int, on_depth: Callable[[int], None] | None = None
+    ) -> None:
         self.workers = workers
+        self._on_depth = on_depth or (lambda depth: None)
         self.capacity = workers + queue
         self._executor: ProcessPoolExecutor | None = None
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
@@ -114,8 +117,13 @@ class SolvePool:
         self.start()
         task = asyncio.create_task(self._run(request_document, finish))
         self._in_flight[key] = task
-        task.add_done_callback(lambda _: self._in_flight.pop(key, None))
+        self._on_depth(self.depth)
+        task.add_done_callback(lambda _: self._finished(key))
         return await asyncio.shield(task), False
+
+    def _finished(self, key: str) -> None:
+        self._in_flight.pop(key, None)
+        self._on_depth(self.depth)
 
     async def _run(self, request_document: bytes, finish: Callable[[SolveResult], T]) -> T:
         assert self._executor is not None

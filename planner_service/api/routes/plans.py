@@ -99,7 +99,6 @@ async def create_plan(http_request: Request, actor: Annotated[str, Depends(write
 async def _solve(
     state: ServiceState, key: str, request_document: bytes, finish: Any
 ) -> tuple[Any, bool]:
-    metrics.QUEUE_DEPTH.set(state.pool.depth + 1)
     try:
         return await state.pool.solve(key, request_document, finish)
     except PoolFullError as error:
@@ -109,8 +108,6 @@ async def _solve(
             f"{error}; retry in {error.retry_after_s} s",
             headers={"Retry-After": str(error.retry_after_s)},
         ) from None
-    finally:
-        metrics.QUEUE_DEPTH.set(state.pool.depth)
 
 
 def _no_plan(result: SolveResult) -> ProblemError:
