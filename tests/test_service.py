@@ -21,17 +21,20 @@ from tests.servers import Service
 TOKEN = "ci-token-0123456789abcdef"
 
 
-def start_service(request_fixture, exe, tmp_path_factory, **env: str) -> Service:
+def running_service(request_fixture, exe, tmp_path_factory, **env: str):
+    """Body of the module fixtures below: a service on the fixture's backend, stopped after."""
     backend = request_fixture.param
     postgres = request_fixture.getfixturevalue("postgres") if backend == "postgres" else None
     directory = tmp_path_factory.mktemp(f"service-{backend}")
     db = database_url(backend, postgres, directory)
-    return Service(exe, directory / "server.log", db=db, env=env).start()
+    server = Service(exe, directory / "server.log", db=db, env=env).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def service(request, shardplan_exe, tmp_path_factory):
-    server = start_service(
+    yield from running_service(
         request,
         shardplan_exe,
         tmp_path_factory,
@@ -40,8 +43,6 @@ def service(request, shardplan_exe, tmp_path_factory):
         SHARDPLAN_MAX_TIME_LIMIT_S="30",
         SHARDPLAN_MAX_BODY_BYTES="200000",
     )
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -361,11 +362,9 @@ def test_health_readiness_metrics_and_openapi(client, service):
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def secured(request, shardplan_exe, tmp_path_factory):
-    server = start_service(
+    yield from running_service(
         request, shardplan_exe, tmp_path_factory, SHARDPLAN_API_TOKENS=f"ci:{TOKEN}"
     )
-    yield server
-    server.stop()
 
 
 def test_writes_need_a_bearer_token(secured):
@@ -390,15 +389,13 @@ def test_writes_need_a_bearer_token(secured):
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def read_protected(request, shardplan_exe, tmp_path_factory):
-    server = start_service(
+    yield from running_service(
         request,
         shardplan_exe,
         tmp_path_factory,
         SHARDPLAN_API_TOKENS=TOKEN,
         SHARDPLAN_PROTECT_READS="1",
     )
-    yield server
-    server.stop()
 
 
 def test_protected_reads_need_a_token_too(read_protected):
@@ -438,9 +435,7 @@ def slow_request(seed: int) -> dict:
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def single_solver(request, shardplan_exe, tmp_path_factory):
-    server = start_service(request, shardplan_exe, tmp_path_factory, SHARDPLAN_SOLVE_QUEUE="0")
-    yield server
-    server.stop()
+    yield from running_service(request, shardplan_exe, tmp_path_factory, SHARDPLAN_SOLVE_QUEUE="0")
 
 
 def test_full_pool_is_503_with_retry_after_and_identical_requests_share_a_solve(single_solver):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from planner_service import PLANNER_VERSION
 from planner_service.api import metrics
 from planner_service.api.problems import ProblemError
 from planner_service.api.settings import Settings
@@ -82,6 +83,17 @@ class ServiceState:
         metrics.CACHE.labels("store").inc()
         self.cache.put(plan_id, stored.plan)
         return stored.plan
+
+    async def plan_for_request(self, request_hash: str) -> tuple[str, bytes] | None:
+        """(plan_id, bytes) of the plan this planner version already stored for a request."""
+        plan_id = await run_in_threadpool(
+            self.store().plan_for_request, request_hash, PLANNER_VERSION
+        )
+        data = None if plan_id is None else await self.plan_bytes(plan_id)
+        if plan_id is None or data is None:
+            return None
+        metrics.CACHE.labels("request").inc()
+        return plan_id, data
 
     async def stored(self, plan_id: str) -> StoredPlan | None:
         return await run_in_threadpool(lambda: self.store().get_plan(plan_id))

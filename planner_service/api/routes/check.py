@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
 
-from planner_service import PLANNER_VERSION
-from planner_service.api import metrics
 from planner_service.api.limits import decode_plan_request
 from planner_service.api.routes.plans import REQUEST_EXAMPLE, _solve
 from planner_service.api.schemas import json_body
-from planner_service.api.solving import SolveResult
 from planner_service.api.state import reader, state_of
 from planner_service.capacity import usable_capacity
 from planner_service.codec import canonical_bytes, parse_plan, request_hash
@@ -58,20 +54,10 @@ async def check(http_request: Request) -> CheckResult:
     state = state_of(http_request)
     request = decode_plan_request(await http_request.body(), state.settings)
     key = request_hash(request)
-    existing = await run_in_threadpool(state.store().plan_for_request, key, PLANNER_VERSION)
+    existing = await state.plan_for_request(key)
     if existing is not None:
-        data = await state.plan_bytes(existing)
-        if data is not None:
-            metrics.CACHE.labels("request").inc()
-            return _fits(request, parse_plan(data), stored=True)
-
-    def finish(result: SolveResult) -> SolveResult:
-        metrics.SOLVE_SECONDS.labels("plan" if result.plan else "no_plan").observe(
-            result.wall_time_s
-        )
-        return result
-
-    result, _ = await _solve(state, "check:" + key, canonical_bytes(request), finish)
+        return _fits(request, parse_plan(existing[1]), stored=True)
+    result, _ = await _solve(state, "check:" + key, canonical_bytes(request), lambda r: r)
     if result.plan is None:
         assert result.infeasibility is not None
         infeasibility = Infeasibility.model_validate_json(result.infeasibility)

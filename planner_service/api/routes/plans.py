@@ -4,18 +4,18 @@ stored bytes, immutable and cacheable), its request, and its HTML view."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import HTMLResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
 from planner_service.api import metrics
 from planner_service.api.limits import decode_plan_request
 from planner_service.api.problems import PROBLEM_CONTENT, ProblemError
 from planner_service.api.schemas import json_body, schema_ref
-from planner_service.api.solving import PoolFullError, SolveResult
+from planner_service.api.solving import PoolFullError, SolveResult, T
 from planner_service.api.state import ServiceState, reader, state_of, writer
 from planner_service.api.view import render_plan_page
 from planner_service.codec import canonical_bytes, parse_plan, parse_request, request_hash
@@ -59,19 +59,14 @@ async def create_plan(http_request: Request, actor: Annotated[str, Depends(write
     state = state_of(http_request)
     request = decode_plan_request(await http_request.body(), state.settings)
     key = request_hash(request)
-    store = state.store()
-    existing = await run_in_threadpool(store.plan_for_request, key, PLANNER_VERSION)
+    existing = await state.plan_for_request(key)
     if existing is not None:
-        data = await state.plan_bytes(existing)
-        if data is not None:
-            metrics.CACHE.labels("request").inc()
-            return _plan_response(existing, data, status=200, cache="hit")
+        return _plan_response(*existing, status=200, cache="hit")
 
+    store = state.store()
     request_document = canonical_bytes(request)
 
     def finish(result: SolveResult) -> tuple[SolveResult, bool]:
-        outcome = "plan" if result.plan is not None else "no_plan"
-        metrics.SOLVE_SECONDS.labels(outcome).observe(result.wall_time_s)
         if result.plan is None or result.plan_id is None:
             return result, False
         inserted = store.put_plan(
@@ -97,10 +92,17 @@ async def create_plan(http_request: Request, actor: Annotated[str, Depends(write
 
 
 async def _solve(
-    state: ServiceState, key: str, request_document: bytes, finish: Any
-) -> tuple[Any, bool]:
+    state: ServiceState, key: str, request_document: bytes, finish: Callable[[SolveResult], T]
+) -> tuple[T, bool]:
+    """Solve in the pool (timing every solve once), or 503 when the pool is full."""
+
+    def timed(result: SolveResult) -> T:
+        outcome = "plan" if result.plan is not None else "no_plan"
+        metrics.SOLVE_SECONDS.labels(outcome).observe(result.wall_time_s)
+        return finish(result)
+
     try:
-        return await state.pool.solve(key, request_document, finish)
+        return await state.pool.solve(key, request_document, timed)
     except PoolFullError as error:
         metrics.REJECTED.inc()
         raise ProblemError(
@@ -121,14 +123,13 @@ def _no_plan(result: SolveResult) -> ProblemError:
     )
 
 
-def _plan_response(plan_id: str, data: bytes, *, status: int, cache: str | None) -> Response:
+def _plan_response(plan_id: str, data: bytes, *, status: int, cache: str) -> Response:
     headers = {
         "Location": f"/v1/plans/{plan_id}",
         "ETag": f'"{plan_id}"',
         "X-Shardplan-Plan-Id": plan_id,
+        "X-Shardplan-Cache": cache,
     }
-    if cache is not None:
-        headers["X-Shardplan-Cache"] = cache
     return Response(data, status_code=status, media_type=JSON, headers=headers)
 
 
