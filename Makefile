@@ -35,7 +35,7 @@ test: $(VENV)/.installed-all system-deps
 lint: $(VENV)/.installed-all
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy planner_service clients
+	$(BIN)/mypy planner_service clients runtime
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis .mypy_cache .ruff_cache

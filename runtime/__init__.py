@@ -1,2 +1,45 @@
-"""shardplan's execution runtime: applies a plan with FBGEMM's table-batched embedding
-kernels and torch.distributed. Everything that needs torch lives here."""
+"""shardplan's execution runtime: apply a plan to pooled embedding tables with FBGEMM's
+table-batched kernels and torch.distributed collectives (see docs/runtime.md)."""
+
+from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig
+from runtime.plan import (
+    ModulePlan,
+    PlanMismatchError,
+    check_plan,
+    column_wise,
+    construct_module_plan,
+    data_parallel,
+    row_wise,
+    table_column_wise,
+    table_row_wise,
+    table_wise,
+)
+from runtime.sharded import (
+    ShardedEmbeddingBagCollection,
+    ShardedWeight,
+    apply_sharding_plan,
+    shard_modules,
+)
+from runtime.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+
+__all__ = [
+    "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
+    "JaggedTensor",
+    "KeyedJaggedTensor",
+    "KeyedTensor",
+    "ModulePlan",
+    "PlanMismatchError",
+    "ShardedEmbeddingBagCollection",
+    "ShardedWeight",
+    "apply_sharding_plan",
+    "check_plan",
+    "column_wise",
+    "construct_module_plan",
+    "data_parallel",
+    "row_wise",
+    "shard_modules",
+    "table_column_wise",
+    "table_row_wise",
+    "table_wise",
+]

@@ -1,0 +1,247 @@
+"""Plans as the runtime reads them, hand-built plans for tests and scripts, and the check of a
+plan against the module and process group that runs before anything is allocated.
+
+A plan is the planner's ``ShardingPlan`` (an object, or its JSON as fetched from the
+service), or a ``ModulePlan`` built here with ``construct_module_plan`` and the per-table
+helpers (``table_wise(rank=0)``, ``column_wise(ranks=[0, 1, 0])``, ...), named after
+TorchRec's ``construct_module_sharding_plan`` helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from planner_service.codec import parse_plan
+from planner_service.shards import (
+    COLUMN_ALIGNMENT,
+    column_wise_shards,
+    row_block_size,
+    row_wise_shards,
+)
+from planner_service.types import (
+    ComputeKernel,
+    ParameterSharding,
+    Shard,
+    ShardingPlan,
+    ShardingType,
+)
+from runtime.modules import EmbeddingBagConfig
+
+FULL_ROWS = (
+    ShardingType.TABLE_WISE,
+    ShardingType.COLUMN_WISE,
+    ShardingType.TABLE_COLUMN_WISE,
+    ShardingType.DATA_PARALLEL,
+)
+ROW_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+
+
+class PlanMismatchError(ValueError):
+    """The plan does not fit the module or the process group (raised before allocating)."""
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    """What the runtime needs of a plan: the world size and each table's sharding."""
+
+    world_size: int
+    tables: Mapping[str, ParameterSharding]
+    plan_id: str | None = None
+
+    @staticmethod
+    def of(plan: ModulePlan | ShardingPlan | bytes | str | Mapping[str, object]) -> ModulePlan:
+        if isinstance(plan, ModulePlan):
+            return plan
+        if isinstance(plan, bytes | str):
+            plan = parse_plan(plan)
+        elif isinstance(plan, Mapping):
+            plan = ShardingPlan.model_validate(plan)
+        if not isinstance(plan, ShardingPlan):
+            raise TypeError(f"plan must be a ShardingPlan, its JSON or a ModulePlan; got {plan!r}")
+        return ModulePlan(plan.world_size, dict(plan.tables), plan.plan_id)
+
+
+# --------------------------------------------------------------------------- helpers
+
+TableSharder = Callable[[EmbeddingBagConfig, int, int], ParameterSharding]
+
+
+def _sharding(kind: ShardingType, kernel: ComputeKernel, shards: list[Shard]) -> ParameterSharding:
+    ranks = [s.rank for s in shards]
+    return ParameterSharding(sharding_type=kind, compute_kernel=kernel, ranks=ranks, shards=shards)
+
+
+def table_wise(rank: int, kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
+    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+        shard = Shard(offsets=(0, 0), sizes=(table.num_embeddings, table.embedding_dim), rank=rank)
+        return _sharding(ShardingType.TABLE_WISE, kernel, [shard])
+
+    return build
+
+
+def _even_widths(dim: int, parts: int) -> list[int]:
+    """``parts`` widths in multiples of COLUMN_ALIGNMENT summing to ``dim``, widest first."""
+    units = dim // COLUMN_ALIGNMENT
+    base, extra = divmod(units, parts)
+    return [(base + (i < extra)) * COLUMN_ALIGNMENT for i in range(parts)]
+
+
+def column_wise(
+    ranks: Sequence[int],
+    widths: Sequence[int] | None = None,
+    kernel: ComputeKernel = ComputeKernel.FUSED,
+) -> TableSharder:
+    """Column shards left to right on ``ranks`` (a rank may repeat: [0, 1, 0])."""
+
+    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+        cut = list(widths) if widths is not None else _even_widths(table.embedding_dim, len(ranks))
+        shards = column_wise_shards(table.num_embeddings, cut, ranks)
+        return _sharding(ShardingType.COLUMN_WISE, kernel, shards)
+
+    return build
+
+
+def table_column_wise(
+    host: int, ranks: Sequence[int] | None = None, kernel: ComputeKernel = ComputeKernel.FUSED
+) -> TableSharder:
+    """Column shards on ranks of one host (default: each local rank of ``host`` once)."""
+
+    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+        on = list(ranks) if ranks is not None else list(range(host * local, (host + 1) * local))
+        cut = _even_widths(table.embedding_dim, len(on))
+        shards = column_wise_shards(table.num_embeddings, cut, on)
+        return _sharding(ShardingType.TABLE_COLUMN_WISE, kernel, shards)
+
+    return build
+
+
+def row_wise(kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
+    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+        shards = row_wise_shards(table.num_embeddings, table.embedding_dim, range(world))
+        return _sharding(ShardingType.ROW_WISE, kernel, shards)
+
+    return build
+
+
+def table_row_wise(host: int, kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
+    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+        on = range(host * local, (host + 1) * local)
+        shards = row_wise_shards(table.num_embeddings, table.embedding_dim, on)
+        return _sharding(ShardingType.TABLE_ROW_WISE, kernel, shards)
+
+    return build
+
+
+def data_parallel() -> TableSharder:
+    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+        size = (table.num_embeddings, table.embedding_dim)
+        shards = [Shard(offsets=(0, 0), sizes=size, rank=r) for r in range(world)]
+        return _sharding(ShardingType.DATA_PARALLEL, ComputeKernel.DENSE, shards)
+
+    return build
+
+
+def construct_module_plan(
+    tables: Sequence[EmbeddingBagConfig],
+    per_table: Mapping[str, TableSharder],
+    *,
+    world_size: int,
+    local_world_size: int | None = None,
+) -> ModulePlan:
+    """A plan from one helper per table name (TorchRec's ``construct_module_sharding_plan``)."""
+    local = local_world_size or world_size
+    by_name = {t.name: t for t in tables}
+    unknown = sorted(set(per_table) - set(by_name))
+    if unknown:
+        raise PlanMismatchError(f"per_table names tables {unknown} that the module does not have")
+    return ModulePlan(
+        world_size,
+        {name: build(by_name[name], world_size, local) for name, build in per_table.items()},
+    )
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_plan(plan: ModulePlan, tables: Sequence[EmbeddingBagConfig], world_size: int) -> None:
+    """Raise ``PlanMismatchError`` naming the table and the numbers when the plan cannot be
+    applied to these tables on ``world_size`` ranks."""
+    if plan.world_size != world_size:
+        raise PlanMismatchError(
+            f"the plan is for world_size {plan.world_size} but the process group has "
+            f"{world_size} ranks; plan again for {world_size} ranks or start "
+            f"{plan.world_size} processes"
+        )
+    names = {t.name for t in tables}
+    missing = sorted(names - set(plan.tables))
+    if missing:
+        raise PlanMismatchError(f"the plan has no sharding for tables {missing}")
+    unknown = sorted(set(plan.tables) - names)
+    if unknown:
+        raise PlanMismatchError(
+            f"the plan shards tables {unknown} that the module does not have "
+            f"(module tables: {sorted(names)})"
+        )
+    for table in tables:
+        _check_table(table, plan.tables[table.name], world_size)
+
+
+def _check_table(table: EmbeddingBagConfig, sharding: ParameterSharding, world: int) -> None:
+    name, rows, dim = table.name, table.num_embeddings, table.embedding_dim
+    kind = sharding.sharding_type
+    shards = sharding.shards
+
+    def fail(message: str) -> PlanMismatchError:
+        return PlanMismatchError(f"table {name!r} ({kind.value}): {message}")
+
+    for shard in shards:
+        if shard.rank >= world:
+            raise fail(f"a shard is on rank {shard.rank}; ranks are 0..{world - 1}")
+        (r0, c0), (nr, nc) = shard.offsets, shard.sizes
+        if r0 + nr > rows or c0 + nc > dim:
+            raise fail(
+                f"shard at offsets {[r0, c0]} with sizes {[nr, nc]} reaches past the "
+                f"module's table of {rows} rows x {dim} columns"
+            )
+        if nr and nc % COLUMN_ALIGNMENT:
+            raise fail(
+                f"a shard is {nc} columns wide; FBGEMM's kernels need widths that are "
+                f"multiples of {COLUMN_ALIGNMENT}"
+            )
+    if kind in FULL_ROWS:
+        short = [s for s in shards if s.offsets[0] != 0 or s.sizes[0] != rows]
+        if short:
+            raise fail(
+                f"every shard must hold all {rows} rows; one holds rows "
+                f"{short[0].offsets[0]}..{short[0].offsets[0] + short[0].sizes[0]}"
+            )
+    if kind is ShardingType.DATA_PARALLEL:
+        if sorted(s.rank for s in shards) != list(range(world)) or any(
+            s.sizes[1] != dim for s in shards
+        ):
+            raise fail(f"needs one full {rows} x {dim} replica on each of the {world} ranks")
+        return
+    if kind in ROW_SPLIT:
+        expected = row_wise_shards(rows, dim, [s.rank for s in shards])
+        if [(s.offsets, s.sizes) for s in shards] != [(s.offsets, s.sizes) for s in expected]:
+            block = row_block_size(rows, len(shards))
+            raise fail(
+                f"shards must be consecutive row blocks of {block} rows over {len(shards)} "
+                f"ranks, in rank order (got offsets {[list(s.offsets) for s in shards]})"
+            )
+        ranks = [s.rank for s in shards]
+        if len(set(ranks)) != len(ranks):
+            raise fail(f"two row blocks on one rank ({ranks}); each rank holds at most one")
+        return
+    columns = sorted((s.offsets[1], s.sizes[1]) for s in shards)
+    edge = 0
+    for start, width in columns:
+        if start != edge:
+            raise fail(
+                f"column shards must tile the {dim} columns without gaps or overlaps; "
+                f"columns {edge}..{start} are {'missing' if start > edge else 'doubled'}"
+            )
+        edge = start + width
+    if edge != dim:
+        raise fail(f"column shards cover {edge} of the module's {dim} columns")

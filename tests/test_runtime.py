@@ -1,0 +1,228 @@
+"""The runtime on one process: sparse containers, the unsharded module, plan checks and the
+sharded module on a single rank (no process group), all with real FBGEMM kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planner_service.codec import plan_bytes
+from planner_service.solver import solve
+from planner_service.types import PlanRequest, PoolingType, Table
+from runtime import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    KeyedJaggedTensor,
+    KeyedTensor,
+    PlanMismatchError,
+    check_plan,
+    column_wise,
+    construct_module_plan,
+    data_parallel,
+    row_wise,
+    shard_modules,
+    table_wise,
+)
+
+# --------------------------------------------------------------------------- sparse
+
+
+def _kjt(weights: bool = False) -> KeyedJaggedTensor:
+    # keys a, b; batch 3: a = [1, 2], [], [3]; b = [4], [5, 6], [7]
+    return KeyedJaggedTensor.from_lengths_sync(
+        ["a", "b"],
+        torch.tensor([1, 2, 3, 4, 5, 6, 7]),
+        torch.tensor([2, 0, 1, 1, 2, 1]),
+        torch.arange(7, dtype=torch.float32) if weights else None,
+    )
+
+
+def test_kjt_accessors_follow_torchrec_layout():
+    kjt = _kjt(weights=True)
+    assert kjt.keys() == ["a", "b"] and kjt.stride() == 3
+    assert kjt.offsets().tolist() == [0, 2, 2, 3, 4, 6, 7]
+    assert kjt.length_per_key() == [3, 4] and kjt.offset_per_key() == [0, 3, 7]
+    b = kjt.to_dict()["b"]
+    assert b.values.tolist() == [4, 5, 6, 7] and b.lengths.tolist() == [1, 2, 1]
+    assert b.weights is not None and b.weights.tolist() == [3.0, 4.0, 5.0, 6.0]
+    assert [t.tolist() for t in kjt["a"].to_dense()] == [[1, 2], [], [3]]
+
+
+def test_kjt_split_and_permute():
+    first, second = _kjt(weights=True).split([1, 1])
+    assert first.keys() == ["a"] and first.values().tolist() == [1, 2, 3]
+    assert second.lengths().tolist() == [1, 2, 1] and second.weights().tolist() == [3, 4, 5, 6]
+    swapped = _kjt().permute([1, 0])
+    assert swapped.keys() == ["b", "a"]
+    assert swapped.values().tolist() == [4, 5, 6, 7, 1, 2, 3]
+    assert swapped.lengths().tolist() == [1, 2, 1, 2, 0, 1]
+    with pytest.raises(ValueError, match="sum to the 2 keys"):
+        _kjt().split([1])
+
+
+@pytest.mark.parametrize(
+    ("values", "lengths", "message"),
+    [
+        (torch.tensor([1, 2]), torch.tensor([1, 1, 1, 0]), "lengths sum to 3 but there are 2"),
+        (torch.tensor([1, 2]), torch.tensor([1, 1, 0]), "3 lengths for 2 keys"),
+    ],
+)
+def test_kjt_rejects_inconsistent_lengths(values, lengths, message):
+    with pytest.raises(ValueError, match=message):
+        KeyedJaggedTensor.from_lengths_sync(["a", "b"], values, lengths)
+
+
+def test_keyed_tensor():
+    kt = KeyedTensor(["x", "y"], [2, 3], torch.arange(10.0).view(2, 5))
+    assert kt.to_dict()["y"].tolist() == [[2, 3, 4], [7, 8, 9]]
+    with pytest.raises(ValueError, match="do not match dims"):
+        KeyedTensor(["x"], [4], torch.zeros(2, 5))
+
+
+# --------------------------------------------------------------------------- the module
+
+
+def test_config_from_the_planner_table():
+    table = Table(
+        name="t",
+        num_embeddings=10,
+        embedding_dim=8,
+        feature_names=["f", "g"],
+        pooling=PoolingType.MEAN,
+        is_weighted=True,
+    )
+    config = EmbeddingBagConfig.from_table(table)
+    assert config.feature_names == ["f", "g"] and config.pooling is PoolingType.MEAN
+    assert config.is_weighted
+
+
+def test_unsharded_pooling_sum_mean_weighted_and_empty_bags():
+    tables = [
+        EmbeddingBagConfig("a", 8, 4),
+        EmbeddingBagConfig("b", 8, 4, pooling=PoolingType.MEAN, is_weighted=True),
+    ]
+    ebc = EmbeddingBagCollection(tables, seed=0)
+    wa, wb = ebc.embedding_bags["a"].weight, ebc.embedding_bags["b"].weight
+    out = ebc(_kjt(weights=True)).to_dict()
+    assert torch.allclose(out["a"][0], wa[1] + wa[2]) and torch.equal(out["a"][1], torch.zeros(4))
+    # b's second bag: ids 5 and 6 with weights 4 and 5, mean over 2 ids
+    assert torch.allclose(out["b"][1], (4 * wb[5] + 5 * wb[6]) / 2)
+
+
+def test_meta_device_module_allocates_nothing():
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig("huge", 10**9, 128)], device="meta")
+    assert ebc.embedding_bags["huge"].weight.device.type == "meta"
+
+
+# --------------------------------------------------------------------------- plans
+
+
+TABLES = [EmbeddingBagConfig("a", 8, 4), EmbeddingBagConfig("b", 12, 8)]
+
+
+@pytest.mark.parametrize(
+    ("per_table", "world", "message"),
+    [
+        ({"a": table_wise(0)}, 1, r"no sharding for tables \['b'\]"),
+        ({"a": table_wise(0), "b": table_wise(3)}, 2, "rank 3; ranks are 0..1"),
+        ({"a": table_wise(0), "b": column_wise([0, 1], widths=[4, 0])}, 2, "cover 4 of"),
+        ({"a": table_wise(0), "b": column_wise([0, 1], widths=[6, 2])}, 2, "multiples of 4"),
+    ],
+)
+def test_plan_checks_name_the_table_and_numbers(per_table, world, message):
+    plan = construct_module_plan(TABLES, per_table, world_size=world)
+    with pytest.raises(PlanMismatchError, match=message):
+        check_plan(plan, TABLES, world)
+
+
+def test_plan_for_a_differently_shaped_table_is_refused_before_allocating():
+    other = [EmbeddingBagConfig("a", 8, 4), EmbeddingBagConfig("b", 20, 8)]
+    plan = construct_module_plan(other, {"a": table_wise(0), "b": row_wise()}, world_size=1)
+    ebc = EmbeddingBagCollection(TABLES, device="meta")
+    with pytest.raises(PlanMismatchError, match=r"table 'b' \(row_wise\).*12 rows"):
+        shard_modules(ebc, plan=plan)
+
+
+def test_unknown_table_in_plan_is_named():
+    plan = construct_module_plan(
+        TABLES + [EmbeddingBagConfig("c", 4, 4)],
+        {"a": table_wise(0), "b": table_wise(0), "c": table_wise(0)},
+        world_size=1,
+    )
+    with pytest.raises(PlanMismatchError, match=r"tables \['c'\] that the module does not have"):
+        shard_modules(EmbeddingBagCollection(TABLES, device="meta"), plan=plan)
+
+
+@pytest.mark.parametrize(
+    ("fused_params", "message"),
+    [
+        ({"optimizer": "adam"}, "no CPU kernel"),
+        ({"optimizer": "lamb"}, "'lamb' is not supported"),
+        ({"optimizer": "sgd", "lr": 0.1}, r"unknown keys \['lr'\]"),
+    ],
+)
+def test_fused_params_errors(fused_params, message):
+    plan = construct_module_plan(TABLES, {"a": table_wise(0), "b": table_wise(0)}, world_size=1)
+    with pytest.raises(ValueError, match=message):
+        shard_modules(
+            EmbeddingBagCollection(TABLES, device="meta"), plan=plan, fused_params=fused_params
+        )
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+def test_single_rank_matches_and_trains_like_the_unsharded_module():
+    plan = construct_module_plan(
+        TABLES, {"a": data_parallel(), "b": column_wise([0, 0], widths=[4, 4])}, world_size=1
+    )
+    ebc = EmbeddingBagCollection(TABLES, seed=3)
+    sharded = shard_modules(ebc, plan=plan, fused_params={"optimizer": "sgd", "learning_rate": 0.5})
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["a", "b"], torch.tensor([1, 7, 0, 11, 3]), torch.tensor([2, 1, 0, 2])
+    )
+    expected = ebc(kjt).values()
+    got = sharded(kjt).values()
+    assert torch.allclose(got, expected, atol=1e-6)
+    got.sum().backward()
+    expected.sum().backward()
+    with torch.no_grad():
+        for bag in ebc.embedding_bags.values():
+            bag.weight -= 0.5 * bag.weight.grad
+    gathered = sharded.gather_state_dict()
+    for key, value in ebc.state_dict().items():
+        assert torch.allclose(gathered[key], value, atol=1e-6), key
+
+
+def test_ids_outside_the_table_are_refused_with_the_feature_named():
+    plan = construct_module_plan(TABLES, {"a": table_wise(0), "b": row_wise()}, world_size=1)
+    sharded = shard_modules(EmbeddingBagCollection(TABLES, device="meta"), plan=plan)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["a", "b"], torch.tensor([1, 12]), torch.tensor([1, 1])
+    )
+    with pytest.raises(ValueError, match=r"feature 'b' has id 12; table 'b' has 12 rows"):
+        sharded(kjt)
+
+
+def test_a_plan_from_the_solver_applies_as_json():
+    request = PlanRequest.model_validate(
+        {
+            "topology": {"world_size": 1, "compute_device": "cpu", "hbm_bytes": 2**30},
+            "tables": [
+                {"name": "a", "num_embeddings": 8, "embedding_dim": 4},
+                {"name": "b", "num_embeddings": 12, "embedding_dim": 8},
+            ],
+            "options": {"time_limit_s": 0.01},
+        }
+    )
+    outcome = solve(request)
+    assert outcome.plan is not None
+    module = EmbeddingBagCollection(
+        [EmbeddingBagConfig.from_table(t) for t in request.tables], seed=1
+    )
+    sharded = shard_modules(module, plan=plan_bytes(outcome.plan))
+    assert sharded.plan_id == outcome.plan.plan_id
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["a", "b"], torch.tensor([0, 7, 11]), torch.tensor([2, 1])
+    )
+    assert torch.allclose(sharded(kjt).values(), module(kjt).values(), atol=1e-6)
