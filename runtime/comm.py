@@ -24,9 +24,9 @@ class Group:
         self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]
     ) -> torch.Tensor:
         """Rank r's ``send[send_splits[d] chunk]`` goes to rank d, which receives it as its
-        ``recv_splits[r]`` chunk (no autograd)."""
+        ``recv_splits[r]`` chunk (no autograd). On one rank: ``send`` itself, not a copy."""
         if self.world_size == 1:
-            return send.clone()
+            return send
         recv = send.new_empty((sum(recv_splits),) + tuple(send.shape[1:]))
         dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=self.pg)
         return recv
@@ -58,5 +58,7 @@ class _AllToAll(torch.autograd.Function):
 def all_to_all_with_grad(
     send: torch.Tensor, group: Group, send_splits: list[int], recv_splits: list[int]
 ) -> torch.Tensor:
+    if group.world_size == 1:
+        return send
     result: torch.Tensor = _AllToAll.apply(send, group, send_splits, recv_splits)
     return result

@@ -256,13 +256,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._send_segments = torch.tensor(segments, dtype=torch.int64).to(device)
         self._send_segments_i32 = self._send_segments.to(torch.int32)
         self._send_dest = torch.tensor(dests, dtype=torch.int64).to(device)
+        # Shortcuts when a step is the identity (one rank holding everything, say).
+        self._send_identity = segments == list(range(self._num_features)) and not self._row_features
         self._routes_to = [len(layout.routes) for layout in self._layouts]
         # Received segments come (sender, route); kernels want (group, kernel feature, sender).
         routes = len(self._me.routes)
-        self._recv_order = torch.tensor(
-            [s * routes + r for g in self._me.groups for r, _ in g.features for s in range(world)],
-            dtype=torch.int32,
-        ).to(device)
+        order = [
+            s * routes + r for g in self._me.groups for r, _ in g.features for s in range(world)
+        ]
+        self._recv_order = torch.tensor(order, dtype=torch.int32).to(device)
+        self._recv_identity = order == list(range(world * routes))
         # Output: the columns each rank's lookups produce, placed into this rank's output.
         self._columns_of = [sum(c[2] for c in layout.columns) for layout in self._layouts]
         targets: list[int] = []
@@ -275,6 +278,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._targets = torch.tensor(targets, dtype=torch.int64).to(device)
         self._ghosts = torch.tensor(ghosts, dtype=torch.bool).to(device)
         self._any_ghost = any(ghosts)
+        self._targets_identity = targets == list(range(self._out_offsets[-1]))
 
     def _kernel(
         self, group: KernelGroup, optimizer: EmbOptimType, hyper: dict[str, float], cuda: bool
@@ -389,14 +393,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
             pool_lengths.append(bucketed[0].to(torch.int64))
             pool_values.append(bucketed[1])
             pool_weights.append(bucketed[2])
-        segments_lengths = torch.cat(pool_lengths).view(-1, batch)
+        segments_lengths = _cat(pool_lengths).view(-1, batch)
         segment_counts = segments_lengths.sum(dim=1)
-        all_values = torch.cat(pool_values)
-        all_weights = torch.cat(pool_weights) if weights is not None else None  # type: ignore[arg-type]
-        send_lengths = segments_lengths[self._send_segments].reshape(-1)
-        _, send_values, send_weights = torch.ops.fbgemm.permute_1D_sparse_data(
-            self._send_segments_i32, segment_counts, all_values, all_weights
-        )
+        if self._send_identity:
+            send_lengths, send_values, send_weights = lengths, values, weights
+        else:
+            all_values = _cat(pool_values)
+            all_weights = _cat(pool_weights) if weights is not None else None  # type: ignore[arg-type]
+            send_lengths = segments_lengths[self._send_segments].reshape(-1)
+            _, send_values, send_weights = torch.ops.fbgemm.permute_1D_sparse_data(
+                self._send_segments_i32, segment_counts, all_values, all_weights
+            )
         to_dest = torch.zeros(world, dtype=torch.int64, device=self.device).index_add_(
             0, self._send_dest, segment_counts[self._send_segments]
         )
@@ -424,10 +431,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
             chunk.view(batch, c)
             for chunk, c in zip(back.split(recv_splits), self._columns_of, strict=True)
         ]
-        gathered = torch.cat(blocks, dim=1) if blocks else back.view(batch, 0)
+        gathered = _cat(blocks, dim=1) if blocks else back.view(batch, 0)
         if self._any_ghost:  # replicas elsewhere: gradient only, the value is our own
             gathered = gathered - gathered.detach() * self._ghosts
-        out = gathered.new_zeros(batch, self._out_offsets[-1]).index_add(1, self._targets, gathered)
+        if self._targets_identity:
+            out = gathered
+        else:
+            out = gathered.new_zeros(batch, self._out_offsets[-1])
+            out = out.index_add(1, self._targets, gathered)
         if self._any_mean:
             bag = lengths.view(self._num_features, batch).t()[:, self._mean_columns]
             divisor = torch.where(self._mean_mask, bag.clamp(min=1), 1).to(out.dtype)
@@ -446,18 +457,21 @@ class ShardedEmbeddingBagCollection(nn.Module):
         total = sum(batches)
         if not self._me.groups:
             return torch.zeros(total, 0, device=self.device, requires_grad=True)
-        segment_sizes = torch.tensor(
-            [b for b in batches for _ in range(routes)], dtype=torch.int64, device=self.device
-        )
-        bag_ends = offsets_from_lengths(lengths)
-        segment_ends = offsets_from_lengths(segment_sizes)
-        segment_counts = bag_ends[segment_ends[1:]] - bag_ends[segment_ends[:-1]]
-        _, ordered_lengths, _ = torch.ops.fbgemm.permute_1D_sparse_data(
-            self._recv_order, segment_sizes, lengths
-        )
-        _, ordered_values, ordered_weights = torch.ops.fbgemm.permute_1D_sparse_data(
-            self._recv_order, segment_counts, values, weights
-        )
+        if self._recv_identity:
+            ordered_lengths, ordered_values, ordered_weights = lengths, values, weights
+        else:
+            segment_sizes = torch.tensor(
+                [b for b in batches for _ in range(routes)], dtype=torch.int64, device=self.device
+            )
+            bag_ends = offsets_from_lengths(lengths)
+            segment_ends = offsets_from_lengths(segment_sizes)
+            segment_counts = bag_ends[segment_ends[1:]] - bag_ends[segment_ends[:-1]]
+            _, ordered_lengths, _ = torch.ops.fbgemm.permute_1D_sparse_data(
+                self._recv_order, segment_sizes, lengths
+            )
+            _, ordered_values, ordered_weights = torch.ops.fbgemm.permute_1D_sparse_data(
+                self._recv_order, segment_counts, values, weights
+            )
         outputs = []
         start_bag = start_value = 0
         for group, kernel in zip(self._me.groups, self._kernels(), strict=True):
@@ -475,7 +489,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 )
             )
             start_bag, start_value = start_bag + bags, end
-        return torch.cat(outputs, dim=1)
+        return _cat(outputs, dim=1)
 
     # ---- state
 
@@ -540,6 +554,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
             for name, (r0, c0), block in shards:
                 full[name][r0 : r0 + block.shape[0], c0 : c0 + block.shape[1]] = block
         return {_key(name): weight for name, weight in full.items()}
+
+
+def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """``torch.cat`` without the copy when there is one tensor."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
 
 
 def _key(table: str) -> str:
