@@ -295,3 +295,23 @@ def plan_mismatch_expecting_success(rank: int, world: int) -> None:
     tables = [EmbeddingBagConfig("t", 10, 8)]
     plan = construct_module_plan(tables, {"t": table_wise(0)}, world_size=world + 1)
     shard_modules(EmbeddingBagCollection(tables, device="meta"), plan=plan)
+
+
+def fetch_and_check(rank: int, world: int, url: str, request_json: str) -> None:
+    """A training worker at startup: fetch the plan over HTTP, shard, and compute what the
+    unsharded module computes for this rank's samples."""
+    import httpx
+
+    from planner_service.codec import parse_request
+
+    response = httpx.get(url, timeout=30)
+    response.raise_for_status()
+    request = parse_request(request_json)
+    tables = [EmbeddingBagConfig.from_table(t) for t in request.tables]
+    reference = EmbeddingBagCollection(tables, seed=SEED)
+    sharded = shard_modules(reference, plan=response.content)
+    assert sharded.plan_id == response.headers["X-Shardplan-Plan-Id"]
+    whole, parts = global_batch(tables, [5] * world, world, 0)
+    got = sharded(parts[rank]).values()
+    want = reference(whole).values()[5 * rank : 5 * rank + 5]
+    assert (got - want).abs().max().item() <= ATOL

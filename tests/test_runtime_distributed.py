@@ -5,10 +5,14 @@ empty bags, ids on row-block boundaries, weighted features and mean pooling)."""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from tests import runtime_cases
 from tests.distributed import run_ranks
+from tests.servers import Service
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -29,3 +33,28 @@ def test_plan_for_another_world_size_is_refused_on_every_rank():
 def test_a_failing_rank_fails_the_run_with_its_message():
     with pytest.raises(Exception, match="a plan for the wrong world size was accepted|world_size"):
         run_ranks(runtime_cases.plan_mismatch_expecting_success, 2)
+
+
+def test_ranks_fetch_a_solved_plan_from_the_service_and_match(shardplan_exe, tmp_path):
+    request = {
+        "topology": {"world_size": 2, "compute_device": "cpu", "hbm_bytes": 2**30},
+        "tables": [
+            {"name": f"t{i}", "num_embeddings": 50 + 40 * i, "embedding_dim": 8 * (i + 1)}
+            for i in range(5)
+        ],
+        "options": {"time_limit_s": 1},
+    }
+    body = json.dumps(request)
+    server = Service(shardplan_exe, tmp_path / "server.log", db=str(tmp_path / "p.db")).start()
+    try:
+        created = httpx.post(f"{server.base}/v1/plans", content=body, timeout=60)
+        assert created.status_code == 201, created.text
+        alias = httpx.put(
+            f"{server.base}/v1/aliases/model",
+            json={"plan_id": created.json()["plan_id"]},
+            timeout=30,
+        )
+        assert alias.status_code == 201, alias.text
+        run_ranks(runtime_cases.fetch_and_check, 2, f"{server.base}/v1/aliases/model", body)
+    finally:
+        server.stop()
