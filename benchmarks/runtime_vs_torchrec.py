@@ -1,0 +1,306 @@
+"""Step time of our sharded runtime vs TorchRec 1.8's DistributedModelParallel, same plans.
+
+    bash benchmarks/torchrec_env.sh                       # dev-only venv with torchrec 1.8.0
+    .venv/bin/python benchmarks/runtime_vs_torchrec.py [--tables 16] [--rows 100000] \
+        [--dim 64] [--batch 512] [--pooling 8] [--warmup 5] [--steps 30] [--repeats 3]
+
+What is measured: one training step -- forward of a sharded pooled-embedding collection on a
+local batch, then ``out.values().sum().backward()`` with the SGD optimizer fused into the
+FBGEMM backward (table-batched kernels on CPU, learning rate 0.01) -- at world size 2 on CPU:
+two spawned processes, gloo over 127.0.0.1, one intra-op thread each (OMP_NUM_THREADS=1).
+Both implementations run the same plan (every table ``table_wise`` on rank ``i % 2``, or every
+table ``column_wise`` in two equal column shards on ranks 0 and 1), the same module shape
+(``--tables`` tables of ``--rows`` x ``--dim``, one feature each, sum pooling, fp32) and the
+same inputs (per rank, a generator seeded with the rank: bag lengths uniform in
+``0..2*pooling``, ids uniform over the rows), generated before timing. Each step starts
+after a barrier; ``time.perf_counter`` brackets forward + backward on every rank, and a
+step's time is the slowest rank's. A run is ``--warmup`` untimed steps then ``--steps`` timed
+ones, in fresh processes; each (implementation, plan) gets ``--repeats`` runs, interleaved
+with the other implementation's (a 2-core machine drifts from run to run). The table gives
+the median over all timed steps of all runs (with p10-p90 and each run's median) per
+implementation and plan, and the ratio of the medians, ours / TorchRec (below 1: ours is
+faster).
+
+TorchRec is never importable from our product's venv and our package (which needs pydantic)
+is not importable from the TorchRec venv, so the parent process (any interpreter) re-invokes
+this file for every run: ``--impl ours`` under ``.venv/bin/python`` and
+``--impl torchrec`` under ``.venv-torchrec/bin/python``. Each child spawns the two ranks and
+prints one JSON line, which the parent collects into a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHONS = {
+    "ours": ROOT / ".venv" / "bin" / "python",
+    "torchrec": ROOT / ".venv-torchrec" / "bin" / "python",
+}
+PLANS = ("table_wise", "column_wise")
+WORLD_SIZE = 2
+LEARNING_RATE = 0.01
+CHILD_TIMEOUT_S = 300  # one (implementation, plan) run, spawn and set-up included
+PG_TIMEOUT = timedelta(seconds=120)
+
+
+# --------------------------------------------------------------------------- the ranks
+
+
+def _inputs(args: argparse.Namespace, rank: int) -> list[tuple[Any, Any]]:
+    """(values, lengths) of every step, feature-major lengths as KJTs take them."""
+    import torch
+
+    generator = torch.Generator().manual_seed(rank)
+    batches = []
+    for _ in range(args.warmup + args.steps):
+        lengths = torch.randint(
+            0, 2 * args.pooling + 1, (args.tables * args.batch,), generator=generator
+        )
+        values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=generator)
+        batches.append((values, lengths))
+    return batches
+
+
+def _build_ours(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any, Any]:
+    from runtime import (
+        EmbeddingBagCollection,
+        EmbeddingBagConfig,
+        KeyedJaggedTensor,
+        column_wise,
+        construct_module_plan,
+        shard_modules,
+        table_wise,
+    )
+
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}",
+            num_embeddings=args.rows,
+            embedding_dim=args.dim,
+            feature_names=[f"f{i}"],
+        )
+        for i in range(args.tables)
+    ]
+    per_table = {
+        t.name: table_wise(rank=i % WORLD_SIZE)
+        if plan == "table_wise"
+        else column_wise(ranks=list(range(WORLD_SIZE)))
+        for i, t in enumerate(tables)
+    }
+    module_plan = construct_module_plan(tables, per_table, world_size=WORLD_SIZE)
+    ebc = EmbeddingBagCollection(tables, device="meta")
+    fused = {"optimizer": "sgd", "learning_rate": LEARNING_RATE}
+    sharded = shard_modules(ebc, plan=module_plan, pg=None, device="cpu", fused_params=fused)
+    return sharded, KeyedJaggedTensor.from_lengths_sync
+
+
+def _build_torchrec(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any, Any]:
+    import torch
+    import torch.distributed as dist
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import (
+        column_wise,
+        construct_module_sharding_plan,
+        table_wise,
+    )
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}",
+            num_embeddings=args.rows,
+            embedding_dim=args.dim,
+            feature_names=[f"f{i}"],
+        )
+        for i in range(args.tables)
+    ]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    sharder = EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LEARNING_RATE}
+    )
+    per_table = {
+        t.name: table_wise(rank=i % WORLD_SIZE, compute_kernel="fused")
+        if plan == "table_wise"
+        else column_wise(ranks=list(range(WORLD_SIZE)), compute_kernel="fused")
+        for i, t in enumerate(tables)
+    }
+    module_plan = construct_module_sharding_plan(
+        ebc,
+        per_table,
+        sharder=sharder,
+        local_size=WORLD_SIZE,
+        world_size=WORLD_SIZE,
+        device_type="cpu",
+    )
+    assert dist.group.WORLD is not None
+    dmp = DistributedModelParallel(
+        ebc,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        plan=ShardingPlan({"": module_plan}),
+        sharders=[sharder],
+        device=torch.device("cpu"),
+    )
+    return dmp, KeyedJaggedTensor.from_lengths_sync
+
+
+BUILDERS = {"ours": _build_ours, "torchrec": _build_torchrec}
+
+
+def _measure(args: argparse.Namespace, rank: int) -> tuple[list[float], int]:
+    """Seconds of every timed step on this rank, and the output width."""
+    import torch.distributed as dist
+
+    module, make_kjt = BUILDERS[args.impl](args, args.plan, rank)
+    keys = [f"f{i}" for i in range(args.tables)]
+    times, width = [], 0
+    for step, (values, lengths) in enumerate(_inputs(args, rank)):
+        kjt = make_kjt(keys, values, lengths)
+        dist.barrier()
+        start = time.perf_counter()
+        out = module(kjt).values()
+        out.sum().backward()
+        elapsed = time.perf_counter() - start
+        width = out.shape[1]
+        if step >= args.warmup:
+            times.append(elapsed)
+    return times, width
+
+
+def _rank(rank: int, args: argparse.Namespace, port: int, result: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=PG_TIMEOUT)
+    try:
+        times, width = _measure(args, rank)
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            ms = [1000.0 * t for t in slowest.tolist()]
+            row = {"impl": args.impl, "plan": args.plan, "ms": ms, "output": [args.batch, width]}
+            Path(result).write_text(json.dumps(row))
+    finally:
+        # The sharded module (TorchRec's holds the process group in reference cycles) must be
+        # gone before the group is destroyed: a gloo worker thread still alive at interpreter
+        # exit can abort the process ("terminate called without an active exception").
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """One (implementation, plan): spawn the ranks, print rank 0's JSON line."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = str(Path(tmp) / "result.json")
+        mp.spawn(_rank, args=(args, _free_port(), result), nprocs=WORLD_SIZE, join=True)
+        print(Path(result).read_text(), flush=True)
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def _run(impl: str, plan: str, args: argparse.Namespace) -> dict[str, Any]:
+    python = PYTHONS[impl]
+    if not python.exists():
+        raise SystemExit(f"{python} is missing (for TorchRec: bash benchmarks/torchrec_env.sh)")
+    command = [str(python), str(Path(__file__).resolve()), "--impl", impl, "--plan", plan]
+    for name in ("tables", "rows", "dim", "batch", "pooling", "warmup", "steps"):
+        command += [f"--{name}", str(getattr(args, name))]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        command,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=args.timeout,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"{impl} / {plan} failed with exit status {done.returncode}")
+    return dict(json.loads(lines[-1]))
+
+
+def _cell(runs: list[list[float]]) -> tuple[float, str]:
+    """Median over all timed steps of all runs; the cell also gives p10-p90 and each run's
+    median (run-to-run spread)."""
+    steps = [ms for run in runs for ms in run]
+    median = statistics.median(steps)
+    deciles = statistics.quantiles(steps, n=10)
+    per_run = ", ".join(f"{statistics.median(run):.1f}" for run in runs)
+    return median, f"{median:.2f} ({deciles[0]:.1f}-{deciles[-1]:.1f}; runs {per_run})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tables", type=int, default=16)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=64, help="a multiple of 8 (2 column shards)")
+    parser.add_argument("--batch", type=int, default=512, help="local batch per rank")
+    parser.add_argument("--pooling", type=int, default=8, help="mean ids per bag")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps per run")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per implementation and plan")
+    parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
+    parser.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S, help="seconds per run")
+    parser.add_argument("--impl", choices=sorted(BUILDERS), help=argparse.SUPPRESS)
+    parser.add_argument("--plan", choices=PLANS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.dim % (4 * WORLD_SIZE):
+        parser.error(f"--dim must be a multiple of {4 * WORLD_SIZE}")
+    if args.impl:
+        run_child(args)
+        return
+
+    print(
+        f"world size {WORLD_SIZE} (gloo, CPU, OMP_NUM_THREADS=1), {args.tables} tables x "
+        f"{args.rows} rows x dim {args.dim}, local batch {args.batch}, ~{args.pooling} ids/bag, "
+        f"fused SGD; per run {args.warmup} warm-up + {args.steps} timed steps, {args.repeats} "
+        "runs per cell (interleaved); step = slowest rank; ms: median (p10-p90; run medians)\n"
+    )
+    print("| plan | ours ms | TorchRec ms | ours / TorchRec |")
+    print("|---|---|---|---|")
+    impls = ("ours", "torchrec")
+    for plan in args.plans:
+        runs: dict[str, list[list[float]]] = {impl: [] for impl in impls}
+        widths = set()
+        for repeat in range(args.repeats):
+            for impl in impls if repeat % 2 == 0 else reversed(impls):
+                row = _run(impl, plan, args)
+                runs[impl].append(row["ms"])
+                widths.add(tuple(row["output"]))
+        assert len(widths) == 1, widths  # both produce [local batch, sum of dims]
+        (ours, ours_cell), (theirs, theirs_cell) = (_cell(runs[impl]) for impl in impls)
+        print(f"| {plan} | {ours_cell} | {theirs_cell} | {ours / theirs:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
