@@ -216,7 +216,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._weighted = torch.tensor(weighted, dtype=torch.bool, device=device)
         self._any_weighted = any(weighted)
         mean = [tables[t].pooling is PoolingType.MEAN for _, t in features]
-        self._mean_columns = torch.tensor(
+        self._feature_of_column = torch.tensor(
             [f for f, dim in enumerate(self._dims) for _ in range(dim)], dtype=torch.int64
         ).to(device)
         self._mean_mask = torch.tensor(
@@ -335,9 +335,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def _prepare(
         self, features: KeyedJaggedTensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, int]:
         """The module's features in module order: lengths, values, per-id weights (1 for
-        unweighted tables) and the batch size; ids are checked against their table's rows."""
+        unweighted tables), ids per feature and the batch size; ids are checked against their
+        table's rows."""
         keys = features.keys()
         names = [name for name, _ in self._features]
         missing = [name for name in names if name not in keys]
@@ -369,20 +370,20 @@ class ShardedEmbeddingBagCollection(nn.Module):
             weights = torch.where(
                 self._weighted[feature_of], given.to(self.device, torch.float32), 1.0
             )
-        return lengths, values, weights, batch
+        return lengths, values, weights, per_feature, batch
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        lengths, values, weights, batch = self._prepare(features)
+        lengths, values, weights, per_feature, batch = self._prepare(features)
         world, group = self.group.world_size, self.group
         # ---- input distribution
         pool_lengths, pool_values, pool_weights = [lengths], [values], [weights]
+        pool_counts = [per_feature]  # ids per segment: features, then row buckets
         if self._row_features:
-            table_lengths = lengths.view(self._num_features, batch)
             _, row_values, row_weights = torch.ops.fbgemm.permute_1D_sparse_data(
-                self._row_index_i32, table_lengths.sum(dim=1), values, weights
+                self._row_index_i32, per_feature, values, weights
             )
             bucketed = torch.ops.fbgemm.block_bucketize_sparse_features(
-                table_lengths[self._row_index].reshape(-1),
+                lengths.view(self._num_features, batch)[self._row_index].reshape(-1),
                 row_values,
                 False,
                 False,
@@ -390,16 +391,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 self._buckets,
                 row_weights,
             )
-            pool_lengths.append(bucketed[0].to(torch.int64))
+            bucket_lengths = bucketed[0].to(torch.int64)
+            pool_lengths.append(bucket_lengths)
             pool_values.append(bucketed[1])
             pool_weights.append(bucketed[2])
-        segments_lengths = _cat(pool_lengths).view(-1, batch)
-        segment_counts = segments_lengths.sum(dim=1)
+            pool_counts.append(bucket_lengths.view(-1, batch).sum(dim=1))
+        segment_counts = _cat(pool_counts)
         if self._send_identity:
             send_lengths, send_values, send_weights = lengths, values, weights
         else:
             all_values = _cat(pool_values)
             all_weights = _cat(pool_weights) if weights is not None else None  # type: ignore[arg-type]
+            segments_lengths = _cat(pool_lengths).view(-1, batch)
             send_lengths = segments_lengths[self._send_segments].reshape(-1)
             _, send_values, send_weights = torch.ops.fbgemm.permute_1D_sparse_data(
                 self._send_segments_i32, segment_counts, all_values, all_weights
@@ -440,7 +443,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             out = gathered.new_zeros(batch, self._out_offsets[-1])
             out = out.index_add(1, self._targets, gathered)
         if self._any_mean:
-            bag = lengths.view(self._num_features, batch).t()[:, self._mean_columns]
+            bag = lengths.view(self._num_features, batch).t()[:, self._feature_of_column]
             divisor = torch.where(self._mean_mask, bag.clamp(min=1), 1).to(out.dtype)
             out = out / divisor
         keys = [name for name, _ in self._features]
@@ -500,11 +503,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             _key(table.name): ShardedWeight((table.num_embeddings, table.embedding_dim), [])
             for table in self._tables
         }
-        for group, kernel in zip(self._me.groups, self._kernels(), strict=True):
-            for i, view in zip(group.shards, kernel.split_embedding_weights(), strict=True):
-                shard = self._me.shards[i]
-                name = self._tables[shard.table].name
-                state[_key(name)].local_shards.append(((shard.row_offset, shard.col_offset), view))
+        for offsets, view, name in self._local_views():
+            state[_key(name)].local_shards.append((offsets, view))
         return state
 
     def load_state_dict(  # type: ignore[override]

@@ -271,8 +271,7 @@ def state_round_trip(rank: int, world: int) -> None:
         assert held.size == (table.num_embeddings, table.embedding_dim)
         assert sorted(offset for offset, _ in held.local_shards) == mine, table.name
     # The sharded module computes what the module it was loaded from computes.
-    _, parts = global_batch(scenario.tables, [4] * world, world, 0)
-    whole, _ = global_batch(scenario.tables, [4] * world, world, 0)
+    whole, parts = global_batch(scenario.tables, [4] * world, world, 0)
     got = sharded(parts[rank]).values()
     want = source(whole).values()[4 * rank : 4 * rank + 4]
     assert (got - want).abs().max().item() <= ATOL
