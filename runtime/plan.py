@@ -185,6 +185,40 @@ def check_plan(plan: ModulePlan, tables: Sequence[EmbeddingBagConfig], world_siz
         )
     for table in tables:
         _check_table(table, plan.tables[table.name], world_size)
+    host_size(plan)
+
+
+def host_size(plan: ModulePlan) -> int | None:
+    """Ranks per host, as the plan's table-row-wise tables show it (``None`` without any).
+
+    A table-row-wise table's row blocks are on every rank of one host: ranks
+    ``h * L .. h * L + L - 1`` for a host size ``L`` that divides the world size and is the
+    same for every such table (the planner places them so; the exchange reduces inside the
+    host and then crosses hosts, so it needs the hosts)."""
+    size: int | None = None
+    first = ""
+    for name, sharding in sorted(plan.tables.items()):
+        if sharding.sharding_type is not ShardingType.TABLE_ROW_WISE:
+            continue
+        ranks = sorted(s.rank for s in sharding.shards)
+        local = len(ranks)
+        if ranks != list(range(ranks[0], ranks[0] + local)) or ranks[0] % local:
+            raise PlanMismatchError(
+                f"table {name!r} (table_row_wise): its row blocks are on ranks {ranks}; they "
+                f"must be all the ranks of one host, h * {local} .. h * {local} + {local - 1}"
+            )
+        if plan.world_size % local:
+            raise PlanMismatchError(
+                f"table {name!r} (table_row_wise) spans hosts of {local} ranks, which do not "
+                f"divide world_size {plan.world_size}"
+            )
+        if size is not None and local != size:
+            raise PlanMismatchError(
+                f"table {name!r} (table_row_wise) spans a host of {local} ranks but table "
+                f"{first!r} spans {size}; every host has the same number of ranks"
+            )
+        size, first = local, first or name
+    return size
 
 
 def _check_table(table: EmbeddingBagConfig, sharding: ParameterSharding, world: int) -> None:
@@ -233,6 +267,11 @@ def _check_table(table: EmbeddingBagConfig, sharding: ParameterSharding, world: 
         ranks = [s.rank for s in shards]
         if len(set(ranks)) != len(ranks):
             raise fail(f"two row blocks on one rank ({ranks}); each rank holds at most one")
+        if kind is ShardingType.ROW_WISE and sorted(ranks) != list(range(world)):
+            raise fail(
+                f"row blocks are on ranks {sorted(ranks)}; row_wise puts one block on each of "
+                f"the {world} ranks (use table_row_wise for the ranks of one host)"
+            )
         return
     columns = sorted((s.offsets[1], s.sizes[1]) for s in shards)
     edge = 0

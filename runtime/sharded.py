@@ -11,12 +11,13 @@ forward pass on rank ``r``'s local batch:
    for batch sizes and value counts, lengths, values and (for weighted tables) weights.
 2. **Lookups.** Each rank pools every id it received with its kernels, in SUM mode, for the
    batches of all senders at once.
-3. **Output distribution.** Pooled columns go back to the rank whose batch they belong to in
-   one all-to-all (autograd-aware: backward sends gradients the other way). The receiver
-   places every block by a fixed column map: column shards land at their column offsets
-   (so shards on one rank in any order are stitched in column order); row-block partial
-   sums of a row-wise table add up (what a reduce-scatter computes); mean pooling divides by
-   the bag length afterwards.
+3. **Output distribution** (autograd-aware collectives). Whole columns go back to the rank
+   whose batch they belong to in one all-to-all, and the receiver places every block by a
+   fixed column map: column shards land at their column offsets (so shards on one rank in
+   any order are stitched in column order). Row-wise partial sums are reduce-scattered over
+   all ranks; table-row-wise partial sums are reduce-scattered inside the host, then
+   exchanged across hosts among the ranks with one local index. Mean pooling divides by the
+   bag length afterwards.
 4. **Data-parallel** tables are replicas on every rank. Each replica pools the whole global
    batch; a rank uses its own replica's values, and gradients reach every replica, so each
    applies the same summed update with the same fused optimizer and the replicas stay equal
@@ -45,9 +46,9 @@ from torch import nn
 
 from planner_service.shards import row_block_size
 from planner_service.types import ComputeKernel, DataType, PoolingType, ShardingPlan, ShardingType
-from runtime.comm import Group, all_to_all_with_grad
+from runtime.comm import Group, all_to_all_with_grad, reduce_scatter_with_grad
 from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig, check_tables
-from runtime.plan import ROW_SPLIT, ModulePlan, PlanMismatchError, check_plan
+from runtime.plan import ROW_SPLIT, ModulePlan, PlanMismatchError, check_plan, host_size
 from runtime.sparse import KeyedJaggedTensor, KeyedTensor, offsets_from_lengths
 
 OPTIMIZERS = {
@@ -67,6 +68,7 @@ CUDA_LOCATIONS = {
     ComputeKernel.FUSED_UVM_CACHING: EmbeddingLocation.MANAGED_CACHING,
 }
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
+ROW_WISE, TABLE_ROW_WISE = ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE
 
 
 # --------------------------------------------------------------------------- layout
@@ -81,6 +83,7 @@ class LocalShard:
     col_offset: int
     cols: int
     replicated: bool  # a data-parallel replica
+    row_split: bool  # a row block of a row-wise or table-row-wise table (partial sums)
     key: tuple[str, str, float]  # kernel group: location, data type, cache load factor
 
 
@@ -91,6 +94,17 @@ class KernelGroup:
     features: list[tuple[int, int]]  # (route, shard) per kernel feature, in kernel order
 
 
+@dataclass(frozen=True)
+class Column:
+    """A block of columns a rank's lookups produce, in the order its kernels produce them."""
+
+    feature: int
+    offset: int  # in the feature's embedding
+    width: int
+    replicated: bool
+    row_split: bool
+
+
 @dataclass
 class RankLayout:
     """What one rank holds and receives: local shards, the features routed to it (the same
@@ -99,7 +113,7 @@ class RankLayout:
     shards: list[LocalShard] = field(default_factory=list)
     routes: list[tuple[int, int]] = field(default_factory=list)  # (feature, table)
     groups: list[KernelGroup] = field(default_factory=list)
-    columns: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    columns: list[Column] = field(default_factory=list)
 
 
 def _group_key(
@@ -123,11 +137,12 @@ def build_layouts(
     for t, table in enumerate(tables):
         sharding = plan.tables[table.name]
         replicated = sharding.sharding_type is ShardingType.DATA_PARALLEL
+        row_split = sharding.sharding_type in ROW_SPLIT
         key = _group_key(sharding.compute_kernel, table, sharding.cache_load_factor, cuda)
         for s, placed in enumerate(sharding.shards):
             (r0, c0), (nr, nc) = placed.offsets, placed.sizes
             if nr and nc:
-                local = LocalShard(t, s, r0, nr, c0, nc, replicated, key)
+                local = LocalShard(t, s, r0, nr, c0, nc, replicated, row_split, key)
                 layouts[placed.rank].shards.append(local)
     for layout in layouts:
         held = {shard.table for shard in layout.shards}
@@ -144,7 +159,13 @@ def build_layouts(
             for r, i in kernel_features:
                 shard = layout.shards[i]
                 layout.columns.append(
-                    (layout.routes[r][0], shard.col_offset, shard.cols, shard.replicated)
+                    Column(
+                        layout.routes[r][0],
+                        shard.col_offset,
+                        shard.cols,
+                        shard.replicated,
+                        shard.row_split,
+                    )
                 )
     return layouts
 
@@ -266,19 +287,108 @@ class ShardedEmbeddingBagCollection(nn.Module):
         ]
         self._recv_order = torch.tensor(order, dtype=torch.int32).to(device)
         self._recv_identity = order == list(range(world * routes))
-        # Output: the columns each rank's lookups produce, placed into this rank's output.
-        self._columns_of = [sum(c[2] for c in layout.columns) for layout in self._layouts]
+        self._build_output_exchange(plan, row_tables)
+
+    def _build_output_exchange(self, plan: ModulePlan, row_tables: set[int]) -> None:
+        """Where pooled columns go. Whole columns (table-wise, column-wise, table-column-wise,
+        data-parallel) go straight to the sample's rank in one all-to-all. Row blocks hold
+        partial sums: row-wise ones are reduce-scattered over all ranks; table-row-wise ones
+        are reduce-scattered inside the host (local rank ``j`` gets the sums for the samples
+        of every host's local rank ``j``), then exchanged across hosts among the ranks with
+        one local index, so each sample's sum crosses hosts once, not once per block."""
+        world, me, device = self.group.world_size, self.group.rank, self.device
+        tables, features = self._tables, self._features
+        width = sum(c.width for c in self._me.columns)
+        # Whole columns: each rank's, and where they land in the output.
+        self._whole_of = [
+            sum(c.width for c in layout.columns if not c.row_split) for layout in self._layouts
+        ]
+        local_at: dict[int, int] = {}  # row-split feature -> its first local column
+        whole: list[int] = []
+        at = 0
+        for c in self._me.columns:
+            if c.row_split:
+                local_at[c.feature] = at
+            else:
+                whole.extend(range(at, at + c.width))
+            at += c.width
+        self._whole_index = (
+            None if whole == list(range(width)) else torch.tensor(whole, dtype=torch.int64)
+        )
         targets: list[int] = []
         ghosts: list[bool] = []
         for d, layout in enumerate(self._layouts):
-            for f, c0, width, replicated in layout.columns:
-                start = self._out_offsets[f] + c0
-                targets.extend(range(start, start + width))
-                ghosts.extend([replicated and d != self.group.rank] * width)
+            for c in layout.columns:
+                if not c.row_split:
+                    start = self._out_offsets[c.feature] + c.offset
+                    targets.extend(range(start, start + c.width))
+                    ghosts.extend([c.replicated and d != me] * c.width)
+
+        # Row-split features: a rank without rows of the table (fewer rows than blocks)
+        # contributes zeros, column `width` of the padded local output.
+        self._pad_zero_column = False
+
+        def gather(feature_list: list[int]) -> torch.Tensor:
+            index: list[int] = []
+            for f in feature_list:
+                if f in local_at:
+                    index.extend(range(local_at[f], local_at[f] + self._dims[f]))
+                else:
+                    index.extend([width] * self._dims[f])
+                    self._pad_zero_column = True
+            return torch.tensor(index, dtype=torch.int64).to(device)
+
+        def land(feature_list: list[int]) -> None:
+            for f in feature_list:
+                targets.extend(range(self._out_offsets[f], self._out_offsets[f + 1]))
+                ghosts.extend([False] * self._dims[f])
+
+        kinds = {t: plan.tables[tables[t].name].sharding_type for t in row_tables}
+        row_wise = [f for f in self._row_features if kinds[features[f][1]] is ROW_WISE]
+        self._rw_columns = sum(self._dims[f] for f in row_wise)
+        self._rw_index = gather(row_wise)
+        land(row_wise)
+        # Table-row-wise: hosts of `local` ranks; this rank is local rank `i` of host `h`.
+        local = host_size(plan) or world
+        hosts = world // local
+        h, i = divmod(me, local)
+        on_host: list[list[int]] = [[] for _ in range(hosts)]
+        for f in self._row_features:
+            sharding = plan.tables[tables[features[f][1]].name]
+            if sharding.sharding_type is TABLE_ROW_WISE:
+                on_host[sharding.shards[0].rank // local].append(f)
+        self._twrw_columns = [sum(self._dims[f] for f in fs) for fs in on_host]
+        self._twrw_index = gather(on_host[h])
+        for fs in on_host:
+            land(fs)
+        self._local_size, self._hosts = local, hosts
+        self._cross_ranks = [g * local + i for g in range(hosts)]  # local rank i of each host
+        self._host_group = self._cross_group = None
+        if any(self._twrw_columns):
+            if self._twrw_columns[h]:
+                self._host_group = self.group.subgroup(list(range(h * local, (h + 1) * local)))
+            self._cross_group = self.group.subgroup(self._cross_ranks)
+
         self._targets = torch.tensor(targets, dtype=torch.int64).to(device)
         self._ghosts = torch.tensor(ghosts, dtype=torch.bool).to(device)
         self._any_ghost = any(ghosts)
         self._targets_identity = targets == list(range(self._out_offsets[-1]))
+        if self._whole_index is not None:
+            self._whole_index = self._whole_index.to(device)
+
+    def output_exchanges(self) -> list[tuple[str, list[int]]]:
+        """The collectives each step's output distribution runs on this rank, in order, with
+        the ranks of the process group each runs on (for logs and tests)."""
+        world = list(range(self.group.world_size))
+        steps = [("all_to_all", world)]
+        if self._rw_columns:
+            steps.append(("reduce_scatter", world))
+        local, h = self._local_size, self.group.rank // self._local_size
+        if self._host_group is not None:
+            steps.append(("reduce_scatter", list(range(h * local, (h + 1) * local))))
+        if self._cross_group is not None:
+            steps.append(("all_to_all", list(self._cross_ranks)))
+        return steps
 
     def _kernel(
         self, group: KernelGroup, optimizer: EmbOptimType, hyper: dict[str, float], cuda: bool
@@ -425,16 +535,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         # ---- lookups for every sender's batch at once
         local = self._lookup(recv_lengths, recv_values, recv_weights, batches, routes)
         # ---- output distribution
-        mine = self._columns_of[self.group.rank]
-        recv_splits = [batch * c for c in self._columns_of]
-        back = all_to_all_with_grad(
-            local.reshape(-1), group, [b * mine for b in batches], recv_splits
-        )
-        blocks = [
-            chunk.view(batch, c)
-            for chunk, c in zip(back.split(recv_splits), self._columns_of, strict=True)
-        ]
-        gathered = _cat(blocks, dim=1) if blocks else back.view(batch, 0)
+        gathered = _cat(self._distribute_outputs(local, batches, batch), dim=1)
         if self._any_ghost:  # replicas elsewhere: gradient only, the value is our own
             gathered = gathered - gathered.detach() * self._ghosts
         if self._targets_identity:
@@ -448,6 +549,62 @@ class ShardedEmbeddingBagCollection(nn.Module):
             out = out / divisor
         keys = [name for name, _ in self._features]
         return KeyedTensor(keys, self._dims, out)
+
+    def _distribute_outputs(
+        self, local: torch.Tensor, batches: list[int], batch: int
+    ) -> list[torch.Tensor]:
+        """``[batch, columns]`` blocks of this rank's output, in ``self._targets`` order:
+        whole columns from every rank, then row-wise sums, then table-row-wise sums by host."""
+        group = self.group
+        whole = local if self._whole_index is None else local.index_select(1, self._whole_index)
+        mine = self._whole_of[group.rank]
+        recv_splits = [batch * c for c in self._whole_of]
+        back = all_to_all_with_grad(
+            whole.reshape(-1), group, [b * mine for b in batches], recv_splits
+        )
+        blocks = [
+            chunk.view(batch, c)
+            for chunk, c in zip(back.split(recv_splits), self._whole_of, strict=True)
+        ]
+        if not self._rw_columns and self._cross_group is None:
+            return blocks
+        if self._pad_zero_column:
+            local = torch.nn.functional.pad(local, (0, 1))
+        if self._rw_columns:
+            partial = local.index_select(1, self._rw_index)
+            blocks.append(reduce_scatter_with_grad(partial, group, batches))
+        if self._cross_group is not None:
+            blocks.extend(self._table_row_wise_outputs(local, batches, batch))
+        return blocks
+
+    def _table_row_wise_outputs(
+        self, local: torch.Tensor, batches: list[int], batch: int
+    ) -> list[torch.Tensor]:
+        """Reduce-scatter inside the host, then all-to-all among the ranks with this local
+        index (one per host): ``[batch, columns of host g]`` for every host ``g``."""
+        assert self._cross_group is not None
+        local_size, hosts = self._local_size, self._hosts
+        # Senders' batches grouped by local rank: member j reduces those of local rank j.
+        order = [g * local_size + j for j in range(local_size) for g in range(hosts)]
+        per_member = [
+            sum(batches[g * local_size + j] for g in range(hosts)) for j in range(local_size)
+        ]
+        columns = self._twrw_columns[self.group.rank // local_size]
+        if self._host_group is not None:
+            partial = local.index_select(1, self._twrw_index)
+            if hosts > 1 and local_size > 1:
+                rows = partial.split(batches)
+                partial = torch.cat([rows[d] for d in order])
+            reduced = reduce_scatter_with_grad(partial, self._host_group, per_member)
+        else:  # nothing of this kind on this host: it only receives
+            reduced = local.new_zeros(per_member[self.group.rank % local_size], 0)
+        send = [batches[d] * columns for d in self._cross_ranks]
+        recv = [batch * c for c in self._twrw_columns]
+        back = all_to_all_with_grad(reduced.reshape(-1), self._cross_group, send, recv)
+        return [
+            chunk.view(batch, c)
+            for chunk, c in zip(back.split(recv), self._twrw_columns, strict=True)
+        ]
 
     def _lookup(
         self,

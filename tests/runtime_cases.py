@@ -73,6 +73,7 @@ def scenarios(world: int) -> list[Scenario]:
         "rw_tiny": EmbeddingBagConfig("rw_tiny", 2, 4),  # fewer rows than ranks
         "rw_w": EmbeddingBagConfig("rw_w", 15, 8, is_weighted=True, pooling=PoolingType.MEAN),
         "twrw": EmbeddingBagConfig("twrw", 29, 8),
+        "twrw_tiny": EmbeddingBagConfig("twrw_tiny", 1, 4, pooling=PoolingType.MEAN),
         "dp": EmbeddingBagConfig("dp", 9, 4),
         "dp_w": EmbeddingBagConfig("dp_w", 6, 8, is_weighted=True),
         "tw_w": EmbeddingBagConfig("tw_w", 10, 4, is_weighted=True),
@@ -89,6 +90,7 @@ def scenarios(world: int) -> list[Scenario]:
         "rw_tiny": row_wise(),
         "rw_w": row_wise(),
         "twrw": table_row_wise(last_host),
+        "twrw_tiny": table_row_wise(0),  # one row: the host's other blocks are empty
         "dp": data_parallel(),
         "dp_w": data_parallel(),
     }
@@ -97,7 +99,7 @@ def scenarios(world: int) -> list[Scenario]:
         "column_wise": ["cw", "cw_b"],
         "table_column_wise": ["twcw"],
         "row_wise": ["rw", "rw_tiny", "rw_w"],
-        "table_row_wise": ["twrw"],
+        "table_row_wise": ["twrw", "twrw_tiny"],
         "data_parallel": ["dp", "dp_w"],
         "mixed": list(t),
     }
@@ -246,6 +248,38 @@ def equivalence(rank: int, world: int, optimizer: str, names: list[str] | None =
     for scenario in scenarios(world):
         if names is None or scenario.name in names:
             check_scenario(rank, world, scenario, optimizer)
+
+
+def exchange_layout(rank: int, world: int) -> None:
+    """World size 4 as two hosts of two: table-row-wise sums are reduce-scattered inside the
+    host and then cross hosts among the ranks with one local index; row-wise sums are
+    reduce-scattered over all ranks."""
+    assert world == 4
+    by_name = {s.name: s for s in scenarios(world)}
+    host = [0, 1] if rank < 2 else [2, 3]
+    cross = [rank % 2, rank % 2 + 2]
+    everyone = [0, 1, 2, 3]
+    expected = {
+        "table_wise": [("all_to_all", everyone)],
+        "row_wise": [("all_to_all", everyone), ("reduce_scatter", everyone)],
+        # twrw_tiny on host 0 and twrw on host 1: both hosts reduce
+        "table_row_wise": [
+            ("all_to_all", everyone),
+            ("reduce_scatter", host),
+            ("all_to_all", cross),
+        ],
+        "mixed": [
+            ("all_to_all", everyone),
+            ("reduce_scatter", everyone),
+            ("reduce_scatter", host),
+            ("all_to_all", cross),
+        ],
+    }
+    for name, steps in expected.items():
+        scenario = by_name[name]
+        module = EmbeddingBagCollection(scenario.tables, device="meta")
+        sharded = shard_modules(module, plan=scenario.plan, device="cpu")
+        assert sharded.output_exchanges() == steps, (name, rank, sharded.output_exchanges())
 
 
 def state_round_trip(rank: int, world: int) -> None:

@@ -7,13 +7,21 @@ import pytest
 import torch
 
 from planner_service.codec import plan_bytes
+from planner_service.shards import row_wise_shards
 from planner_service.solver import solve
-from planner_service.types import PlanRequest, PoolingType, Table
+from planner_service.types import (
+    ParameterSharding,
+    PlanRequest,
+    PoolingType,
+    ShardingType,
+    Table,
+)
 from runtime import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
     KeyedJaggedTensor,
     KeyedTensor,
+    ModulePlan,
     PlanMismatchError,
     check_plan,
     column_wise,
@@ -133,6 +141,37 @@ def test_plan_checks_name_the_table_and_numbers(per_table, world, message):
     plan = construct_module_plan(TABLES, per_table, world_size=world)
     with pytest.raises(PlanMismatchError, match=message):
         check_plan(plan, TABLES, world)
+
+
+def _row_blocks(kind: ShardingType, table: EmbeddingBagConfig, ranks: list[int]):
+    shards = row_wise_shards(table.num_embeddings, table.embedding_dim, ranks)
+    return ParameterSharding(sharding_type=kind, compute_kernel="fused", ranks=ranks, shards=shards)
+
+
+@pytest.mark.parametrize(
+    ("a_ranks", "b_ranks", "message"),
+    [
+        ([1, 2], [0, 1], r"table 'a' \(table_row_wise\).*ranks \[1, 2\].*one host"),
+        ([0, 1, 2], [0, 1, 2], "hosts of 3 ranks, which do not divide world_size 4"),
+        ([2, 3], [0, 1, 2, 3], "table 'b' .* host of 4 ranks but table 'a' spans 2"),
+    ],
+)
+def test_table_row_wise_must_span_one_host_of_a_common_size(a_ranks, b_ranks, message):
+    a, b = TABLES
+    kind = ShardingType.TABLE_ROW_WISE
+    plan = ModulePlan(4, {"a": _row_blocks(kind, a, a_ranks), "b": _row_blocks(kind, b, b_ranks)})
+    with pytest.raises(PlanMismatchError, match=message):
+        check_plan(plan, TABLES, 4)
+
+
+def test_row_wise_must_put_a_block_on_every_rank():
+    a, b = TABLES
+    plan = ModulePlan(
+        3,
+        {"a": table_wise(0)(a, 3, 3), "b": _row_blocks(ShardingType.ROW_WISE, b, [0, 2])},
+    )
+    with pytest.raises(PlanMismatchError, match=r"ranks \[0, 2\]; row_wise puts one block"):
+        check_plan(plan, TABLES, 3)
 
 
 def test_plan_for_a_differently_shaped_table_is_refused_before_allocating():

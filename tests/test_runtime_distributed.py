@@ -26,6 +26,10 @@ def test_state_dict_offsets_full_load_and_gather_round_trip(world_size):
     run_ranks(runtime_cases.state_round_trip, world_size)
 
 
+def test_table_row_wise_reduces_inside_the_host_then_crosses_hosts():
+    run_ranks(runtime_cases.exchange_layout, 4)
+
+
 def test_plan_for_another_world_size_is_refused_on_every_rank():
     run_ranks(runtime_cases.plan_mismatch, 2)
 
