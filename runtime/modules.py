@@ -156,12 +156,12 @@ class EmbeddingBagCollection(nn.Module):
                 jt = jts[name]
                 per_id = None
                 if table.is_weighted:
-                    if jt.weights is None:
+                    if jt.weights_or_none() is None:
                         raise ValueError(
                             f"table {table.name!r} is weighted; the input has no weights"
                         )
-                    per_id = jt.weights.to(weight.dtype)
-                pooled.append(pool(weight, jt.values, jt.offsets(), per_id, table.pooling))
+                    per_id = jt.weights().to(weight.dtype)
+                pooled.append(pool(weight, jt.values(), jt.offsets(), per_id, table.pooling))
                 keys.append(name)
                 dims.append(table.embedding_dim)
         return KeyedTensor(keys, dims, torch.cat(pooled, dim=1))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,7 @@ from torch import nn
 from planner_service.shards import row_block_size
 from planner_service.types import ComputeKernel, DataType, PoolingType, ShardingPlan, ShardingType
 from runtime.comm import Group, all_to_all_with_grad, reduce_scatter_with_grad
+from runtime.kernels import CpuAdamEmbeddingBags
 from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig, check_tables
 from runtime.plan import ROW_SPLIT, ModulePlan, PlanMismatchError, check_plan, host_size
 from runtime.sparse import KeyedJaggedTensor, KeyedTensor, offsets_from_lengths
@@ -57,7 +58,6 @@ OPTIMIZERS = {
     "adagrad": EmbOptimType.EXACT_ADAGRAD,
     "adam": EmbOptimType.ADAM,
 }
-CPU_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad")  # fbgemm-gpu-cpu 1.8.0 has no CPU adam
 HYPERPARAMETERS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum")
 DEFAULT_FUSED_PARAMS: dict[str, Any] = {"optimizer": "sgd", "learning_rate": 0.01}
 WEIGHT_PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
@@ -68,6 +68,9 @@ CUDA_LOCATIONS = {
     ComputeKernel.FUSED_UVM_CACHING: EmbeddingLocation.MANAGED_CACHING,
 }
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
+# FBGEMM's fused kernel, or (adam on CPU) its dense lookup with Adam in backward.
+Kernel: TypeAlias = SplitTableBatchedEmbeddingBagsCodegen | CpuAdamEmbeddingBags
+KERNEL_TYPES = (SplitTableBatchedEmbeddingBagsCodegen, CpuAdamEmbeddingBags)
 ROW_WISE, TABLE_ROW_WISE = ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE
 
 
@@ -392,13 +395,20 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def _kernel(
         self, group: KernelGroup, optimizer: EmbOptimType, hyper: dict[str, float], cuda: bool
-    ) -> SplitTableBatchedEmbeddingBagsCodegen:
+    ) -> Kernel:
         location_name, data_type, load = group.key
         location = EmbeddingLocation[location_name] if cuda else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
         shards = [self._me.shards[i] for i in group.shards]
         table_of = {i: k for k, i in enumerate(group.shards)}
         extra = {"cache_load_factor": load} if location is EmbeddingLocation.MANAGED_CACHING else {}
+        if optimizer is EmbOptimType.ADAM and not cuda:  # no fused CPU kernel in fbgemm
+            return CpuAdamEmbeddingBags(
+                [(s.rows, s.cols) for s in shards],
+                [table_of[i] for _, i in group.features],
+                WEIGHT_PRECISION[DataType(data_type)],
+                hyper,
+            )
         return SplitTableBatchedEmbeddingBagsCodegen(
             [(s.rows, s.cols, location, compute) for s in shards],
             feature_table_map=[table_of[i] for _, i in group.features],
@@ -438,8 +448,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
                         ]
                     view.copy_(block.to(view.dtype))
 
-    def _kernels(self) -> list[SplitTableBatchedEmbeddingBagsCodegen]:
-        return [k for k in self.kernels if isinstance(k, SplitTableBatchedEmbeddingBagsCodegen)]
+    def _kernels(self) -> list[Kernel]:
+        return [k for k in self.kernels if isinstance(k, KERNEL_TYPES)]
 
     # ---- forward
 
@@ -730,11 +740,6 @@ def _optimizer(
     if name not in OPTIMIZERS:
         raise ValueError(
             f"fused_params optimizer {name!r} is not supported; use one of {sorted(OPTIMIZERS)}"
-        )
-    if not cuda and name not in CPU_OPTIMIZERS:
-        raise ValueError(
-            f"fused_params optimizer {name!r} has no CPU kernel in fbgemm-gpu-cpu; on CPU use "
-            f"one of {list(CPU_OPTIMIZERS)}, or run on CUDA"
         )
     unknown = sorted(set(params) - set(HYPERPARAMETERS))
     if unknown:

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -23,21 +22,46 @@ def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
     return offsets
 
 
-@dataclass(frozen=True)
-class JaggedTensor:
-    values: torch.Tensor
-    lengths: torch.Tensor
-    weights: torch.Tensor | None = None
+class _Jagged:
+    """Ids cut into bags: ``values()``, ``lengths()``, optional per-id ``weights()`` and the
+    bags' ``offsets()`` (TorchRec's accessors, shared by both jagged containers)."""
+
+    _values: torch.Tensor
+    _lengths: torch.Tensor
+    _weights: torch.Tensor | None
+
+    def values(self) -> torch.Tensor:
+        return self._values
+
+    def lengths(self) -> torch.Tensor:
+        return self._lengths
+
+    def weights(self) -> torch.Tensor:
+        if self._weights is None:
+            raise ValueError(f"this {type(self).__name__} has no weights")
+        return self._weights
+
+    def weights_or_none(self) -> torch.Tensor | None:
+        return self._weights
 
     def offsets(self) -> torch.Tensor:
-        return offsets_from_lengths(self.lengths)
+        return offsets_from_lengths(self._lengths)
+
+
+class JaggedTensor(_Jagged):
+    """One feature's ids for a batch."""
+
+    def __init__(
+        self, values: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> None:
+        self._values, self._lengths, self._weights = values, lengths, weights
 
     def to_dense(self) -> list[torch.Tensor]:
         """The ids of each sample, one tensor per sample."""
-        return list(torch.split(self.values, self.lengths.tolist()))
+        return list(torch.split(self._values, self._lengths.tolist()))
 
 
-class KeyedJaggedTensor:
+class KeyedJaggedTensor(_Jagged):
     """Ids of several features for one batch, feature-major (TorchRec's layout)."""
 
     def __init__(
@@ -106,12 +130,12 @@ class KeyedJaggedTensor:
         keys = list(features)
         jts = [features[k] for k in keys]
         weights = None
-        if jts and all(jt.weights is not None for jt in jts):
-            weights = torch.cat([jt.weights for jt in jts if jt.weights is not None])
+        if jts and all(jt.weights_or_none() is not None for jt in jts):
+            weights = torch.cat([jt.weights() for jt in jts if jt.weights_or_none() is not None])
         return KeyedJaggedTensor.from_lengths_sync(
             keys,
-            torch.cat([jt.values for jt in jts]) if jts else torch.empty(0, dtype=torch.int64),
-            torch.cat([jt.lengths for jt in jts]) if jts else torch.empty(0, dtype=torch.int64),
+            torch.cat([jt.values() for jt in jts]) if jts else torch.empty(0, dtype=torch.int64),
+            torch.cat([jt.lengths() for jt in jts]) if jts else torch.empty(0, dtype=torch.int64),
             weights,
         )
 
@@ -120,25 +144,8 @@ class KeyedJaggedTensor:
     def keys(self) -> list[str]:
         return list(self._keys)
 
-    def values(self) -> torch.Tensor:
-        return self._values
-
-    def lengths(self) -> torch.Tensor:
-        return self._lengths
-
-    def weights(self) -> torch.Tensor:
-        if self._weights is None:
-            raise ValueError("this KeyedJaggedTensor has no weights")
-        return self._weights
-
-    def weights_or_none(self) -> torch.Tensor | None:
-        return self._weights
-
     def stride(self) -> int:
         return self._stride
-
-    def offsets(self) -> torch.Tensor:
-        return offsets_from_lengths(self._lengths)
 
     def length_per_key(self) -> list[int]:
         if self._length_per_key is None:
@@ -201,12 +208,12 @@ class KeyedJaggedTensor:
         jts = [features[k] for k in keys]
         weights = None
         if self._weights is not None:
-            weights = torch.cat([jt.weights for jt in jts if jt.weights is not None])
+            weights = torch.cat([jt.weights() for jt in jts if jt.weights_or_none() is not None])
         empty = self._values[:0]
         return KeyedJaggedTensor(
             keys,
-            torch.cat([jt.values for jt in jts]) if jts else empty,
-            torch.cat([jt.lengths for jt in jts]) if jts else self._lengths[:0],
+            torch.cat([jt.values() for jt in jts]) if jts else empty,
+            torch.cat([jt.lengths() for jt in jts]) if jts else self._lengths[:0],
             weights,
             stride=self._stride,
         )

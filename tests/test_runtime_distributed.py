@@ -16,7 +16,7 @@ from tests.servers import Service
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adam"])
 def test_outputs_and_three_training_steps_match_the_unsharded_module(world_size, optimizer):
     run_ranks(runtime_cases.equivalence, world_size, optimizer, None)
 
