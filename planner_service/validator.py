@@ -1,6 +1,7 @@
 """The oracle: checks any plan against its request and reports every violation.
 
-Tests, the solver, the service and the runtime all call ``validate_plan``. Each check is a
+Tests, the solver and the service call ``validate_plan``; the runtime checks a served plan's
+layout with ``check_layout`` (it has no request). Each check is a
 small generator over one family of rules; the validator runs them all, so a user sees
 every problem at once rather than fixing them one by one.
 """
@@ -19,12 +20,14 @@ from planner_service.types import (
     UVM_KERNELS,
     ComputeDevice,
     ComputeKernel,
+    ParameterConstraints,
     ParameterSharding,
     PlanRequest,
     ShardingPlan,
     ShardingType,
     SolverStatus,
     Table,
+    Topology,
     Violation,
     ViolationCode,
     gap,
@@ -172,26 +175,43 @@ def _check_tables(request: PlanRequest, plan: ShardingPlan) -> Iterator[Violatio
         sharding = plan.tables.get(table.name)
         if sharding is None:
             continue
-        context = _TableContext(request, table, sharding)
+        constraint = request.constraints.for_table(table.name)
+        context = _TableContext(request.topology, table, sharding, constraint)
         yield from context.check()
+
+
+def check_layout(topology: Topology, table: Table, sharding: ParameterSharding) -> list[Violation]:
+    """The layout rules alone (shard ranks, tiling, row blocks, one host for host-local
+    types, column widths), without a request: the runtime checks a served plan with these,
+    so it accepts exactly the layouts the planner validates."""
+    context = _TableContext(topology, table, sharding, ParameterConstraints())
+    return list(context.layout())
 
 
 class _TableContext:
     """The checks of one table's sharding against its config and constraints."""
 
-    def __init__(self, request: PlanRequest, table: Table, sharding: ParameterSharding) -> None:
-        self.request = request
-        self.topology = request.topology
+    def __init__(
+        self,
+        topology: Topology,
+        table: Table,
+        sharding: ParameterSharding,
+        constraint: ParameterConstraints,
+    ) -> None:
+        self.topology = topology
         self.table = table
         self.sharding = sharding
-        self.constraint = request.constraints.for_table(table.name)
+        self.constraint = constraint
 
     def check(self) -> Iterator[Violation]:
         yield from self._kernel()
+        yield from self.layout()
+        yield from self._constraints()
+
+    def layout(self) -> Iterator[Violation]:
         yield from self._ranks()
         ranks_ok = all(0 <= s.rank < self.topology.world_size for s in self.sharding.shards)
         yield from self._tiling(ranks_ok)
-        yield from self._constraints()
 
     def _v(self, code: ViolationCode, message: str, rank: int | None = None) -> Violation:
         return _violation(

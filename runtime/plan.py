@@ -13,27 +13,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner_service.codec import parse_plan
-from planner_service.shards import (
-    COLUMN_ALIGNMENT,
-    column_wise_shards,
-    row_block_size,
-    row_wise_shards,
-)
+from planner_service.shards import COLUMN_ALIGNMENT, column_wise_shards, row_wise_shards
 from planner_service.types import (
     ComputeKernel,
     ParameterSharding,
     Shard,
     ShardingPlan,
     ShardingType,
+    Table,
+    Topology,
 )
+from planner_service.validator import check_layout
 from runtime.modules import EmbeddingBagConfig
 
-FULL_ROWS = (
-    ShardingType.TABLE_WISE,
-    ShardingType.COLUMN_WISE,
-    ShardingType.TABLE_COLUMN_WISE,
-    ShardingType.DATA_PARALLEL,
-)
 ROW_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
 
 
@@ -183,9 +175,10 @@ def check_plan(plan: ModulePlan, tables: Sequence[EmbeddingBagConfig], world_siz
             f"the plan shards tables {unknown} that the module does not have "
             f"(module tables: {sorted(names)})"
         )
+    local = host_size(plan) or world_size
+    topology = Topology(world_size=world_size, local_world_size=local)
     for table in tables:
-        _check_table(table, plan.tables[table.name], world_size)
-    host_size(plan)
+        _check_table(table, plan.tables[table.name], topology)
 
 
 def host_size(plan: ModulePlan) -> int | None:
@@ -221,66 +214,24 @@ def host_size(plan: ModulePlan) -> int | None:
     return size
 
 
-def _check_table(table: EmbeddingBagConfig, sharding: ParameterSharding, world: int) -> None:
-    name, rows, dim = table.name, table.num_embeddings, table.embedding_dim
-    kind = sharding.sharding_type
-    shards = sharding.shards
-
-    def fail(message: str) -> PlanMismatchError:
-        return PlanMismatchError(f"table {name!r} ({kind.value}): {message}")
-
-    for shard in shards:
-        if shard.rank >= world:
-            raise fail(f"a shard is on rank {shard.rank}; ranks are 0..{world - 1}")
-        (r0, c0), (nr, nc) = shard.offsets, shard.sizes
-        if r0 + nr > rows or c0 + nc > dim:
-            raise fail(
-                f"shard at offsets {[r0, c0]} with sizes {[nr, nc]} reaches past the "
-                f"module's table of {rows} rows x {dim} columns"
+def _check_table(
+    table: EmbeddingBagConfig, sharding: ParameterSharding, topology: Topology
+) -> None:
+    """The planner's layout rules (``validator.check_layout``), then what FBGEMM's kernels
+    need of every shard."""
+    kind = sharding.sharding_type.value
+    config = Table.model_construct(
+        name=table.name, num_embeddings=table.num_embeddings, embedding_dim=table.embedding_dim
+    )
+    violations = check_layout(topology, config, sharding)
+    if violations:
+        prefix = f"table {table.name!r}: "
+        details = "; ".join(v.message.removeprefix(prefix) for v in violations)
+        raise PlanMismatchError(f"table {table.name!r} ({kind}): {details}")
+    for shard in sharding.shards:
+        width = shard.sizes[1]
+        if shard.sizes[0] and width % COLUMN_ALIGNMENT:
+            raise PlanMismatchError(
+                f"table {table.name!r} ({kind}): a shard is {width} columns wide; FBGEMM's "
+                f"kernels need widths that are multiples of {COLUMN_ALIGNMENT}"
             )
-        if nr and nc % COLUMN_ALIGNMENT:
-            raise fail(
-                f"a shard is {nc} columns wide; FBGEMM's kernels need widths that are "
-                f"multiples of {COLUMN_ALIGNMENT}"
-            )
-    if kind in FULL_ROWS:
-        short = [s for s in shards if s.offsets[0] != 0 or s.sizes[0] != rows]
-        if short:
-            raise fail(
-                f"every shard must hold all {rows} rows; one holds rows "
-                f"{short[0].offsets[0]}..{short[0].offsets[0] + short[0].sizes[0]}"
-            )
-    if kind is ShardingType.DATA_PARALLEL:
-        if sorted(s.rank for s in shards) != list(range(world)) or any(
-            s.sizes[1] != dim for s in shards
-        ):
-            raise fail(f"needs one full {rows} x {dim} replica on each of the {world} ranks")
-        return
-    if kind in ROW_SPLIT:
-        expected = row_wise_shards(rows, dim, [s.rank for s in shards])
-        if [(s.offsets, s.sizes) for s in shards] != [(s.offsets, s.sizes) for s in expected]:
-            block = row_block_size(rows, len(shards))
-            raise fail(
-                f"shards must be consecutive row blocks of {block} rows over {len(shards)} "
-                f"ranks, in rank order (got offsets {[list(s.offsets) for s in shards]})"
-            )
-        ranks = [s.rank for s in shards]
-        if len(set(ranks)) != len(ranks):
-            raise fail(f"two row blocks on one rank ({ranks}); each rank holds at most one")
-        if kind is ShardingType.ROW_WISE and sorted(ranks) != list(range(world)):
-            raise fail(
-                f"row blocks are on ranks {sorted(ranks)}; row_wise puts one block on each of "
-                f"the {world} ranks (use table_row_wise for the ranks of one host)"
-            )
-        return
-    columns = sorted((s.offsets[1], s.sizes[1]) for s in shards)
-    edge = 0
-    for start, width in columns:
-        if start != edge:
-            raise fail(
-                f"column shards must tile the {dim} columns without gaps or overlaps; "
-                f"columns {edge}..{start} are {'missing' if start > edge else 'doubled'}"
-            )
-        edge = start + width
-    if edge != dim:
-        raise fail(f"column shards cover {edge} of the module's {dim} columns")
