@@ -33,10 +33,13 @@ class Group:
             return self
         assert self.pg is not None
         members = tuple(sorted(dist.get_global_rank(self.pg, r) for r in ranks))
-        if members not in _SUBGROUPS:
+        # Keyed by the default group too: a process that re-initialises torch.distributed
+        # gets new subgroups, not ones from the destroyed group.
+        key = (id(dist.group.WORLD), members)
+        if key not in _SUBGROUPS:
             # Only the members rendezvous, so hosts create their groups independently.
-            _SUBGROUPS[members] = dist.new_group(list(members), use_local_synchronization=True)
-        return Group(_SUBGROUPS[members])
+            _SUBGROUPS[key] = dist.new_group(list(members), use_local_synchronization=True)
+        return Group(_SUBGROUPS[key])
 
     def all_to_all(
         self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]
@@ -57,7 +60,7 @@ class Group:
         return gathered
 
 
-_SUBGROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+_SUBGROUPS: dict[tuple[int, tuple[int, ...]], dist.ProcessGroup] = {}
 
 
 class _AllToAll(torch.autograd.Function):
