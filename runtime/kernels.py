@@ -55,12 +55,6 @@ class CpuAdamEmbeddingBags(nn.Module):
         hyperparameters: Mapping[str, float],
     ) -> None:
         super().__init__()
-        unknown = sorted(set(hyperparameters) - set(ADAM_HYPERPARAMETERS))
-        if unknown:
-            raise ValueError(
-                f"fused_params has keys {unknown} that adam does not use; adam takes "
-                f"{', '.join(ADAM_HYPERPARAMETERS)}"
-            )
         params = {**ADAM_DEFAULTS, "weight_decay": 0.0, **hyperparameters}
         self.learning_rate = params["learning_rate"]
         self.eps, self.beta1, self.beta2 = params["eps"], params["beta1"], params["beta2"]

@@ -47,7 +47,7 @@ from torch import nn
 from planner_service.shards import row_block_size
 from planner_service.types import ComputeKernel, DataType, PoolingType, ShardingPlan, ShardingType
 from runtime.comm import Group, all_to_all_with_grad, reduce_scatter_with_grad
-from runtime.kernels import CpuAdamEmbeddingBags
+from runtime.kernels import ADAM_HYPERPARAMETERS, CpuAdamEmbeddingBags
 from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig, check_tables
 from runtime.plan import ROW_SPLIT, ModulePlan, PlanMismatchError, check_plan, host_size
 from runtime.sparse import KeyedJaggedTensor, KeyedTensor, offsets_from_lengths
@@ -205,7 +205,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.plan_id = plan.plan_id
         self.device = device
         cuda = device.type == "cuda"
-        optimizer, hyper = _optimizer(fused_params, cuda)
+        optimizer, hyper = _optimizer(fused_params)
         for table in tables:
             if table.data_type not in WEIGHT_PRECISION:
                 raise PlanMismatchError(
@@ -316,7 +316,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 whole.extend(range(at, at + c.width))
             at += c.width
         self._whole_index = (
-            None if whole == list(range(width)) else torch.tensor(whole, dtype=torch.int64)
+            None
+            if whole == list(range(width))
+            else torch.tensor(whole, dtype=torch.int64).to(device)
         )
         targets: list[int] = []
         ghosts: list[bool] = []
@@ -364,20 +366,21 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._twrw_index = gather(on_host[h])
         for fs in on_host:
             land(fs)
-        self._local_size, self._hosts = local, hosts
+        self._local_size, self._hosts, self._host, self._local_rank = local, hosts, h, i
+        self._host_ranks = list(range(h * local, (h + 1) * local))
         self._cross_ranks = [g * local + i for g in range(hosts)]  # local rank i of each host
+        # Senders grouped by local rank: host member j reduces the batches of local rank j.
+        self._by_local_rank = [g * local + j for j in range(local) for g in range(hosts)]
         self._host_group = self._cross_group = None
         if any(self._twrw_columns):
             if self._twrw_columns[h]:
-                self._host_group = self.group.subgroup(list(range(h * local, (h + 1) * local)))
+                self._host_group = self.group.subgroup(self._host_ranks)
             self._cross_group = self.group.subgroup(self._cross_ranks)
 
         self._targets = torch.tensor(targets, dtype=torch.int64).to(device)
         self._ghosts = torch.tensor(ghosts, dtype=torch.bool).to(device)
         self._any_ghost = any(ghosts)
         self._targets_identity = targets == list(range(self._out_offsets[-1]))
-        if self._whole_index is not None:
-            self._whole_index = self._whole_index.to(device)
 
     def output_exchanges(self) -> list[tuple[str, list[int]]]:
         """The collectives each step's output distribution runs on this rank, in order, with
@@ -386,9 +389,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         steps = [("all_to_all", world)]
         if self._rw_columns:
             steps.append(("reduce_scatter", world))
-        local, h = self._local_size, self.group.rank // self._local_size
         if self._host_group is not None:
-            steps.append(("reduce_scatter", list(range(h * local, (h + 1) * local))))
+            steps.append(("reduce_scatter", list(self._host_ranks)))
         if self._cross_group is not None:
             steps.append(("all_to_all", list(self._cross_ranks)))
         return steps
@@ -594,20 +596,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
         index (one per host): ``[batch, columns of host g]`` for every host ``g``."""
         assert self._cross_group is not None
         local_size, hosts = self._local_size, self._hosts
-        # Senders' batches grouped by local rank: member j reduces those of local rank j.
-        order = [g * local_size + j for j in range(local_size) for g in range(hosts)]
         per_member = [
             sum(batches[g * local_size + j] for g in range(hosts)) for j in range(local_size)
         ]
-        columns = self._twrw_columns[self.group.rank // local_size]
+        columns = self._twrw_columns[self._host]
         if self._host_group is not None:
             partial = local.index_select(1, self._twrw_index)
             if hosts > 1 and local_size > 1:
                 rows = partial.split(batches)
-                partial = torch.cat([rows[d] for d in order])
+                partial = torch.cat([rows[d] for d in self._by_local_rank])
             reduced = reduce_scatter_with_grad(partial, self._host_group, per_member)
         else:  # nothing of this kind on this host: it only receives
-            reduced = local.new_zeros(per_member[self.group.rank % local_size], 0)
+            reduced = local.new_zeros(per_member[self._local_rank], 0)
         send = [batches[d] * columns for d in self._cross_ranks]
         recv = [batch * c for c in self._twrw_columns]
         back = all_to_all_with_grad(reduced.reshape(-1), self._cross_group, send, recv)
@@ -732,9 +732,7 @@ def _key(table: str) -> str:
     return f"embedding_bags.{table}.weight"
 
 
-def _optimizer(
-    fused_params: Mapping[str, Any] | None, cuda: bool
-) -> tuple[EmbOptimType, dict[str, float]]:
+def _optimizer(fused_params: Mapping[str, Any] | None) -> tuple[EmbOptimType, dict[str, float]]:
     params = dict(DEFAULT_FUSED_PARAMS if fused_params is None else fused_params)
     name = str(params.pop("optimizer", "sgd"))
     if name not in OPTIMIZERS:
@@ -746,6 +744,12 @@ def _optimizer(
         raise ValueError(
             f"fused_params has unknown keys {unknown}; accepted: optimizer, "
             f"{', '.join(HYPERPARAMETERS)}"
+        )
+    unused = sorted(set(params) - set(ADAM_HYPERPARAMETERS)) if name == "adam" else []
+    if unused:
+        raise ValueError(
+            f"fused_params has keys {unused} that adam does not use; adam takes "
+            f"{', '.join(ADAM_HYPERPARAMETERS)}"
         )
     return OPTIMIZERS[name], {k: float(v) for k, v in params.items()}
 
