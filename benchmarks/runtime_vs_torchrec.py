@@ -74,6 +74,16 @@ def _inputs(args: argparse.Namespace, rank: int) -> list[tuple[Any, Any]]:
     return batches
 
 
+def _tables(config: Any, args: argparse.Namespace) -> list[Any]:
+    """The benchmark's tables as ``config`` objects (ours or TorchRec's: same fields)."""
+    return [
+        config(
+            name=f"t{i}", num_embeddings=args.rows, embedding_dim=args.dim, feature_names=[f"f{i}"]
+        )
+        for i in range(args.tables)
+    ]
+
+
 def _build_ours(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any, Any]:
     from runtime import (
         EmbeddingBagCollection,
@@ -85,15 +95,7 @@ def _build_ours(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any, An
         table_wise,
     )
 
-    tables = [
-        EmbeddingBagConfig(
-            name=f"t{i}",
-            num_embeddings=args.rows,
-            embedding_dim=args.dim,
-            feature_names=[f"f{i}"],
-        )
-        for i in range(args.tables)
-    ]
+    tables = _tables(EmbeddingBagConfig, args)
     per_table = {
         t.name: table_wise(rank=i % WORLD_SIZE)
         if plan == "table_wise"
@@ -121,15 +123,7 @@ def _build_torchrec(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any
     )
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
-    tables = [
-        EmbeddingBagConfig(
-            name=f"t{i}",
-            num_embeddings=args.rows,
-            embedding_dim=args.dim,
-            feature_names=[f"f{i}"],
-        )
-        for i in range(args.tables)
-    ]
+    tables = _tables(EmbeddingBagConfig, args)
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     sharder = EmbeddingBagCollectionSharder(
         fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LEARNING_RATE}
@@ -254,7 +248,7 @@ def _cell(runs: list[list[float]]) -> tuple[float, str]:
     median (run-to-run spread)."""
     steps = [ms for run in runs for ms in run]
     median = statistics.median(steps)
-    deciles = statistics.quantiles(steps, n=10)
+    deciles = statistics.quantiles(steps, n=10, method="inclusive")  # within the data
     per_run = ", ".join(f"{statistics.median(run):.1f}" for run in runs)
     return median, f"{median:.2f} ({deciles[0]:.1f}-{deciles[-1]:.1f}; runs {per_run})"
 
