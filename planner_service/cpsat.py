@@ -379,7 +379,7 @@ def solve_cpsat(
     built.model.minimize(makespan * HBM_STEPS + peak)
     if hint is not None:
         built.add_hint(hint)
-    solver = _solver(time_limit_s * SEARCH_SHARE, seed)
+    solver = deterministic_solver(time_limit_s * SEARCH_SHARE, seed)
     callback = _Progress(makespan, scale, on_progress) if on_progress else None
     status = solver.solve(built.model, callback)
     num_variables = len(built.model.proto.variables)
@@ -396,7 +396,7 @@ def solve_cpsat(
     )
 
 
-def _solver(time_limit_s: float, seed: int) -> cp_model.CpSolver:
+def deterministic_solver(time_limit_s: float, seed: int) -> cp_model.CpSolver:
     """A portfolio of workers interleaved deterministically, stopped by deterministic time:
     the same request searches exactly as far, and answers the same, in every process."""
     solver = cp_model.CpSolver()

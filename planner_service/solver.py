@@ -18,6 +18,7 @@ from planner_service.bounds import LowerBound, best_bound
 from planner_service.codec import seal_plan
 from planner_service.cpsat import ProgressCallback, solve_cpsat
 from planner_service.infeasibility import explain
+from planner_service.packing_bound import packing_bound
 from planner_service.problem import Choice, Loads, Problem, loads_of
 from planner_service.types import (
     CostModel,
@@ -65,17 +66,26 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
     report("warm start", None, best_bound(bounds).value)
     warm = warm_start(prepared)
     details: dict[str, object] = {"groups": len(groups), "tables": len(problem.tables)}
-    if warm is not None:
-        details["warm_start_objective"] = loads_of(problem, warm).objective
+    warm_objective = loads_of(problem, warm).objective if warm is not None else None
+    if warm_objective is not None:
+        details["warm_start_objective"] = warm_objective
     candidates = [warm] if warm is not None else []
     proven_infeasible = False
-    if _worth_searching(problem, warm, bounds, request.options.time_limit_s):
+    options = request.options
+    if warm_objective is not None and _worth_searching(problem, warm, bounds, options.time_limit_s):
+        report("packing bound", warm_objective, best_bound(bounds).value)
+        packing = packing_bound(
+            problem, groups, warm_objective, time_limit_s=options.time_limit_s, seed=options.seed
+        )
+        if packing is not None:
+            bounds.append(packing)
+    if _worth_searching(problem, warm, bounds, options.time_limit_s):
         result = solve_cpsat(
             problem,
             groups,
             warm,
-            time_limit_s=request.options.time_limit_s,
-            seed=request.options.seed,
+            time_limit_s=options.time_limit_s,
+            seed=options.seed,
             on_progress=report,
         )
         details.update(

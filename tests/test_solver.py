@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from planner_service.bounds import lp_bound, simple_bounds
 from planner_service.enumerator import (
     DeviceClasses,
     Placement,
     enumerate_options,
     fit_options,
 )
+from planner_service.packing_bound import packing_bound
 from planner_service.problem import Choice, Problem, loads_of, without_equivalents
 from planner_service.solver import solve
 from planner_service.types import (
@@ -107,12 +110,13 @@ def test_every_plan_is_valid_and_above_its_bound(req):
 # --------------------------------------------------------------------------- brute force
 
 
-def _brute_force_optimum(req) -> float:
-    """Try every option and every placement of every table; the best max-rank cost."""
-    fitted = fit_options(req, enumerate_options(req))
-    tables = without_equivalents(fitted.tables, req.topology)
-    problem = Problem(req, tables, fitted.capacities, DeviceClasses.of(req.topology))
+def _brute_force_optimum(req, most: int | None = None) -> float:
+    """Try every option and every placement of every table; the best max-rank cost (inf if
+    nothing fits, or if there are more than ``most`` combinations to try)."""
+    problem, _ = _problem(req)
     per_table = [list(_placements(problem, t)) for t in range(len(problem.tables))]
+    if most is not None and math.prod(map(len, per_table)) > most:
+        return float("inf")
     best = float("inf")
     for combination in itertools.product(*per_table):
         loads = loads_of(problem, list(combination))
@@ -195,6 +199,91 @@ def test_solver_finds_the_true_optimum_on_tiny_instances(tables, world, local, h
     assert plan.solver.objective == pytest.approx(optimum, rel=1e-4)
     assert plan.solver.objective >= optimum * (1 - 1e-12)
     assert plan.solver.status is SolverStatus.OPTIMAL
+
+
+# --------------------------------------------------------------------------- packing bound
+
+
+def test_packing_bound_sees_whole_tables_that_the_lp_spreads():
+    """Three equal table-wise tables and a row-wise one on two ranks: some rank holds two
+    whole tables on top of its row-wise shard. The work and LP bounds spread 1.5 tables per
+    rank; the packing bound proves 2."""
+    tables = [table(f"t{i}", rows=10**5, dim=128) for i in range(3)]
+    kinds = {t["name"]: {"sharding_types": ["table_wise"]} for t in tables}
+    tables.append(table("r", rows=10**6, dim=64))
+    kinds["r"] = {"sharding_types": ["row_wise"]}
+    req = request(
+        tables,
+        world_size=2,
+        constraints={"tables": {n: {**k, "compute_kernels": ["fused"]} for n, k in kinds.items()}},
+    )
+    problem, groups = _problem(req)
+    by_name = {entry.table.name: entry for entry in problem.tables}
+    whole = problem.costs(by_name["t0"].options[0]).work
+    row_shards = problem.costs(by_name["r"].options[0]).fixed_cost
+    optimum = _brute_force_optimum(req)
+    assert optimum == pytest.approx(2 * whole + row_shards.max(), rel=1e-12)
+    spread = simple_bounds(problem) + [lp_bound(problem, groups).bound]
+    assert max(b.value for b in spread) < 0.9 * optimum
+
+    bound = packing_bound(problem, groups, optimum, time_limit_s=1, seed=0)
+    assert bound is not None and bound.source == "packing"
+    assert bound.value <= optimum
+    assert bound.value == pytest.approx(2 * whole + row_shards.min(), rel=1e-6)
+
+
+def test_packing_bound_on_mixed_ranks_stays_below_the_optimum():
+    """Rank 1 is slow: the row-wise shard there costs more, and the whole table goes to rank
+    0. Charging every rank the dearest row-wise shard would overshoot the optimum."""
+    req = request(
+        [table("r", rows=10**6, dim=64), table("t", rows=10**5, dim=128)],
+        world_size=2,
+        topology={"rank_overrides": [{"rank": 1, "hbm_bw_bytes_per_s": 897 * GIB / 8}]},
+        constraints={
+            "tables": {
+                "r": {"sharding_types": ["row_wise"], "compute_kernels": ["fused"]},
+                "t": {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]},
+            }
+        },
+    )
+    optimum = _brute_force_optimum(req)
+    problem, groups = _problem(req)
+    bound = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    assert bound is not None and bound.value <= optimum
+
+
+@st.composite
+def _tiny_requests(draw):
+    hosts, local = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    tables = draw(st.lists(_table, min_size=1, max_size=3, unique_by=lambda t: t["name"]))
+    kinds = ["table_wise", "row_wise", "data_parallel", "table_row_wise", "column_wise"]
+    constraints = {
+        t["name"]: {
+            "sharding_types": draw(st.lists(st.sampled_from(kinds), min_size=1, unique=True))
+        }
+        for t in tables
+    }
+    topology = {"local_world_size": local, "hbm_bytes": draw(st.sampled_from([GIB, 8 * GIB]))}
+    if draw(st.booleans()):
+        topology["rank_overrides"] = [{"rank": 0, "hbm_bw_bytes_per_s": 200 * GIB}]
+    return request(
+        tables,
+        world_size=hosts * local,
+        topology=topology,
+        constraints={"tables": constraints},
+        options={"cost_model": draw(st.sampled_from(["shardplan", "torchrec-1.8"]))},
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_tiny_requests())
+def test_packing_bound_never_exceeds_the_true_optimum(req):
+    """Given an upper bound well above the optimum, so its cap cannot hide an overshoot."""
+    optimum = _brute_force_optimum(req, most=20_000)
+    assume(math.isfinite(optimum))
+    problem, groups = _problem(req)
+    bound = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    assert bound is None or bound.value <= optimum * (1 + 1e-12)
 
 
 # --------------------------------------------------------------------------- constraints
