@@ -41,7 +41,7 @@ from planner_service.problem import Group, Problem
 from planner_service.types import ShardingType
 
 PACKING_SHARE = 0.1  # of the request's time limit, in deterministic seconds
-RESOLUTION = COST_RESOLUTION  # the main model's units, so its rounding slack covers ours
+RESOLUTION = COST_RESOLUTION  # integer units per warm-start makespan, as in the main model
 MAX_CONFIG_VARS = 20_000  # pool x configuration counts; beyond this the bound is skipped
 PER_HOST_MAX_HOSTS = 4  # up to this many hosts, each host is its own pool
 
@@ -68,7 +68,7 @@ class _Pool:
     base: _Expr
     base_least: int
     base_work: _Expr
-    counts: dict[int, cp_model.IntVar] = field(default_factory=dict)  # configuration -> ranks
+    counts: list[cp_model.IntVar] = field(default_factory=list)  # ranks per configuration
 
 
 def packing_bound(
@@ -86,15 +86,16 @@ def packing_bound(
     }
     host_sizes = sorted({o.per_host_rank for o in options if o.per_host_rank}, reverse=True)
     per_host = bool(host_sizes) and problem.num_hosts <= PER_HOST_MAX_HOSTS
-    host_mixes: list[_Configuration] | None = [(0, ())] if per_host or not host_sizes else None
-    if host_mixes is None:
+    host_mixes: list[_Configuration] = [(0, ())]
+    if host_sizes and not per_host:
         host_supply = {
             size: sum(groups[o.group].size for o in options if o.per_host_rank == size)
             for size in host_sizes
         }
-        host_mixes = _configurations(host_sizes, host_supply, RESOLUTION, MAX_CONFIG_VARS)
-        if host_mixes is None:
+        mixes = _configurations(host_sizes, host_supply, RESOLUTION, MAX_CONFIG_VARS)
+        if mixes is None:
             return None
+        host_mixes = mixes
     configs = _configurations(sizes, supply, RESOLUTION, MAX_CONFIG_VARS)
     if configs is None:
         return None
@@ -253,11 +254,11 @@ class _RelaxedModel:
         placed: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in self.sizes]
         work = []
         for pool in self.pools:
-            for j, (load, counts) in enumerate(configs):
+            for load, counts in configs:
                 if pool.base_least + load > RESOLUTION:
                     continue
                 ranks = model.new_int_var(0, world, "")
-                pool.counts[j] = ranks
+                pool.counts.append(ranks)
                 used = model.new_bool_var("")
                 model.add(ranks == 0).only_enforce_if(~used)
                 model.add(self.makespan >= self.every_rank + pool.base + load).only_enforce_if(used)
@@ -265,7 +266,7 @@ class _RelaxedModel:
                 for i, count in enumerate(counts):
                     if count:
                         placed[i].append((ranks, count))
-            model.add(sum(pool.counts.values()) == pool.size)
+            model.add(sum(pool.counts) == pool.size)
         for size, terms in zip(self.sizes, placed, strict=True):
             supplied = sum(
                 count * self.tables[o.group, o.option]

@@ -72,14 +72,16 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
     candidates = [warm] if warm is not None else []
     proven_infeasible = False
     options = request.options
-    if warm_objective is not None and _worth_searching(problem, warm, bounds, options.time_limit_s):
+    if warm_objective is not None and _worth_searching(
+        warm_objective, bounds, options.time_limit_s
+    ):
         report("packing bound", warm_objective, best_bound(bounds).value)
         packing = packing_bound(
             problem, groups, warm_objective, time_limit_s=options.time_limit_s, seed=options.seed
         )
         if packing is not None:
             bounds.append(packing)
-    if _worth_searching(problem, warm, bounds, options.time_limit_s):
+    if _worth_searching(warm_objective, bounds, options.time_limit_s):
         result = solve_cpsat(
             problem,
             groups,
@@ -109,14 +111,13 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
 
 
 def _worth_searching(
-    problem: Problem, warm: list[Choice] | None, bounds: list[LowerBound], time_limit_s: float
+    warm_objective: float | None, bounds: list[LowerBound], time_limit_s: float
 ) -> bool:
     if time_limit_s < MIN_CPSAT_TIME_S:
         return False
-    if warm is None:
+    if warm_objective is None:
         return True
-    objective = loads_of(problem, warm).objective
-    return gap(objective, best_bound(bounds).value) > OPTIMAL_GAP
+    return gap(warm_objective, best_bound(bounds).value) > OPTIMAL_GAP
 
 
 def _best(problem: Problem, candidates: list[list[Choice]]) -> tuple[list[Choice], Loads]:
