@@ -68,7 +68,7 @@ def main() -> None:
 
     def model() -> cp_model.CpModel:
         built = cpsat._Model(problem, groups, hint, scale, False)
-        built.model.minimize(built.makespan(cpsat._makespan_upper(problem, hint, scale)))
+        built.model.minimize(built.makespan(0, cpsat._makespan_upper(problem, hint, scale)))
         built.add_hint(hint)
         return built.model
 

@@ -1,14 +1,18 @@
 """Our planner against TorchRec 1.8's planner on the public workloads, in one run.
 
     bash benchmarks/torchrec_env.sh        # dev-only venv with torchrec 1.8.0
-    .venv/bin/python -m benchmarks.solver_bench [--time-limit 10] [--torchrec-cap 180]
-        [--workloads tiny,small,...] [--world-sizes 8,32,128] [--json results.json]
+    .venv/bin/python -m benchmarks.solver_bench [--time-limit 10] [--gap-limit 0.02]
+        [--fast-time-limit 0.04] [--torchrec-cap 180] [--workloads tiny,small,...]
+        [--world-sizes 8,32,128] [--json results.json]
 
 Every workload is planned with ``cost_model: torchrec-1.8`` (we optimise TorchRec's own
 rating) on 8 ranks per host, 80 GiB HBM, batch 512. TorchRec's default planner runs on the
 same tables in a child process with a time cap (``did not finish`` is recorded as such).
 Both plans are priced with our ``torchrec-1.8`` model (identical to TorchRec's estimator,
 see docs/cost-model.md), and TorchRec's own rating is printed beside as a cross-check.
+
+Three runs of ours per workload: the default (search until proven optimal or out of
+time), ``gap_limit`` (stop once proven within it) and fast (the warm start alone).
 """
 
 from __future__ import annotations
@@ -69,12 +73,8 @@ def price(request: PlanRequest, tables: dict[str, Any]) -> float:
     return max(loads)
 
 
-def ours(
-    tables: list[dict[str, Any]], world: int, time_limit: float, prefix: str
-) -> dict[str, Any]:
-    request = workload_request(
-        tables, world, options={"cost_model": "torchrec-1.8", "time_limit_s": time_limit}
-    )
+def ours(tables: list[dict[str, Any]], world: int, options: dict[str, Any], prefix: str) -> dict:
+    request = workload_request(tables, world, options={"cost_model": "torchrec-1.8", **options})
     start = time.perf_counter()
     outcome = solve(request)
     row: dict[str, Any] = {f"{prefix}wall_s": time.perf_counter() - start}
@@ -95,13 +95,26 @@ def ours(
     return row
 
 
+def modes(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
+    """(row key prefix, column title, options) of each run of ours."""
+    return [
+        ("", "ours", {"time_limit_s": args.time_limit}),
+        (
+            "gap_",
+            f"gap_limit {args.gap_limit:g}",
+            {"time_limit_s": args.time_limit, "gap_limit": args.gap_limit},
+        ),
+        ("fast_", "fast", {"time_limit_s": args.fast_time_limit}),
+    ]
+
+
 def run_one(
     name: str, tables: list[dict[str, Any]], world: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     request = workload_request(tables, world, options={"cost_model": "torchrec-1.8"})
     row: dict[str, Any] = {"workload": name, "world_size": world, "tables": len(tables)}
-    row.update(ours(tables, world, args.fast_time_limit, "fast_"))
-    row.update(ours(tables, world, args.time_limit, ""))
+    for prefix, _, options in reversed(modes(args)):
+        row.update(ours(tables, world, options, prefix))
     if args.torchrec_cap > 0:
         theirs = torchrec_plan(request, args.torchrec_cap)
         row["torchrec_status"] = theirs.get("status")
@@ -113,42 +126,58 @@ def run_one(
     return row
 
 
-def render(rows: list[dict[str, Any]], cap: float) -> str:
-    """One line per workload: our default and fast runs, TorchRec, and the ratios. Gaps
-    are against our default run's proven lower bound."""
-    lines = [
-        "| workload | ranks | tables | ours s | ours cost | gap | fast s | fast cost | fast gap "
-        "| TorchRec s | TorchRec cost | TorchRec gap | ours / TorchRec | fast / TorchRec "
-        "| speed-up | fast speed-up |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: | ---: |",
-    ]
+def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """Two tables: each run of ours (wall time, cost, gap), then TorchRec and the ratios of
+    each run of ours to it. Gaps are against the default run's proven lower bound, the best
+    of the three."""
+    runs = modes(args)
+    titles = [title for _, title, _ in runs]
+    ours_table = _header(
+        ["workload", "ranks", "tables"] + [f"{t} {c}" for t in titles for c in ("s", "cost", "gap")]
+    )
+    theirs_table = _header(
+        ["workload", "ranks", "TorchRec s", "TorchRec cost", "TorchRec gap"]
+        + [f"{t} / TorchRec" for t in titles]
+        + [f"{t} speed-up" for t in titles]
+    )
     for r in rows:
         bound = r.get("lower_bound")
         cells = [r["workload"], str(r["world_size"]), str(r["tables"])]
-        for prefix in ("", "fast_"):
+        for prefix, _, _ in runs:
             cost = r.get(f"{prefix}cost")
             cells.append(f"{r[f'{prefix}wall_s']:.2f}")
             cells.append(f"{cost:.4f}" if cost is not None else r[f"{prefix}status"])
             cells.append(_gap(cost, bound))
+        ours_table.append(_row(cells))
         theirs = r.get("torchrec_cost")
         status = r.get("torchrec_status")
+        cells = [r["workload"], str(r["world_size"])]
         if status == "ok":
             cells += [f"{r['torchrec_wall_s']:.2f}", f"{theirs:.4f}", _gap(theirs, bound)]
-            for prefix in ("", "fast_"):
+            for prefix, _, _ in runs:
                 cost = r.get(f"{prefix}cost")
                 cells.append(f"{cost / theirs:.4f}" if cost is not None else "-")
-            for prefix in ("", "fast_"):
+            for prefix, _, _ in runs:
                 cells.append(f"{r['torchrec_wall_s'] / r[f'{prefix}wall_s']:.1f}x")
         else:
+            cap = args.torchrec_cap
             cells.append(
                 f"did not finish in {cap:.0f} s"
                 if status == "did_not_finish"
                 else (status or "not run")
             )
-            cells += ["-"] * 6
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            cells += ["-"] * (2 + 2 * len(runs))
+        theirs_table.append(_row(cells))
+    return "\n".join(ours_table) + "\n\n" + "\n".join(theirs_table)
+
+
+def _header(titles: list[str]) -> list[str]:
+    aligns = ["---" if t in ("workload",) else "---:" for t in titles]
+    return [_row(titles), _row(aligns)]
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def _gap(cost: float | None, bound: float | None) -> str:
@@ -169,6 +198,9 @@ def main() -> None:
         help="time_limit_s of our fast run (below 0.05 s: warm start only)",
     )
     parser.add_argument(
+        "--gap-limit", type=float, default=0.02, help="gap_limit of our gap-limited run"
+    )
+    parser.add_argument(
         "--torchrec-cap",
         type=float,
         default=180.0,
@@ -185,7 +217,7 @@ def main() -> None:
             row = run_one(name, tables, world, args)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print(render(rows, args.torchrec_cap))
+    print(render(rows, args))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -17,8 +17,10 @@ from ortools.linear_solver import pywraplp
 
 from planner_service.enumerator import Placement
 from planner_service.problem import Group, Problem
+from planner_service.types import gap
 
 LP_SAFETY = 1e-9  # relative slack for the LP's floating-point optimum
+OPTIMAL_GAP = 1e-4  # within the cost resolution of its proven bound: reported optimal
 
 
 @dataclass(frozen=True, order=True)
@@ -34,6 +36,12 @@ def simple_bounds(problem: Problem) -> list[LowerBound]:
         LowerBound(sum(least_work) / problem.world_size, "work/world_size"),
         LowerBound(max(largest, default=0.0), "largest_shard"),
     ]
+
+
+def proven_within(objective: float, bound: float, gap_limit: float) -> bool:
+    """Whether ``bound`` proves ``objective`` within the request's ``gap_limit``, or
+    optimal (within the cost resolution) when the limit is tighter than that."""
+    return gap(objective, bound) <= max(OPTIMAL_GAP, gap_limit)
 
 
 class RelaxationInfeasible(Exception):

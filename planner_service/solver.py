@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner_service import PLANNER_VERSION
-from planner_service.bounds import LowerBound, best_bound
+from planner_service.bounds import OPTIMAL_GAP, LowerBound, best_bound, proven_within
 from planner_service.codec import seal_plan
 from planner_service.cpsat import ProgressCallback, solve_cpsat
 from planner_service.infeasibility import explain
@@ -25,6 +25,7 @@ from planner_service.types import (
     Infeasibility,
     ParameterSharding,
     Perf,
+    PlanOptions,
     PlanRequest,
     RankStats,
     Shard,
@@ -35,7 +36,6 @@ from planner_service.types import (
 )
 from planner_service.warm_start import prepare, warm_start
 
-OPTIMAL_GAP = 1e-4  # within the cost resolution of its proven bound: reported optimal
 MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
 PERF_FIELDS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch", "input_dist")
 
@@ -72,28 +72,30 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
     candidates = [warm] if warm is not None else []
     proven_infeasible = False
     options = request.options
-    if warm_objective is not None and _worth_searching(
-        warm_objective, bounds, options.time_limit_s
-    ):
+    if warm_objective is not None and _worth_searching(warm_objective, bounds, options):
         report("packing bound", warm_objective, best_bound(bounds).value)
         packing = packing_bound(
             problem, groups, warm_objective, time_limit_s=options.time_limit_s, seed=options.seed
         )
         if packing is not None:
             bounds.append(packing)
-    if _worth_searching(warm_objective, bounds, options.time_limit_s):
+    if _worth_searching(warm_objective, bounds, options):
         result = solve_cpsat(
             problem,
             groups,
             warm,
             time_limit_s=options.time_limit_s,
             seed=options.seed,
+            lower_bound=best_bound(bounds).value,
+            gap_limit=options.gap_limit,
             on_progress=report,
         )
         details.update(
             cpsat_status=result.status,
             cpsat_exact=result.exact,
             cpsat_variables=result.num_variables,
+            cpsat_runs=result.runs,
+            cpsat_deterministic_s=result.deterministic_time_s,
             cpsat_wall_s=result.wall_time_s,
         )
         if result.bound is not None:
@@ -111,13 +113,13 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
 
 
 def _worth_searching(
-    warm_objective: float | None, bounds: list[LowerBound], time_limit_s: float
+    warm_objective: float | None, bounds: list[LowerBound], options: PlanOptions
 ) -> bool:
-    if time_limit_s < MIN_CPSAT_TIME_S:
+    if options.time_limit_s < MIN_CPSAT_TIME_S:
         return False
     if warm_objective is None:
         return True
-    return gap(warm_objective, best_bound(bounds).value) > OPTIMAL_GAP
+    return not proven_within(warm_objective, best_bound(bounds).value, options.gap_limit)
 
 
 def _best(problem: Problem, candidates: list[list[Choice]]) -> tuple[list[Choice], Loads]:

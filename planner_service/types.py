@@ -354,9 +354,14 @@ _NO_CONSTRAINTS = ParameterConstraints()
 
 class PlanOptions(_Value):
     """How to solve: time budget, random seed, objective, and the cost model that prices
-    shards (``shardplan``, or ``torchrec-1.8`` to judge plans on TorchRec's own terms)."""
+    shards (``shardplan``, or ``torchrec-1.8`` to judge plans on TorchRec's own terms).
+
+    ``gap_limit``: stop searching once the plan is proven within this relative gap of the
+    optimum (0.02: at most 2% slower than the best plan there is). 0 searches until the
+    plan is proven optimal or ``time_limit_s`` is spent."""
 
     time_limit_s: PositiveFloat = DEFAULT_TIME_LIMIT_S
+    gap_limit: Fraction = 0.0
     seed: NonNegativeInt = 0
     objective: Objective = Objective.MAX_RANK_COST
     cost_model: CostModel = CostModel.SHARDPLAN

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from planner_service import cpsat
 from planner_service.bounds import lp_bound, simple_bounds
 from planner_service.enumerator import (
     DeviceClasses,
@@ -22,6 +23,7 @@ from planner_service.problem import Choice, Problem, loads_of, without_equivalen
 from planner_service.solver import solve
 from planner_service.types import (
     InfeasibilityCode,
+    PlanRequest,
     ShardingType,
     SolverStatus,
 )
@@ -459,8 +461,6 @@ def _plan_from(problem, choices, req):
 
 def test_cpsat_alone_honours_colocate_separate_and_pins():
     """CP-SAT with no warm start must find a plan that satisfies the link constraints."""
-    from planner_service.cpsat import solve_cpsat
-
     req = request(
         [table("a", dim=256), table("b"), table("c"), table("d"), table("e")],
         world_size=4,
@@ -472,7 +472,7 @@ def test_cpsat_alone_honours_colocate_separate_and_pins():
         },
     )
     problem, groups = _problem(req)
-    result = solve_cpsat(problem, groups, None, time_limit_s=2, seed=0)
+    result = cpsat.solve_cpsat(problem, groups, None, time_limit_s=2, seed=0)
     assert result.choices is not None and result.exact
     plan = _plan_from(problem, result.choices, req)
     violations = [v for v in validate_plan(req, plan) if v.code.value != "solver_report"]
@@ -482,7 +482,6 @@ def test_cpsat_alone_honours_colocate_separate_and_pins():
 def test_restricted_model_improves_the_warm_start_without_claiming_a_bound(monkeypatch):
     """Past MAX_PLACEMENT_VARS the model is a neighbourhood of the warm start: its answer is
     valid and no worse, but its bound is not reported as a proof."""
-    import planner_service.cpsat as cpsat
     from planner_service.heuristic import greedy_plan
 
     monkeypatch.setattr(cpsat, "MAX_PLACEMENT_VARS", 10)
@@ -498,10 +497,10 @@ def test_restricted_model_improves_the_warm_start_without_claiming_a_bound(monke
     assert [v for v in validate_plan(req, plan) if v.code.value != "solver_report"] == []
 
 
-def test_warm_start_swaps_out_of_the_lpt_trap(monkeypatch):
+def _lpt_trap(**options) -> tuple[PlanRequest, float]:
     """Two ranks, whole tables costing 3, 3, 2, 2, 2 units: LPT stops at 7, and no single
-    move helps; swapping a 3 with a 2 reaches the optimum 6."""
-    import planner_service.heuristic as heuristic
+    move helps; swapping a 3 with a 2 reaches the optimum 6. Returns the request and the
+    cost of a "2" table (a "3" costs 1.5 of them)."""
 
     def tw_cost(factor: float) -> float:
         req = request([table("t", dim=128, pooling_factors=[factor])], world_size=2)
@@ -517,13 +516,84 @@ def test_warm_start_swaps_out_of_the_lpt_trap(monkeypatch):
     only_tw = {
         t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
     }
-    req = request(
-        tables, world_size=2, constraints={"tables": only_tw}, options={"time_limit_s": 0.01}
-    )
-    unit = base + slope * two  # what a "2" table costs; a "3" costs 1.5 units
+    req = request(tables, world_size=2, constraints={"tables": only_tw}, options=options)
+    return req, base + slope * two
+
+
+def test_warm_start_swaps_out_of_the_lpt_trap(monkeypatch):
+    import planner_service.heuristic as heuristic
+
+    req, unit = _lpt_trap(time_limit_s=0.01)
     with_swaps = solve(req).plan.solver.objective
     assert with_swaps == pytest.approx(3 * unit, rel=1e-4)  # {3, 3} and {2, 2, 2}
 
     monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
     without = solve(req).plan.solver.objective
     assert without == pytest.approx(3.5 * unit, rel=1e-4)  # LPT: {3, 2, 2} and {3, 2}
+
+
+def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
+    """Without swaps the warm start is 3.5 units against a bound of 3 (work / world size),
+    a gap of 1/7: a 20% limit accepts it without searching; a 10% limit searches on to the
+    optimum."""
+    import planner_service.heuristic as heuristic
+
+    monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
+    req, unit = _lpt_trap(time_limit_s=5, gap_limit=0.2)
+    outcome = solve(req)
+    report = outcome.plan.solver
+    assert report.objective == pytest.approx(3.5 * unit, rel=1e-4)
+    assert report.status is SolverStatus.FEASIBLE and report.gap == pytest.approx(1 / 7, rel=1e-3)
+    assert "cpsat_status" not in outcome.details
+
+    req, unit = _lpt_trap(time_limit_s=5, gap_limit=0.1)
+    report = _solved(req).solver
+    assert report.objective == pytest.approx(3 * unit, rel=1e-4)
+    assert report.status is SolverStatus.OPTIMAL
+
+
+# The NVIDIA synthetic "tiny" model's 55 tables (../shared/data/, rows, dim, lookups per
+# sample, how many tables): on 8 ranks its optimum is set by how whole tables pack, which
+# only the packing bound proves.
+TINY_SHAPES = [
+    (1_000_000, 16, 1, 19),
+    (10, 8, 1, 16),
+    (1000, 8, 1, 10),
+    (10_000, 8, 1, 4),
+    (100_000, 16, 1, 2),
+    (10_000, 8, 11, 1),
+    (1_000_000, 16, 11, 1),
+    (25_000_000, 16, 11, 1),
+    (25_000_000, 16, 1, 1),
+]
+
+
+def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
+    """CP-SAT alone cannot prove this plan optimal: without the packing bound it spends its
+    whole budget (12 deterministic seconds here). Short first runs stop after the run that
+    reaches the bound; the bound as the makespan's floor stops even a single run."""
+    tables = [
+        table(f"t{i}", rows=rows, dim=dim, pooling_factors=[float(lookups)])
+        for i, (rows, dim, lookups) in enumerate(
+            (rows, dim, lookups) for rows, dim, lookups, n in TINY_SHAPES for _ in range(n)
+        )
+    ]
+    req = request(
+        tables,
+        world_size=8,
+        topology={"hbm_bytes": 80 * GIB},
+        options={"cost_model": "torchrec-1.8", "time_limit_s": 60},
+    )
+    outcome = solve(req)
+    report = outcome.plan.solver
+    assert report.status is SolverStatus.OPTIMAL and report.lower_bound_source == "packing"
+    assert outcome.details["warm_start_objective"] > report.objective  # CP-SAT improved it
+    budget = cpsat.SEARCH_SHARE * 60
+    assert outcome.details["cpsat_runs"] <= len(cpsat.PROBE_SHARES)
+    assert outcome.details["cpsat_deterministic_s"] < 0.15 * budget
+
+    monkeypatch.setattr(cpsat, "PROBE_SHARES", ())
+    outcome = solve(req)
+    assert outcome.plan.solver.status is SolverStatus.OPTIMAL
+    assert outcome.details["cpsat_runs"] == 1
+    assert outcome.details["cpsat_deterministic_s"] < 0.5 * budget

@@ -153,6 +153,14 @@ def test_enums_inside_strings_outside():
             _doc(constraints={"hbm_headroom_fraction": 1.5}),
             "constraints.hbm_headroom_fraction = 1.5: Input should be less than 1",
         ),
+        (
+            _doc(options={"gap_limit": 1.0}),
+            "options.gap_limit = 1.0: Input should be less than 1",
+        ),
+        (
+            _doc(options={"gap_limit": -0.01}),
+            "options.gap_limit = -0.01: Input should be greater than or equal to 0",
+        ),
     ],
 )
 def test_bad_input_names_field_value_and_fix(document, expected):
