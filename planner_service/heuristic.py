@@ -349,15 +349,18 @@ def improve(problem: Problem, choices: list[Choice]) -> list[Choice]:
     """Local search on the most loaded rank. Re-insertion: take each table with a shard
     there, remove it, and put it back with its best option and placement (as the greedy
     would, against the current max as target). Swap: exchange a whole single-shard table
-    there with a cheaper one elsewhere. A move is kept if the max drops, or stays and fewer
-    ranks sit at it. Deterministic; stops at a local optimum or after
+    there with a cheaper one elsewhere. Repartition: re-split the whole single-shard tables
+    of that rank and another between the two. A move is kept if the max drops, or stays and
+    fewer ranks sit at it. Deterministic; stops at a local optimum or after
     ``MAX_IMPROVEMENT_ROUNDS`` moves."""
     current = list(choices)
     loads = loads_of(problem, current)
     groups = _GroupIndex(problem)
     for _ in range(MAX_IMPROVEMENT_ROUNDS):
-        moved = _improve_once(problem, groups, current, loads) or _swap_once(
-            problem, groups, current, loads
+        moved = (
+            _improve_once(problem, groups, current, loads)
+            or _swap_once(problem, groups, current, loads)
+            or _repartition_once(problem, groups, current, loads)
         )
         if moved is None:
             break
@@ -373,13 +376,7 @@ def _swap_once(
     candidate pair is checked in O(1); loads are updated incrementally."""
     peak = loads.objective
     bottleneck = int(np.argmax(loads.perf))
-    linked = set(groups.colocate) | set(groups.separate)
-    everywhere = set(range(problem.world_size))
-    singles = [
-        t
-        for t, c in enumerate(choices)
-        if len(c.ranks) == 1 and t not in linked and set(problem.allowed[t]) == everywhere
-    ]
+    singles = _movable_singles(problem, groups, choices)
     here = [t for t in singles if choices[t].ranks[0] == bottleneck]
     elsewhere = [t for t in singles if choices[t].ranks[0] != bottleneck]
     here.sort(key=lambda t: (-_single_cost(problem, t, choices[t], bottleneck), t))
@@ -424,6 +421,73 @@ def _swap_once(
                 trial[a] = Choice(choices[a].option, (other,))
                 trial[b] = Choice(choices[b].option, (bottleneck,))
                 return trial, new
+    return None
+
+
+MAX_REPARTITION_ITEMS = 12  # 2^12 splits of two ranks' whole tables, checked at once
+
+
+def _movable_singles(problem: Problem, groups: _GroupIndex, choices: list[Choice]) -> list[int]:
+    """Single-shard tables that may go to any rank (not pinned, not in a link group)."""
+    linked = set(groups.colocate) | set(groups.separate)
+    everywhere = set(range(problem.world_size))
+    return [
+        t
+        for t, c in enumerate(choices)
+        if len(c.ranks) == 1 and t not in linked and set(problem.allowed[t]) == everywhere
+    ]
+
+
+def _repartition_once(
+    problem: Problem, groups: _GroupIndex, choices: list[Choice], loads: Loads
+) -> tuple[list[Choice], Loads] | None:
+    """Re-split the whole single-shard tables of the most loaded rank and one other rank
+    between the two, trying every split (when they hold at most ``MAX_REPARTITION_ITEMS``):
+    the best split that leaves both ranks below the current max and within memory is kept.
+    Subsumes swaps of several tables at once, which single swaps cannot chain."""
+    peak = loads.objective
+    bottleneck = int(np.argmax(loads.perf))
+    singles = _movable_singles(problem, groups, choices)
+    by_rank: dict[int, list[int]] = {}
+    for t in singles:
+        by_rank.setdefault(choices[t].ranks[0], []).append(t)
+    here = by_rank.get(bottleneck, [])
+    if not here:
+        return None
+    others = sorted(
+        (r for r in range(problem.world_size) if r != bottleneck), key=lambda r: (loads.perf[r], r)
+    )
+    for other in others:
+        items = here + by_rank.get(other, [])
+        if len(items) > MAX_REPARTITION_ITEMS:
+            continue
+        ranks = (bottleneck, other)
+        cost = np.array([[_single_cost(problem, t, choices[t], r) for t in items] for r in ranks])
+        shard = [problem.costs(problem.tables[t].options[choices[t].option]) for t in items]
+        hbm = np.array([int(c.hbm[0]) for c in shard], dtype=np.int64)
+        ddr = np.array([int(c.ddr[0]) for c in shard], dtype=np.int64)
+        now = np.array([[choices[t].ranks[0] == r for t in items] for r in ranks])
+        masks = (np.arange(1 << len(items))[:, None] >> np.arange(len(items))) & 1
+        on = [masks, 1 - masks]  # on[0]: items on the bottleneck, on[1]: on the other rank
+        perf, fits = [], np.ones(len(masks), dtype=bool)
+        for side, rank in enumerate(ranks):
+            base = loads.perf[rank] - cost[side] @ now[side]
+            perf.append(base + on[side] @ cost[side])
+            fits &= loads.hbm[rank] - hbm @ now[side] + on[side] @ hbm <= problem.hbm_cap[rank]
+            fits &= loads.ddr[rank] - ddr @ now[side] + on[side] @ ddr <= problem.ddr_cap[rank]
+        worst = np.where(fits, np.maximum(perf[0], perf[1]), np.inf)
+        best = int(np.argmin(worst))
+        if not worst[best] < peak * (1 - 1e-12):
+            continue
+        trial = list(choices)
+        new_perf, new_hbm, new_ddr = loads.perf.copy(), loads.hbm.copy(), loads.ddr.copy()
+        for side, rank in enumerate(ranks):
+            new_perf[rank] = perf[side][best]
+            new_hbm[rank] += int(on[side][best] @ hbm - now[side] @ hbm)
+            new_ddr[rank] += int(on[side][best] @ ddr - now[side] @ ddr)
+        for i, t in enumerate(items):
+            trial[t] = Choice(choices[t].option, (ranks[0] if masks[best, i] else ranks[1],))
+        return trial, Loads(new_perf, new_hbm, new_ddr)
     return None
 
 

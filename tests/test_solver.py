@@ -520,25 +520,32 @@ def _lpt_trap(**options) -> tuple[PlanRequest, float]:
     return req, base + slope * two
 
 
-def test_warm_start_swaps_out_of_the_lpt_trap(monkeypatch):
+@pytest.mark.parametrize("kept", ["_swap_once", "_repartition_once"])
+def test_warm_start_moves_out_of_the_lpt_trap(monkeypatch, kept):
+    """Swaps and two-rank repartitions each get out of the trap alone; without both the
+    warm start stays in it."""
     import planner_service.heuristic as heuristic
 
     req, unit = _lpt_trap(time_limit_s=0.01)
-    with_swaps = solve(req).plan.solver.objective
-    assert with_swaps == pytest.approx(3 * unit, rel=1e-4)  # {3, 3} and {2, 2, 2}
+    assert solve(req).plan.solver.objective == pytest.approx(3 * unit, rel=1e-4)  # {3,3} {2,2,2}
 
-    monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
+    other = {"_swap_once", "_repartition_once"} - {kept}
+    monkeypatch.setattr(heuristic, other.pop(), lambda *args: None)
+    assert solve(req).plan.solver.objective == pytest.approx(3 * unit, rel=1e-4)
+
+    monkeypatch.setattr(heuristic, kept, lambda *args: None)
     without = solve(req).plan.solver.objective
     assert without == pytest.approx(3.5 * unit, rel=1e-4)  # LPT: {3, 2, 2} and {3, 2}
 
 
 def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
-    """Without swaps the warm start is 3.5 units against a bound of 3 (work / world size),
-    a gap of 1/7: a 20% limit accepts it without searching; a 10% limit searches on to the
-    optimum."""
+    """Without swaps and repartitions the warm start is 3.5 units against a bound of 3
+    (work / world size), a gap of 1/7: a 20% limit accepts it without searching; a 10%
+    limit searches on to the optimum."""
     import planner_service.heuristic as heuristic
 
     monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
+    monkeypatch.setattr(heuristic, "_repartition_once", lambda *args: None)
     req, unit = _lpt_trap(time_limit_s=5, gap_limit=0.2)
     outcome = solve(req)
     report = outcome.plan.solver
