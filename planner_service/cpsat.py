@@ -398,9 +398,7 @@ def solve_cpsat(
     built.model.minimize(makespan * HBM_STEPS + peak)
     callback = _Progress(makespan, scale, on_progress) if on_progress else None
     budget = time_limit_s * SEARCH_SHARE
-    probes = (
-        hint is not None and gap(loads_of(problem, hint).objective, lower_bound) <= PROBE_WITHIN
-    )
+    probes = hint is not None and gap(reference, lower_bound) <= PROBE_WITHIN  # hint's makespan
     shares = [*PROBE_SHARES, 1.0 - sum(PROBE_SHARES)] if probes else [1.0]
     best: list[Choice] | None = None
     best_key = (math.inf, math.inf)
