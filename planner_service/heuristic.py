@@ -449,11 +449,16 @@ def _repartition_once(
     bottleneck = int(np.argmax(loads.perf))
     singles = _movable_singles(problem, groups, choices)
     by_rank: dict[int, list[int]] = {}
-    for t in singles:
-        by_rank.setdefault(choices[t].ranks[0], []).append(t)
+    for i, t in enumerate(singles):
+        by_rank.setdefault(choices[t].ranks[0], []).append(i)
     here = by_rank.get(bottleneck, [])
     if not here:
         return None
+    # Per single-shard table, once: its cost on each device class, its HBM and DDR bytes.
+    costs = [problem.costs(problem.tables[t].options[choices[t].option]) for t in singles]
+    cost = np.array([c.cost[0] for c in costs])
+    hbm = np.array([int(c.hbm[0]) for c in costs], dtype=np.int64)
+    ddr = np.array([int(c.ddr[0]) for c in costs], dtype=np.int64)
     others = sorted(
         (r for r in range(problem.world_size) if r != bottleneck), key=lambda r: (loads.perf[r], r)
     )
@@ -462,19 +467,17 @@ def _repartition_once(
         if len(items) > MAX_REPARTITION_ITEMS:
             continue
         ranks = (bottleneck, other)
-        cost = np.array([[_single_cost(problem, t, choices[t], r) for t in items] for r in ranks])
-        shard = [problem.costs(problem.tables[t].options[choices[t].option]) for t in items]
-        hbm = np.array([int(c.hbm[0]) for c in shard], dtype=np.int64)
-        ddr = np.array([int(c.ddr[0]) for c in shard], dtype=np.int64)
-        now = np.array([[choices[t].ranks[0] == r for t in items] for r in ranks])
         masks = (np.arange(1 << len(items))[:, None] >> np.arange(len(items))) & 1
-        on = [masks, 1 - masks]  # on[0]: items on the bottleneck, on[1]: on the other rank
+        on = (masks, 1 - masks)  # split by split: the items on the bottleneck, on the other
+        current = (np.arange(len(items)) < len(here)).astype(np.int64)  # ``here`` come first
+        now = (current, 1 - current)
         perf, fits = [], np.ones(len(masks), dtype=bool)
         for side, rank in enumerate(ranks):
-            base = loads.perf[rank] - cost[side] @ now[side]
-            perf.append(base + on[side] @ cost[side])
-            fits &= loads.hbm[rank] - hbm @ now[side] + on[side] @ hbm <= problem.hbm_cap[rank]
-            fits &= loads.ddr[rank] - ddr @ now[side] + on[side] @ ddr <= problem.ddr_cap[rank]
+            c = cost[items, problem.class_of_rank[rank]]
+            h, d = hbm[items], ddr[items]
+            perf.append(loads.perf[rank] - c @ now[side] + on[side] @ c)
+            fits &= loads.hbm[rank] - h @ now[side] + on[side] @ h <= problem.hbm_cap[rank]
+            fits &= loads.ddr[rank] - d @ now[side] + on[side] @ d <= problem.ddr_cap[rank]
         worst = np.where(fits, np.maximum(perf[0], perf[1]), np.inf)
         best = int(np.argmin(worst))
         if not worst[best] < peak * (1 - 1e-12):
@@ -483,9 +486,10 @@ def _repartition_once(
         new_perf, new_hbm, new_ddr = loads.perf.copy(), loads.hbm.copy(), loads.ddr.copy()
         for side, rank in enumerate(ranks):
             new_perf[rank] = perf[side][best]
-            new_hbm[rank] += int(on[side][best] @ hbm - now[side] @ hbm)
-            new_ddr[rank] += int(on[side][best] @ ddr - now[side] @ ddr)
-        for i, t in enumerate(items):
+            new_hbm[rank] += int((on[side][best] - now[side]) @ hbm[items])
+            new_ddr[rank] += int((on[side][best] - now[side]) @ ddr[items])
+        for i, item in enumerate(items):
+            t = singles[item]
             trial[t] = Choice(choices[t].option, (ranks[0] if masks[best, i] else ranks[1],))
         return trial, Loads(new_perf, new_hbm, new_ddr)
     return None
