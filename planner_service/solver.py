@@ -72,19 +72,37 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
     candidates = [warm] if warm is not None else []
     proven_infeasible = False
     options = request.options
-    if warm_objective is not None and _worth_searching(warm_objective, bounds, options):
+    search_time_s = options.time_limit_s
+    if warm is not None and _worth_searching(warm_objective, bounds, options):
+        assert warm_objective is not None
         report("packing bound", warm_objective, best_bound(bounds).value)
         packing = packing_bound(
-            problem, groups, warm_objective, time_limit_s=options.time_limit_s, seed=options.seed
+            problem,
+            groups,
+            warm_objective,
+            time_limit_s=options.time_limit_s,
+            seed=options.seed,
+            hint=warm,
         )
         if packing is not None:
-            bounds.append(packing)
-    if _worth_searching(warm_objective, bounds, options):
+            if packing.bound is not None:
+                bounds.append(packing.bound)
+            if packing.plan is not None:
+                candidates.append(packing.plan)
+                details["packing_objective"] = loads_of(problem, packing.plan).objective
+            details["packing_deterministic_s"] = packing.deterministic_time_s
+            # The search gets its share of what the relaxation left of the time limit.
+            search_time_s = max(0.0, options.time_limit_s - packing.deterministic_time_s)
+    hint, best_objective = None, None
+    if candidates:
+        hint, hint_loads = _best(problem, candidates)
+        best_objective = hint_loads.objective
+    if _worth_searching(best_objective, bounds, options):
         result = solve_cpsat(
             problem,
             groups,
-            warm,
-            time_limit_s=options.time_limit_s,
+            hint,
+            time_limit_s=search_time_s,
             seed=options.seed,
             lower_bound=best_bound(bounds).value,
             gap_limit=options.gap_limit,

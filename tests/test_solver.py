@@ -228,10 +228,11 @@ def test_packing_bound_sees_whole_tables_that_the_lp_spreads():
     spread = simple_bounds(problem) + [lp_bound(problem, groups).bound]
     assert max(b.value for b in spread) < 0.9 * optimum
 
-    bound = packing_bound(problem, groups, optimum, time_limit_s=1, seed=0)
-    assert bound is not None and bound.source == "packing"
-    assert bound.value <= optimum
-    assert bound.value == pytest.approx(2 * whole + row_shards.min(), rel=1e-6)
+    packing = packing_bound(problem, groups, optimum, time_limit_s=1, seed=0)
+    assert packing is not None and packing.bound is not None
+    assert packing.bound.source == "packing"
+    assert packing.bound.value <= optimum
+    assert packing.bound.value == pytest.approx(2 * whole + row_shards.min(), rel=1e-6)
 
 
 def test_packing_bound_on_mixed_ranks_stays_below_the_optimum():
@@ -250,8 +251,85 @@ def test_packing_bound_on_mixed_ranks_stays_below_the_optimum():
     )
     optimum = _brute_force_optimum(req)
     problem, groups = _problem(req)
-    bound = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
-    assert bound is not None and bound.value <= optimum
+    packing = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    assert packing is not None and packing.bound is not None
+    assert packing.bound.value <= optimum
+
+
+def _table_wise_costing(units: list[float], rows: list[int]) -> list[dict]:
+    """Tables whose table-wise shard costs ``units[i]`` times a reference table's (the
+    cost grows linearly with the pooling factor and does not depend on rows)."""
+
+    def cost(factor: float) -> float:
+        req = request([table("t", dim=128, pooling_factors=[factor])], world_size=2)
+        return enumerate_options(req)[0].options[0].shards[0].perf[0].total
+
+    slope = cost(11.0) - cost(10.0)
+    base = cost(10.0) - 10 * slope
+    unit = cost(10.0)
+    return [
+        table(f"t{i}", rows=r, dim=128, pooling_factors=[(u * unit - base) / slope])
+        for i, (u, r) in enumerate(zip(units, rows, strict=True))
+    ]
+
+
+def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
+    """Tables of 1, 1, 1.5 and 0.5 units on two ranks pair best as {1, 1} and {1.5, 0.5},
+    but the two 1-unit tables each fill most of a rank's HBM. Items carry their memory in
+    the relaxation, so its bound is the true optimum (2.5), not 2, and its plan fits."""
+    tables = _table_wise_costing([1, 1, 1.5, 0.5], [10**7, 10**7, 100, 100])
+    only_tw = {
+        t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
+    }
+    req = request(
+        tables,
+        world_size=2,
+        topology={"hbm_bytes": 10 * GIB},
+        constraints={"tables": only_tw},
+    )
+    problem, groups = _problem(req)
+    unit = problem.costs(problem.tables[0].options[0]).work
+    big = int(problem.costs(problem.tables[0].options[0]).hbm[0])
+    assert big < problem.hbm_cap[0] < 2 * big
+    optimum = _brute_force_optimum(req)
+    assert optimum == pytest.approx(2.5 * unit, rel=1e-6)
+
+    packing = packing_bound(problem, groups, 3 * unit, time_limit_s=1, seed=0)
+    assert packing is not None and packing.bound is not None and packing.plan is not None
+    assert packing.bound.value == pytest.approx(optimum, rel=1e-6)
+    assert packing.bound.value <= optimum
+    loads = loads_of(problem, packing.plan)
+    assert loads.fits(problem) and loads.objective == pytest.approx(optimum, rel=1e-12)
+
+    import planner_service.packing_bound as module
+
+    # Blind to memory, every item weighing nothing, the relaxation pairs the big two.
+    monkeypatch.setattr(module._MemoryUnits, "weight", staticmethod(lambda size, capacity: 0))
+    blind = packing_bound(problem, groups, 3 * unit, time_limit_s=1, seed=0)
+    assert blind is not None and blind.bound is not None
+    assert blind.bound.value == pytest.approx(2 * unit, rel=1e-6)
+    assert blind.plan is None  # {1, 1} on one rank overflows its HBM
+
+
+@given(
+    st.integers(1, 10**12).flatmap(
+        lambda capacity: st.tuples(
+            st.just(capacity), st.lists(st.integers(0, capacity), min_size=1, max_size=12)
+        )
+    )
+)
+def test_items_that_fit_a_rank_weigh_at_most_its_memory_units(case):
+    """The relaxation's memory weights never exclude a rank's real contents, and two items
+    over half a rank always exceed it."""
+    from planner_service.packing_bound import MEMORY_UNITS, _MemoryUnits
+
+    capacity, sizes = case
+    weights = [_MemoryUnits.weight(size, capacity) for size in sizes]
+    if sum(sizes) <= capacity:
+        assert sum(weights) <= MEMORY_UNITS
+    over_half = [w for size, w in zip(sizes, weights, strict=True) if 2 * size > capacity]
+    if len(over_half) >= 2:
+        assert sum(over_half) > MEMORY_UNITS
 
 
 @st.composite
@@ -284,8 +362,15 @@ def test_packing_bound_never_exceeds_the_true_optimum(req):
     optimum = _brute_force_optimum(req, most=20_000)
     assume(math.isfinite(optimum))
     problem, groups = _problem(req)
-    bound = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
-    assert bound is None or bound.value <= optimum * (1 + 1e-12)
+    packing = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    if packing is None:
+        return
+    assert packing.bound is None or packing.bound.value <= optimum * (1 + 1e-12)
+    if packing.plan is not None:  # the relaxation's solution, mapped back onto ranks
+        loads = loads_of(problem, packing.plan)
+        assert loads.fits(problem)
+        assert loads.objective >= optimum * (1 - 1e-12)
+        assert validate_plan(req, _plan_from(problem, packing.plan, req)) == []
 
 
 # --------------------------------------------------------------------------- constraints
@@ -575,27 +660,46 @@ TINY_SHAPES = [
 ]
 
 
-def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
-    """CP-SAT alone cannot prove this plan optimal: without the packing bound it spends its
-    whole budget (12 deterministic seconds here). Short first runs stop after the run that
-    reaches the bound; the bound as the makespan's floor stops even a single run."""
+def _tiny_model_on_8_ranks(time_limit_s: float) -> PlanRequest:
     tables = [
         table(f"t{i}", rows=rows, dim=dim, pooling_factors=[float(lookups)])
         for i, (rows, dim, lookups) in enumerate(
             (rows, dim, lookups) for rows, dim, lookups, n in TINY_SHAPES for _ in range(n)
         )
     ]
-    req = request(
+    return request(
         tables,
         world_size=8,
         topology={"hbm_bytes": 80 * GIB},
-        options={"cost_model": "torchrec-1.8", "time_limit_s": 60},
+        options={"cost_model": "torchrec-1.8", "time_limit_s": time_limit_s},
     )
+
+
+def test_the_packing_relaxation_solves_the_tiny_model_outright():
+    """The relaxation, started from the warm start, reaches its optimum; mapped back onto
+    ranks that is a plan of the same cost, so the bound proves it and CP-SAT never runs."""
+    outcome = solve(_tiny_model_on_8_ranks(60))
+    report = outcome.plan.solver
+    assert report.status is SolverStatus.OPTIMAL and report.lower_bound_source == "packing"
+    assert outcome.details["warm_start_objective"] > report.objective
+    assert outcome.details["packing_objective"] == report.objective
+    assert "cpsat_runs" not in outcome.details
+
+
+def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
+    """With the relaxation's plan withheld, CP-SAT must find the optimum, and alone it
+    cannot prove it: without the packing bound it spends its whole budget (12 deterministic
+    seconds here). Short first runs stop after the run that reaches the bound; the bound as
+    the makespan's floor stops even a single run."""
+    import planner_service.packing_bound as packing
+
+    monkeypatch.setattr(packing._RelaxedModel, "decode", lambda self, solver: None)
+    req = _tiny_model_on_8_ranks(60)
     outcome = solve(req)
     report = outcome.plan.solver
     assert report.status is SolverStatus.OPTIMAL and report.lower_bound_source == "packing"
     assert outcome.details["warm_start_objective"] > report.objective  # CP-SAT improved it
-    budget = cpsat.SEARCH_SHARE * 60
+    budget = cpsat.SEARCH_SHARE * (60 - outcome.details["packing_deterministic_s"])
     assert outcome.details["cpsat_runs"] <= len(cpsat.PROBE_SHARES)
     assert outcome.details["cpsat_deterministic_s"] < 0.15 * budget
 
