@@ -1,4 +1,4 @@
-"""Plan a request end to end: enumerate -> fit -> bound -> warm start -> CP-SAT -> plan.
+"""Plan a request end to end: enumerate -> fit -> bound -> warm start -> packing -> CP-SAT -> plan.
 
 ``solve`` is the one entry point the CLI and the service call. It returns either a sealed
 ``ShardingPlan`` (which passes ``validate_plan``) or an ``Infeasibility`` explaining why no
