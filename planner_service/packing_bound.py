@@ -7,7 +7,7 @@ sizes). This module solves, with CP-SAT, a relaxation small and symmetric enough
 outright within a short budget:
 
 - pinned ranks and colocate/separate groups are dropped; memory is kept only as coarse
-  per-item weights (``_MemoryUnits``: a rank holds 16 units, a shard over half a rank
+  per-item weights (``_MemoryWeights``: a rank holds 16 units, a shard over half a rank
   weighs 9), enough to keep apart two tables that cannot share a rank;
 - every shard costs what it costs on its cheapest device class;
 - an option on every rank (row-wise, data-parallel) adds its cheapest shard to every rank;
@@ -59,7 +59,7 @@ PACKING_RUNS = (0.1, 0.1, 0.1)
 RESOLUTION = COST_RESOLUTION  # integer units per warm-start makespan, as in the main model
 MAX_CONFIG_VARS = 20_000  # pool x configuration counts; beyond this the bound is skipped
 PER_HOST_MAX_HOSTS = 4  # up to this many hosts, each host is its own pool
-MEMORY_UNITS = 16  # a rank's HBM (and DDR) in item weights, see _MemoryUnits (even)
+MEMORY_UNITS = 16  # a rank's HBM (and DDR) in item weights, see _MemoryWeights (even)
 
 
 _Expr = cp_model.LinearExpr | int
@@ -116,7 +116,7 @@ def packing_bound(
     if upper <= 0 or problem.num_hosts * problem.local_world_size != problem.world_size:
         return None
     scale = RESOLUTION / upper
-    memory = _MemoryUnits.of(problem)
+    memory = _MemoryWeights.of(problem)
     options = _options(problem, groups, upper, scale, memory)
     kinds = sorted({kind for o in options for kind in o.items if kind[0] > 0}, reverse=True)
     supply = [sum(groups[o.group].size * o.items.get(kind, 0) for o in options) for kind in kinds]
@@ -149,7 +149,8 @@ def packing_bound(
     model.finish()
     if hint is not None:
         model.add_hint(hint)
-    best, plan, proven, spent = math.inf, None, 0.0, 0.0
+    best: cp_model.CpSolver | None = None  # the run with the best solution
+    proven, spent = 0.0, 0.0
     for run, share in enumerate(PACKING_RUNS):
         solver = _solver(time_limit_s * share, seed + run)
         status = solver.solve(model.model)
@@ -157,14 +158,14 @@ def packing_bound(
         if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
             return None  # the warm start maps into the relaxation, so this cannot happen
         proven = max(proven, min(solver.best_objective_bound, RESOLUTION))
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and solver.objective_value < best:
-            best = solver.objective_value
-            plan = model.decode(solver)
+        found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        if found and (best is None or solver.objective_value < best.objective_value):
+            best = solver
             model.hint_solution(solver)
         if status == cp_model.OPTIMAL:
             break
     bound = LowerBound(proven / scale, "packing") if proven > 0 else None
-    return Packing(bound, plan, spent)
+    return Packing(bound, model.decode(best) if best is not None else None, spent)
 
 
 def _solver(budget: float, seed: int) -> cp_model.CpSolver:
@@ -181,7 +182,7 @@ def _solver(budget: float, seed: int) -> cp_model.CpSolver:
 
 
 @dataclass(frozen=True)
-class _MemoryUnits:
+class _MemoryWeights:
     """Item weights for memory: a rank holds ``MEMORY_UNITS``, and an item of ``b`` bytes
     weighs ``b * MEMORY_UNITS // C`` (``C`` the largest rank's capacity in that tier), or
     ``MEMORY_UNITS // 2 + 1`` if that is more and the item takes over half of ``C``.
@@ -195,7 +196,7 @@ class _MemoryUnits:
     ddr: int
 
     @classmethod
-    def of(cls, problem: Problem) -> _MemoryUnits:
+    def of(cls, problem: Problem) -> _MemoryWeights:
         return cls(int(problem.hbm_cap.max(initial=0)), int(problem.ddr_cap.max(initial=0)))
 
     @staticmethod
@@ -206,7 +207,7 @@ class _MemoryUnits:
         return max(weight, MEMORY_UNITS // 2 + 1) if 2 * size > capacity else weight
 
 
-def _item(costs: OptionCosts, shard: int, scale: float, memory: _MemoryUnits) -> _Item:
+def _item(costs: OptionCosts, shard: int, scale: float, memory: _MemoryWeights) -> _Item:
     return (
         _units(costs.min_cost[shard], scale),
         memory.weight(int(costs.hbm[shard]), memory.hbm),
@@ -215,7 +216,7 @@ def _item(costs: OptionCosts, shard: int, scale: float, memory: _MemoryUnits) ->
 
 
 def _options(
-    problem: Problem, groups: list[Group], upper: float, scale: float, memory: _MemoryUnits
+    problem: Problem, groups: list[Group], upper: float, scale: float, memory: _MemoryWeights
 ) -> list[_Option]:
     """Each group's options as the relaxation sees them; options with a shard over the upper
     bound cannot be in a plan at least as good, and are left out."""
@@ -280,7 +281,7 @@ class _RelaxedModel:
         kinds: list[_Item],
         configs: list[_Configuration],
         scale: float,
-        memory: _MemoryUnits,
+        memory: _MemoryWeights,
     ) -> None:
         self.problem = problem
         self.groups = groups
@@ -462,7 +463,8 @@ class _RelaxedModel:
             return None
         choices: list[Choice | None] = [None] * len(problem.tables)
         by_host_size: dict[int, list[tuple[int, int]]] = {}  # per-rank units -> (table, option)
-        items: list[tuple[int, int, int, int]] = []  # (table, option, shard, kind or -1)
+        # Free shards: (-HBM, -DDR, table, shard, option, kind index or -1 if too cheap to count)
+        items: list[tuple[int, int, int, int, int, int]] = []
         kind_index = {kind: i for i, kind in enumerate(self.kinds)}
         for g, group in enumerate(self.groups):
             members = iter(group.members)
@@ -480,8 +482,9 @@ class _RelaxedModel:
                         by_host_size.setdefault(per_host_rank, []).append((t, o))
                     else:
                         for shard in range(costs.num_shards):
-                            item = _item(costs, shard, self.scale, self.memory)
-                            items.append((t, o, shard, kind_index.get(item, -1)))
+                            kind = kind_index.get(_item(costs, shard, self.scale, self.memory), -1)
+                            hbm, ddr = int(costs.hbm[shard]), int(costs.ddr[shard])
+                            items.append((-hbm, -ddr, t, shard, o, kind))
         pool_hosts = self._decode_hosts(solver, by_host_size, choices)
         wanted = np.zeros((problem.world_size, len(self.kinds)), dtype=np.int64)
         for pool, slots in enumerate(self.slots):
@@ -489,37 +492,25 @@ class _RelaxedModel:
             for (_, counts), (var, _) in slots.items():
                 for rank in (next(ranks) for _ in range(int(solver.value(var)))):
                     wanted[rank] = counts
-        hbm = np.zeros(problem.world_size, dtype=np.int64)
-        ddr = np.zeros(problem.world_size, dtype=np.int64)
+        hbm_used = np.zeros(problem.world_size, dtype=np.int64)
         for t, choice in enumerate(choices):
             if choice is not None:
                 costs = problem.costs(problem.tables[t].options[choice.option])
-                np.add.at(hbm, list(choice.ranks), costs.hbm)
-                np.add.at(ddr, list(choice.ranks), costs.ddr)
-        shard_ranks: dict[int, list[int]] = {}
-
-        def heaviest_first(item: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-            t, o, shard, _ = item
-            costs = problem.costs(problem.tables[t].options[o])
-            return (-int(costs.hbm[shard]), -int(costs.ddr[shard]), t, shard)
-
-        for t, o, shard, kind in sorted(items, key=heaviest_first):
-            costs = problem.costs(problem.tables[t].options[o])
-            free = (problem.hbm_cap - hbm).astype(float)
+                np.add.at(hbm_used, list(choice.ranks), costs.hbm)
+        shard_ranks: dict[int, tuple[int, list[int]]] = {}  # table -> (option, shard ranks)
+        for minus_hbm, _, t, shard, o, kind in sorted(items):  # heaviest in HBM first
+            free = (problem.hbm_cap - hbm_used).astype(float)
             if kind >= 0:
                 free[wanted[:, kind] == 0] = -np.inf
             rank = int(np.argmax(free))
             if kind >= 0:
                 wanted[rank, kind] -= 1
-            hbm[rank] += costs.hbm[shard]
-            ddr[rank] += costs.ddr[shard]
-            shard_ranks.setdefault(t, [-1] * costs.num_shards)[shard] = rank
-            choices[t] = Choice(o, ())
-        plan = [
-            Choice(c.option, tuple(shard_ranks[t]) if t in shard_ranks else c.ranks)
-            for t, c in enumerate(choices)
-            if c is not None
-        ]
+            hbm_used[rank] -= minus_hbm
+            num_shards = problem.costs(problem.tables[t].options[o]).num_shards
+            shard_ranks.setdefault(t, (o, [-1] * num_shards))[1][shard] = rank
+        for t, (o, placed) in shard_ranks.items():
+            choices[t] = Choice(o, tuple(placed))
+        plan = [choice for choice in choices if choice is not None]
         if len(plan) != len(problem.tables) or not loads_of(problem, plan).fits(problem):
             return None
         return plan

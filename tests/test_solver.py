@@ -256,9 +256,10 @@ def test_packing_bound_on_mixed_ranks_stays_below_the_optimum():
     assert packing.bound.value <= optimum
 
 
-def _table_wise_costing(units: list[float], rows: list[int]) -> list[dict]:
+def _table_wise_costing(units: list[float], rows: list[int]) -> tuple[list[dict], float]:
     """Tables whose table-wise shard costs ``units[i]`` times a reference table's (the
-    cost grows linearly with the pooling factor and does not depend on rows)."""
+    cost grows linearly with the pooling factor and does not depend on rows), and the
+    reference cost."""
 
     def cost(factor: float) -> float:
         req = request([table("t", dim=128, pooling_factors=[factor])], world_size=2)
@@ -267,17 +268,18 @@ def _table_wise_costing(units: list[float], rows: list[int]) -> list[dict]:
     slope = cost(11.0) - cost(10.0)
     base = cost(10.0) - 10 * slope
     unit = cost(10.0)
-    return [
+    tables = [
         table(f"t{i}", rows=r, dim=128, pooling_factors=[(u * unit - base) / slope])
         for i, (u, r) in enumerate(zip(units, rows, strict=True))
     ]
+    return tables, unit
 
 
 def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
     """Tables of 1, 1, 1.5 and 0.5 units on two ranks pair best as {1, 1} and {1.5, 0.5},
     but the two 1-unit tables each fill most of a rank's HBM. Items carry their memory in
     the relaxation, so its bound is the true optimum (2.5), not 2, and its plan fits."""
-    tables = _table_wise_costing([1, 1, 1.5, 0.5], [10**7, 10**7, 100, 100])
+    tables, _ = _table_wise_costing([1, 1, 1.5, 0.5], [10**7, 10**7, 100, 100])
     only_tw = {
         t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
     }
@@ -304,7 +306,7 @@ def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
     import planner_service.packing_bound as module
 
     # Blind to memory, every item weighing nothing, the relaxation pairs the big two.
-    monkeypatch.setattr(module._MemoryUnits, "weight", staticmethod(lambda size, capacity: 0))
+    monkeypatch.setattr(module._MemoryWeights, "weight", staticmethod(lambda size, capacity: 0))
     blind = packing_bound(problem, groups, 3 * unit, time_limit_s=1, seed=0)
     assert blind is not None and blind.bound is not None
     assert blind.bound.value == pytest.approx(2 * unit, rel=1e-6)
@@ -321,10 +323,10 @@ def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
 def test_items_that_fit_a_rank_weigh_at_most_its_memory_units(case):
     """The relaxation's memory weights never exclude a rank's real contents, and two items
     over half a rank always exceed it."""
-    from planner_service.packing_bound import MEMORY_UNITS, _MemoryUnits
+    from planner_service.packing_bound import MEMORY_UNITS, _MemoryWeights
 
     capacity, sizes = case
-    weights = [_MemoryUnits.weight(size, capacity) for size in sizes]
+    weights = [_MemoryWeights.weight(size, capacity) for size in sizes]
     if sum(sizes) <= capacity:
         assert sum(weights) <= MEMORY_UNITS
     over_half = [w for size, w in zip(sizes, weights, strict=True) if 2 * size > capacity]
@@ -586,23 +588,12 @@ def _lpt_trap(**options) -> tuple[PlanRequest, float]:
     """Two ranks, whole tables costing 3, 3, 2, 2, 2 units: LPT stops at 7, and no single
     move helps; swapping a 3 with a 2 reaches the optimum 6. Returns the request and the
     cost of a "2" table (a "3" costs 1.5 of them)."""
-
-    def tw_cost(factor: float) -> float:
-        req = request([table("t", dim=128, pooling_factors=[factor])], world_size=2)
-        options = enumerate_options(req)[0].options
-        return options[0].shards[0].perf[0].total
-
-    slope = tw_cost(11.0) - tw_cost(10.0)
-    base = tw_cost(10.0) - 10 * slope
-    two = 10.0
-    three = (1.5 * (base + slope * two) - base) / slope
-    factors = [three, three, two, two, two]
-    tables = [table(f"t{i}", dim=128, pooling_factors=[f]) for i, f in enumerate(factors)]
+    tables, two = _table_wise_costing([1.5, 1.5, 1, 1, 1], [100] * 5)
     only_tw = {
         t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
     }
     req = request(tables, world_size=2, constraints={"tables": only_tw}, options=options)
-    return req, base + slope * two
+    return req, two
 
 
 @pytest.mark.parametrize("kept", ["_swap_once", "_repartition_once"])
