@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from ortools.linear_solver import pywraplp
 
 from planner_service.enumerator import Placement
@@ -70,58 +71,133 @@ def _round_preserving_sum(values: list[float]) -> list[int]:
     return floors
 
 
-def lp_bound(
-    problem: Problem, groups: list[Group], memory_fraction: float = 1.0
-) -> Relaxation | None:
+def lp_bound(problem: Problem, groups: list[Group]) -> Relaxation | None:
     """The relaxation's optimum, None if GLOP could not finish; raises RelaxationInfeasible
-    when the relaxation has no solution (then neither has the problem). With
-    ``memory_fraction`` < 1 the capacities shrink: no longer a bound, but an option mix
-    that leaves room for packing whole shards into ranks."""
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    if solver is None:  # pragma: no cover - GLOP ships with OR-Tools
-        return None
-    world = problem.world_size
-    makespan = solver.NumVar(0.0, solver.infinity(), "T")
-    work = solver.Constraint(-solver.infinity(), 0.0)
-    work.SetCoefficient(makespan, -float(world))
-    hbm_cap = problem.hbm_cap * memory_fraction
-    ddr_cap = problem.ddr_cap * memory_fraction
-    hbm_total = solver.Constraint(-solver.infinity(), float(hbm_cap.sum()))
-    ddr_total = solver.Constraint(-solver.infinity(), float(ddr_cap.sum()))
-    rank_perf = [solver.Constraint(-solver.infinity(), 0.0) for _ in range(world)]
-    rank_hbm = [solver.Constraint(-solver.infinity(), float(c)) for c in hbm_cap]
-    rank_ddr = [solver.Constraint(-solver.infinity(), float(c)) for c in ddr_cap]
-    for constraint in rank_perf:
-        constraint.SetCoefficient(makespan, -1.0)
-    variables: list[list[pywraplp.Variable]] = []
-    for g, group in enumerate(groups):
-        variables.append([])
-        choose = solver.Constraint(float(group.size), float(group.size))
-        largest = solver.Constraint(-solver.infinity(), 0.0)
-        largest.SetCoefficient(makespan, -float(group.size))
-        for o, option in enumerate(group.options):
-            costs = problem.costs(option)
-            x = solver.NumVar(0.0, float(group.size), f"x{g}_{o}")
-            variables[g].append(x)
-            choose.SetCoefficient(x, 1.0)
-            work.SetCoefficient(x, costs.work)
-            largest.SetCoefficient(x, costs.largest_shard)
-            hbm_total.SetCoefficient(x, float(costs.hbm.sum()))
-            ddr_total.SetCoefficient(x, float(costs.ddr.sum()))
-            if option.placement is Placement.FIXED and costs.fixed_cost is not None:
-                for r in range(world):
-                    rank_perf[r].SetCoefficient(x, float(costs.fixed_cost[r]))
-                    rank_hbm[r].SetCoefficient(x, float(costs.hbm[r]))
-                    rank_ddr[r].SetCoefficient(x, float(costs.ddr[r]))
-    solver.Minimize(makespan)
-    status = solver.Solve()
-    if status == pywraplp.Solver.INFEASIBLE:
-        raise RelaxationInfeasible
-    if status != pywraplp.Solver.OPTIMAL:
-        return None
-    value = float(makespan.solution_value())
-    counts = [[max(0.0, x.solution_value()) for x in row] for row in variables]
-    return Relaxation(LowerBound(max(0.0, value * (1 - LP_SAFETY)), "lp_relaxation"), counts)
+    when the relaxation has no solution (then neither has the problem)."""
+    return LinearRelaxation(problem, groups).solve()
+
+
+class LinearRelaxation:
+    """Options chosen fractionally (GLOP), built once and solvable at full memory (a bound)
+    or with capacities shrunk (``solve(memory_fraction)``: no longer a bound, but an option
+    mix that leaves room for packing whole shards into ranks). Its constraints:
+
+    - the makespan covers the average work, each group's largest shard, and every rank's
+      load from the options fixed on every rank;
+    - memory fits in total and on every rank (options fixed on every rank);
+    - every other shard sits on some rank on top of the *floor*, what every rank carries at
+      least of the options fixed on every rank (each option's least per-rank share, summed:
+      the least of a sum is at least the sum of the leasts); the floor plus the shard stays
+      within the makespan and the largest rank's memory. A group's mix averages over its
+      options, at most the worst option one of its tables really takes.
+
+    Memory is counted in units of the tier's largest rank, so no coefficient is far from 1.
+    Ranks whose capacity and fixed shares are the same share one constraint."""
+
+    def __init__(self, problem: Problem, groups: list[Group]) -> None:
+        self.solver = solver = pywraplp.Solver.CreateSolver("GLOP")
+        inf = solver.infinity()
+        self.makespan = makespan = solver.NumVar(0.0, inf, "T")
+        capacities = [problem.hbm_cap.astype(float), problem.ddr_cap.astype(float)]
+        units = [float(c.max(initial=0.0)) or 1.0 for c in capacities]
+        self.capacities = [c / unit for c, unit in zip(capacities, units, strict=True)]
+        fixed = [
+            (g, o, problem.costs(option))
+            for g, group in enumerate(groups)
+            for o, option in enumerate(group.options)
+            if option.placement is Placement.FIXED
+        ]
+        # Per rank, the shares of the fixed options: perf, then each memory tier in units.
+        shares = [
+            np.array([c.fixed_cost for _, _, c in fixed]).T.reshape(problem.world_size, -1),
+            *(
+                np.array([getattr(c, tier) / unit for _, _, c in fixed]).T.reshape(
+                    problem.world_size, -1
+                )
+                for tier, unit in zip(("hbm", "ddr"), units, strict=True)
+            ),
+        ]
+        # Constraint rows: [(constraint, row of shares)], and the memory rows' capacities.
+        self.memory_rows: list[list[tuple[pywraplp.Constraint, float]]] = [[], []]
+        rows: list[list[tuple[pywraplp.Constraint, np.ndarray]]] = [[], [], []]
+        _, first = np.unique(shares[0], axis=0, return_index=True)
+        for r in sorted(first):
+            row = solver.Constraint(-inf, 0.0)
+            row.SetCoefficient(makespan, -1.0)
+            rows[0].append((row, shares[0][r]))
+        for tier in (0, 1):
+            keyed = np.column_stack([self.capacities[tier], shares[tier + 1]])
+            _, first = np.unique(keyed, axis=0, return_index=True)
+            for r in sorted(first):
+                row = solver.Constraint(-inf, self.capacities[tier][r])
+                self.memory_rows[tier].append((row, self.capacities[tier][r]))
+                rows[tier + 1].append((row, shares[tier + 1][r]))
+        work = solver.Constraint(-inf, 0.0)
+        work.SetCoefficient(makespan, -float(problem.world_size))
+        totals = [solver.Constraint(-inf, float(c.sum())) for c in self.capacities]
+        self.total_rows = list(zip(totals, (float(c.sum()) for c in self.capacities), strict=True))
+        floors = [solver.NumVar(0.0, inf, f"F{i}") for i in range(3)]
+        floor_rows = [solver.Constraint(0.0, 0.0) for _ in floors]
+        for floor, definition in zip(floors, floor_rows, strict=True):
+            definition.SetCoefficient(floor, 1.0)
+        fixed_index = {(g, o): i for i, (g, o, _) in enumerate(fixed)}
+        self.variables: list[list[pywraplp.Variable]] = []
+        self.stacked_memory: list[tuple[pywraplp.Constraint, int, int]] = []
+        for g, group in enumerate(groups):
+            size = float(group.size)
+            choose = solver.Constraint(size, size)
+            largest = solver.Constraint(-inf, 0.0)
+            largest.SetCoefficient(makespan, -size)
+            stacked = solver.Constraint(-inf, 0.0)
+            stacked.SetCoefficient(makespan, -size)
+            stacked.SetCoefficient(floors[0], size)
+            stacked_memory = []
+            for tier in (0, 1):
+                row = solver.Constraint(-inf, size)
+                row.SetCoefficient(floors[tier + 1], size)
+                stacked_memory.append(row)
+                self.stacked_memory.append((row, tier, group.size))
+            self.variables.append([])
+            for o, option in enumerate(group.options):
+                costs = problem.costs(option)
+                x = solver.NumVar(0.0, size, f"x{g}_{o}")
+                self.variables[g].append(x)
+                choose.SetCoefficient(x, 1.0)
+                work.SetCoefficient(x, costs.work)
+                largest.SetCoefficient(x, costs.largest_shard)
+                memory = [costs.hbm / units[0], costs.ddr / units[1]]
+                for total, bytes_ in zip(totals, memory, strict=True):
+                    total.SetCoefficient(x, float(bytes_.sum()))
+                i = fixed_index.get((g, o))
+                if i is not None:
+                    for tier_rows in rows:
+                        for row, share in tier_rows:
+                            row.SetCoefficient(x, float(share[i]))
+                    for definition, tier_shares in zip(floor_rows, shares, strict=True):
+                        definition.SetCoefficient(x, -float(tier_shares[:, i].min()))
+                else:
+                    stacked.SetCoefficient(x, costs.largest_shard)
+                    for row, bytes_ in zip(stacked_memory, memory, strict=True):
+                        row.SetCoefficient(x, float(bytes_.max()))
+        solver.Minimize(makespan)
+
+    def solve(self, memory_fraction: float = 1.0) -> Relaxation | None:
+        for tier_rows in self.memory_rows:
+            for row, capacity in tier_rows:
+                row.SetUb(capacity * memory_fraction)
+        for row, capacity in self.total_rows:
+            row.SetUb(capacity * memory_fraction)
+        for row, tier, size in self.stacked_memory:
+            row.SetUb(float(self.capacities[tier].max(initial=0.0)) * memory_fraction * size)
+        status = self.solver.Solve()
+        if status == pywraplp.Solver.INFEASIBLE:
+            raise RelaxationInfeasible
+        if status != pywraplp.Solver.OPTIMAL:
+            return None
+        value = float(self.makespan.solution_value())
+        counts = [[max(0.0, x.solution_value()) for x in row] for row in self.variables]
+        bound = LowerBound(max(0.0, value * (1 - LP_SAFETY)), "lp_relaxation")
+        return Relaxation(bound, counts)
 
 
 def best_bound(bounds: list[LowerBound]) -> LowerBound:

@@ -1,4 +1,5 @@
-"""Plan a request end to end: enumerate -> fit -> bound -> warm start -> packing -> CP-SAT -> plan.
+"""Plan a request end to end: enumerate -> fit -> bound -> warm start -> option mix ->
+packing -> CP-SAT -> plan.
 
 ``solve`` is the one entry point the CLI and the service call. It returns either a sealed
 ``ShardingPlan`` (which passes ``validate_plan``) or an ``Infeasibility`` explaining why no
@@ -18,7 +19,7 @@ from planner_service.bounds import OPTIMAL_GAP, LowerBound, best_bound, proven_w
 from planner_service.codec import seal_plan
 from planner_service.cpsat import ProgressCallback, solve_cpsat
 from planner_service.infeasibility import explain
-from planner_service.packing_bound import packing_bound
+from planner_service.packing_bound import OPTION_MIX_SHARE, option_mix_bound, packing_bound
 from planner_service.problem import Choice, Loads, Problem, loads_of
 from planner_service.types import (
     CostModel,
@@ -75,6 +76,17 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
     search_time_s = options.time_limit_s
     if warm is not None and _worth_searching(warm_objective, bounds, options):
         assert warm_objective is not None
+        mix = option_mix_bound(
+            problem,
+            groups,
+            warm_objective,
+            time_limit_s=options.time_limit_s * OPTION_MIX_SHARE,
+            seed=options.seed,
+        )
+        if mix is not None:
+            bounds.append(mix)
+    if warm is not None and _worth_searching(warm_objective, bounds, options):
+        assert warm_objective is not None
         report("packing bound", warm_objective, best_bound(bounds).value)
         packing = packing_bound(
             problem,
@@ -83,6 +95,8 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
             time_limit_s=options.time_limit_s,
             seed=options.seed,
             hint=warm,
+            lower_bound=best_bound(bounds).value,
+            gap_limit=options.gap_limit,
         )
         if packing is not None:
             if packing.bound is not None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner_service.bounds import (
+    LinearRelaxation,
     LowerBound,
     Relaxation,
     RelaxationInfeasible,
     best_bound,
-    lp_bound,
     simple_bounds,
 )
 from planner_service.enumerator import DeviceClasses, enumerate_options, fit_options
@@ -34,6 +34,7 @@ class Prepared:
     bounds: list[LowerBound] | None = None
     relaxation: Relaxation | None = None
     relaxation_infeasible: bool = False
+    linear: LinearRelaxation | None = None  # the LP, to re-solve with less memory
 
     @property
     def lower_bound(self) -> LowerBound:
@@ -49,41 +50,45 @@ def prepare(request: PlanRequest) -> Prepared:
     problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
     groups = group_tables(problem)
     bounds = simple_bounds(problem)
+    linear = LinearRelaxation(problem, groups)
     try:
-        relaxation = lp_bound(problem, groups)
+        relaxation = linear.solve()
     except RelaxationInfeasible:
         return Prepared([], problem, groups, bounds, None, relaxation_infeasible=True)
     if relaxation is not None:
         bounds.append(relaxation.bound)
-    return Prepared([], problem, groups, bounds, relaxation)
+    return Prepared([], problem, groups, bounds, relaxation, linear=linear)
 
 
 def warm_start(prepared: Prepared) -> list[Choice] | None:
     """The heuristic's best plan, improved by local search; None if it places no plan."""
     assert prepared.problem is not None and prepared.groups is not None
     problem, groups = prepared.problem, prepared.groups
-    guides = _guides(problem, groups, prepared.relaxation)
+    guides = _guides(prepared.relaxation, prepared.linear, groups, len(problem.tables))
     choices = greedy_plan(problem, prepared.lower_bound.value, guides)
     return improve(problem, choices) if choices is not None else None
 
 
 def _guides(
-    problem: Problem, groups: list[Group], relaxation: Relaxation | None
+    relaxation: Relaxation | None,
+    linear: LinearRelaxation | None,
+    groups: list[Group],
+    num_tables: int,
 ) -> list[list[list[int]]]:
     """Per-table preferred options from the LP's option mix at full and reduced memory."""
-    if relaxation is None:
+    if relaxation is None or linear is None:
         return []
     mixes = [relaxation]
     for fraction in GUIDE_MEMORY_FRACTIONS:
         try:
-            mix = lp_bound(problem, groups, memory_fraction=fraction)
+            mix = linear.solve(memory_fraction=fraction)
         except RelaxationInfeasible:
             break
         if mix is not None:
             mixes.append(mix)
     guides: list[list[list[int]]] = []
     for mix in mixes:
-        guide = _table_quotas(groups, mix.quotas(), len(problem.tables))
+        guide = _table_quotas(groups, mix.quotas(), num_tables)
         if guide not in guides:
             guides.append(guide)
     return guides

@@ -18,7 +18,7 @@ from planner_service.enumerator import (
     enumerate_options,
     fit_options,
 )
-from planner_service.packing_bound import packing_bound
+from planner_service.packing_bound import option_mix_bound, packing_bound
 from planner_service.problem import Choice, Problem, loads_of, without_equivalents
 from planner_service.solver import solve
 from planner_service.types import (
@@ -256,6 +256,31 @@ def test_packing_bound_on_mixed_ranks_stays_below_the_optimum():
     assert packing.bound.value <= optimum
 
 
+def test_option_mix_bound_sees_that_a_table_is_whole_or_everywhere():
+    """A hot table either sits whole on one rank (cheaper in total) or row-wise on both
+    (dearer in total, lighter per rank), beside three small tables on two ranks. The LP
+    takes a fraction of each and stays 3.5% short; the option-mix relaxation takes one or
+    the other, and proves the optimum: the hot table whole, the small ones on the other
+    rank."""
+    tables = [table("hot", rows=10**6, dim=128, pooling_factors=[8.0])]
+    tables += [table(f"s{i}", rows=10**5, dim=128) for i in range(3)]
+    constraints = {t["name"]: {"sharding_types": ["table_wise"]} for t in tables}
+    constraints["hot"] = {"sharding_types": ["table_wise", "row_wise"]}
+    for kinds in constraints.values():
+        kinds["compute_kernels"] = ["fused"]
+    req = request(tables, world_size=2, constraints={"tables": constraints})
+    problem, groups = _problem(req)
+    optimum = _brute_force_optimum(req)
+    hot = next(entry for entry in problem.tables if entry.table.name == "hot")
+    assert optimum == pytest.approx(problem.costs(hot.options[0]).work, rel=1e-12)
+    assert lp_bound(problem, groups).bound.value < 0.97 * optimum
+
+    bound = option_mix_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    assert bound is not None and bound.source == "option_mix"
+    assert bound.value <= optimum
+    assert bound.value == pytest.approx(optimum, rel=1e-6)
+
+
 def _table_wise_costing(units: list[float], rows: list[int]) -> tuple[list[dict], float]:
     """Tables whose table-wise shard costs ``units[i]`` times a reference table's (the
     cost grows linearly with the pooling factor and does not depend on rows), and the
@@ -359,11 +384,15 @@ def _tiny_requests(draw):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_tiny_requests())
-def test_packing_bound_never_exceeds_the_true_optimum(req):
-    """Given an upper bound well above the optimum, so its cap cannot hide an overshoot."""
+def test_relaxations_never_exceed_the_true_optimum(req):
+    """The LP, the option-mix and the packing relaxations; the last two given an upper
+    bound well above the optimum, so their cap cannot hide an overshoot."""
     optimum = _brute_force_optimum(req, most=20_000)
     assume(math.isfinite(optimum))
     problem, groups = _problem(req)
+    assert lp_bound(problem, groups).bound.value <= optimum * (1 + 1e-9)
+    mix = option_mix_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    assert mix is None or mix.value <= optimum * (1 + 1e-12)
     packing = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
     if packing is None:
         return
