@@ -4,9 +4,11 @@
 - ``largest_shard``: the table whose cheapest option still has the most expensive shard.
 - ``lp``: a linear relaxation (GLOP) choosing options fractionally: the average-work and
   largest-shard limits, the per-rank loads of options fixed on every rank, and total and
-  per-rank memory, so tables pushed by memory into slower options raise the bound.
+  per-rank memory, so tables pushed by memory into slower options raise the bound; and
+  every other shard on top of what every rank carries at least (``LinearRelaxation``).
 
-The CP-SAT model adds its own proven bound when it solved the complete model.
+The option-mix and packing relaxations (``packing_bound.py``) and the CP-SAT model (when
+it solved the complete model) add their own proven bounds.
 """
 
 from __future__ import annotations
@@ -71,12 +73,6 @@ def _round_preserving_sum(values: list[float]) -> list[int]:
     return floors
 
 
-def lp_bound(problem: Problem, groups: list[Group]) -> Relaxation | None:
-    """The relaxation's optimum, None if GLOP could not finish; raises RelaxationInfeasible
-    when the relaxation has no solution (then neither has the problem)."""
-    return LinearRelaxation(problem, groups).solve()
-
-
 class LinearRelaxation:
     """Options chosen fractionally (GLOP), built once and solvable at full memory (a bound)
     or with capacities shrunk (``solve(memory_fraction)``: no longer a bound, but an option
@@ -91,8 +87,10 @@ class LinearRelaxation:
       within the makespan and the largest rank's memory. A group's mix averages over its
       options, at most the worst option one of its tables really takes.
 
-    Memory is counted in units of the tier's largest rank, so no coefficient is far from 1.
-    Ranks whose capacity and fixed shares are the same share one constraint."""
+    Memory is counted in units of the tier's largest rank, so that memory and time
+    coefficients are of similar size (bytes run to 1e11, milliseconds to 1e-3: a matter of
+    conditioning; GLOP also converges in bytes on the public workloads). Ranks whose
+    capacity and fixed shares are the same share one constraint."""
 
     def __init__(self, problem: Problem, groups: list[Group]) -> None:
         self.solver = solver = pywraplp.Solver.CreateSolver("GLOP")
@@ -100,7 +98,8 @@ class LinearRelaxation:
         self.makespan = makespan = solver.NumVar(0.0, inf, "T")
         capacities = [problem.hbm_cap.astype(float), problem.ddr_cap.astype(float)]
         units = [float(c.max(initial=0.0)) or 1.0 for c in capacities]
-        self.capacities = [c / unit for c, unit in zip(capacities, units, strict=True)]
+        capacities = [c / unit for c, unit in zip(capacities, units, strict=True)]
+        largest_rank = [float(c.max(initial=0.0)) for c in capacities]  # 1, or 0 without the tier
         fixed = [
             (g, o, problem.costs(option))
             for g, group in enumerate(groups)
@@ -117,8 +116,9 @@ class LinearRelaxation:
                 for tier, unit in zip(("hbm", "ddr"), units, strict=True)
             ),
         ]
-        # Constraint rows: [(constraint, row of shares)], and the memory rows' capacities.
-        self.memory_rows: list[list[tuple[pywraplp.Constraint, float]]] = [[], []]
+        # Every row bounded by memory, with its bound at full memory (``solve`` scales them).
+        self.capacity_rows: list[tuple[pywraplp.Constraint, float]] = []
+        # Per-rank rows (perf, HBM, DDR): (constraint, that rank's shares of the fixed options).
         rows: list[list[tuple[pywraplp.Constraint, np.ndarray]]] = [[], [], []]
         _, first = np.unique(shares[0], axis=0, return_index=True)
         for r in sorted(first):
@@ -126,23 +126,22 @@ class LinearRelaxation:
             row.SetCoefficient(makespan, -1.0)
             rows[0].append((row, shares[0][r]))
         for tier in (0, 1):
-            keyed = np.column_stack([self.capacities[tier], shares[tier + 1]])
+            keyed = np.column_stack([capacities[tier], shares[tier + 1]])
             _, first = np.unique(keyed, axis=0, return_index=True)
             for r in sorted(first):
-                row = solver.Constraint(-inf, self.capacities[tier][r])
-                self.memory_rows[tier].append((row, self.capacities[tier][r]))
+                row = solver.Constraint(-inf, capacities[tier][r])
+                self.capacity_rows.append((row, capacities[tier][r]))
                 rows[tier + 1].append((row, shares[tier + 1][r]))
         work = solver.Constraint(-inf, 0.0)
         work.SetCoefficient(makespan, -float(problem.world_size))
-        totals = [solver.Constraint(-inf, float(c.sum())) for c in self.capacities]
-        self.total_rows = list(zip(totals, (float(c.sum()) for c in self.capacities), strict=True))
+        totals = [solver.Constraint(-inf, float(c.sum())) for c in capacities]
+        self.capacity_rows += [(row, row.ub()) for row in totals]
         floors = [solver.NumVar(0.0, inf, f"F{i}") for i in range(3)]
         floor_rows = [solver.Constraint(0.0, 0.0) for _ in floors]
         for floor, definition in zip(floors, floor_rows, strict=True):
             definition.SetCoefficient(floor, 1.0)
         fixed_index = {(g, o): i for i, (g, o, _) in enumerate(fixed)}
         self.variables: list[list[pywraplp.Variable]] = []
-        self.stacked_memory: list[tuple[pywraplp.Constraint, int, int]] = []
         for g, group in enumerate(groups):
             size = float(group.size)
             choose = solver.Constraint(size, size)
@@ -153,10 +152,10 @@ class LinearRelaxation:
             stacked.SetCoefficient(floors[0], size)
             stacked_memory = []
             for tier in (0, 1):
-                row = solver.Constraint(-inf, size)
+                row = solver.Constraint(-inf, largest_rank[tier] * size)
                 row.SetCoefficient(floors[tier + 1], size)
                 stacked_memory.append(row)
-                self.stacked_memory.append((row, tier, group.size))
+                self.capacity_rows.append((row, largest_rank[tier] * size))
             self.variables.append([])
             for o, option in enumerate(group.options):
                 costs = problem.costs(option)
@@ -182,13 +181,8 @@ class LinearRelaxation:
         solver.Minimize(makespan)
 
     def solve(self, memory_fraction: float = 1.0) -> Relaxation | None:
-        for tier_rows in self.memory_rows:
-            for row, capacity in tier_rows:
-                row.SetUb(capacity * memory_fraction)
-        for row, capacity in self.total_rows:
+        for row, capacity in self.capacity_rows:
             row.SetUb(capacity * memory_fraction)
-        for row, tier, size in self.stacked_memory:
-            row.SetUb(float(self.capacities[tier].max(initial=0.0)) * memory_fraction * size)
         status = self.solver.Solve()
         if status == pywraplp.Solver.INFEASIBLE:
             raise RelaxationInfeasible

@@ -190,15 +190,9 @@ def option_mix_bound(
     scale = RESOLUTION / upper
     options = _options(problem, groups, upper, scale, _MemoryWeights.of(problem))
     model = cp_model.CpModel()
-    tables: dict[tuple[int, int], cp_model.IntVar] = {}
-    for g, group in enumerate(groups):
-        mine = [o for o in options if o.group == g]
-        for o in mine:
-            tables[g, o.option] = model.new_int_var(0, group.size, "")
-        model.add(sum(tables[g, o.option] for o in mine) == group.size)
+    tables, every_rank = _option_counts(model, groups, options)
     world, local = problem.world_size, problem.local_world_size
     makespan = model.new_int_var(0, RESOLUTION, "T")
-    every_rank = sum(o.every_rank * tables[o.group, o.option] for o in options if o.every_rank)
     model.add(makespan >= every_rank)
     work: list[_Expr] = []
     memory: list[list[_Expr]] = [[], []]  # total weight per tier
@@ -229,6 +223,21 @@ def option_mix_bound(
         return LowerBound(upper, "option_mix")
     proven = min(solver.best_objective_bound, RESOLUTION)
     return LowerBound(proven / scale, "option_mix") if proven > 0 else None
+
+
+def _option_counts(
+    model: cp_model.CpModel, groups: list[Group], options: list[_Option]
+) -> tuple[dict[tuple[int, int], cp_model.IntVar], _Expr]:
+    """Per (group, option) the count of the group's tables taking it, all of them placed;
+    and the load the options on every rank add to every rank."""
+    tables: dict[tuple[int, int], cp_model.IntVar] = {}
+    for g, group in enumerate(groups):
+        mine = [o for o in options if o.group == g]
+        for o in mine:
+            tables[g, o.option] = model.new_int_var(0, group.size, "")
+        model.add(sum(tables[g, o.option] for o in mine) == group.size)
+    every_rank = sum(o.every_rank * tables[o.group, o.option] for o in options if o.every_rank)
+    return tables, every_rank
 
 
 def _solver(budget: float, seed: int) -> cp_model.CpSolver:
@@ -355,15 +364,7 @@ class _RelaxedModel:
         self.scale = scale
         self.memory = memory
         self.model = cp_model.CpModel()
-        self.tables = {}
-        for g, group in enumerate(groups):
-            chosen = [o for o in options if o.group == g]
-            for o in chosen:
-                self.tables[o.group, o.option] = self.model.new_int_var(0, group.size, "")
-            self.model.add(sum(self.tables[o.group, o.option] for o in chosen) == group.size)
-        self.every_rank = sum(
-            o.every_rank * self.tables[o.group, o.option] for o in options if o.every_rank
-        )
+        self.tables, self.every_rank = _option_counts(self.model, groups, options)
         self.makespan = self.model.new_int_var(least, RESOLUTION, "T")  # least: a known bound
         self.pools: list[_Pool] = []
         # Per host (pools_per_host): its table-row-wise tables of each size; per host mix

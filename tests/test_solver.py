@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner_service import cpsat
-from planner_service.bounds import lp_bound, simple_bounds
+from planner_service.bounds import LinearRelaxation, simple_bounds
 from planner_service.enumerator import (
     DeviceClasses,
     Placement,
@@ -225,7 +225,7 @@ def test_packing_bound_sees_whole_tables_that_the_lp_spreads():
     row_shards = problem.costs(by_name["r"].options[0]).fixed_cost
     optimum = _brute_force_optimum(req)
     assert optimum == pytest.approx(2 * whole + row_shards.max(), rel=1e-12)
-    spread = simple_bounds(problem) + [lp_bound(problem, groups).bound]
+    spread = simple_bounds(problem) + [LinearRelaxation(problem, groups).solve().bound]
     assert max(b.value for b in spread) < 0.9 * optimum
 
     packing = packing_bound(problem, groups, optimum, time_limit_s=1, seed=0)
@@ -273,7 +273,7 @@ def test_option_mix_bound_sees_that_a_table_is_whole_or_everywhere():
     optimum = _brute_force_optimum(req)
     hot = next(entry for entry in problem.tables if entry.table.name == "hot")
     assert optimum == pytest.approx(problem.costs(hot.options[0]).work, rel=1e-12)
-    assert lp_bound(problem, groups).bound.value < 0.97 * optimum
+    assert LinearRelaxation(problem, groups).solve().bound.value < 0.97 * optimum
 
     bound = option_mix_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
     assert bound is not None and bound.source == "option_mix"
@@ -390,7 +390,7 @@ def test_relaxations_never_exceed_the_true_optimum(req):
     optimum = _brute_force_optimum(req, most=20_000)
     assume(math.isfinite(optimum))
     problem, groups = _problem(req)
-    assert lp_bound(problem, groups).bound.value <= optimum * (1 + 1e-9)
+    assert LinearRelaxation(problem, groups).solve().bound.value <= optimum * (1 + 1e-9)
     mix = option_mix_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
     assert mix is None or mix.value <= optimum * (1 + 1e-12)
     packing = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
