@@ -3,11 +3,12 @@
 Longest-processing-time first with option choice against a target makespan: tables are
 taken in decreasing order of the least work they need; for each, every option is placed
 tentatively (each free shard on the least-loaded rank that can hold it, host-local options
-on the best host). Options that keep every rank under the target compete on total work
-added (spreading a table row-wise costs more work than keeping it whole, so it is only
-worth it when the whole table would overshoot); otherwise the option with the lightest
-most-loaded rank wins. Ties go to less HBM, then the earlier option. ``greedy_plan`` tries a
-few targets from the lower bound upwards and keeps the best plan.
+on the best host, where ties go to the least-loaded host). Options that keep every rank
+under the target compete on total work added (spreading a table row-wise costs more work
+than keeping it whole, so it is only worth it when the whole table would overshoot);
+otherwise the option with the lightest most-loaded rank wins. Ties go to less HBM, then
+the earlier option. ``greedy_plan`` tries a few targets from the lower bound upwards and
+keeps the best plan.
 
 Colocate groups follow the ranks of their first placed member; separate groups avoid the
 ranks of theirs. Deterministic: every tie is broken by index.
@@ -41,7 +42,7 @@ class _State:
 
 @dataclass(frozen=True)
 class _Candidate:
-    key: tuple[float, float, int, int]
+    key: tuple[float, float, int, int, float]  # see _score
     choice: Choice
 
 
@@ -129,7 +130,9 @@ def _empty_state(problem: Problem) -> _State:
 def _by_memory(problem: Problem, option: ShardingOption, candidate: _Candidate) -> _Candidate:
     costs = problem.costs(option)
     hbm, ddr = costs.hbm_total, costs.ddr_total
-    return _Candidate((float(hbm), float(hbm + ddr), 0, candidate.key[3]), candidate.choice)
+    return _Candidate(
+        (float(hbm), float(hbm + ddr), 0, candidate.key[3], candidate.key[4]), candidate.choice
+    )
 
 
 def _least_memory(problem: Problem) -> tuple[list[int], list[int]]:
@@ -188,6 +191,7 @@ class _GroupIndex:
                 members = [index[name] for name in group]
                 for member in members:
                     target.setdefault(member, []).extend(m for m in members if m != member)
+        self.linked = set(self.colocate) | set(self.separate)  # tables in any group
 
     def target(self, state: _State, t: int) -> frozenset[int] | None:
         """The rank set ``t`` must use exactly, if a colocated table is already placed."""
@@ -220,7 +224,7 @@ def _try_option(
     if option.placement is Placement.FIXED:
         ranks_options = [tuple(range(problem.world_size))]
     elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
-        ranks_options = [tuple(problem.host_ranks(h)) for h in range(problem.num_hosts)]
+        return _best_host(problem, state, costs, index, makespan_target, allowed, colocated)
     elif option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
         ranks_options = []
         for host in range(problem.num_hosts):
@@ -236,9 +240,54 @@ def _try_option(
         if not set(ranks) <= allowed or (colocated is not None and set(ranks) != colocated):
             continue
         key = _score(problem, state, costs, ranks, index, makespan_target)
-        if key is not None and (best is None or key < best.key):
+        if key is not None and (best is None or _between_hosts(key) < _between_hosts(best.key)):
             best = _Candidate(key, Choice(index, ranks))
     return best
+
+
+def _best_host(
+    problem: Problem,
+    state: _State,
+    costs: OptionCosts,
+    index: int,
+    target: float,
+    allowed: set[int],
+    colocated: frozenset[int] | None,
+) -> _Candidate | None:
+    """A table-row-wise option on its best host: ``_score`` and ``_between_hosts`` for
+    every host at once."""
+    if state.free_hbm - costs.hbm_total < state.reserve_hbm or (
+        state.free_bytes - costs.hbm_total - costs.ddr_total < state.reserve_bytes
+    ):
+        return None
+    grid = problem.host_grid
+    usable = np.ones(len(grid), dtype=bool)
+    if colocated is not None or len(allowed) < problem.world_size:
+        usable = np.array(
+            [set(ranks) <= allowed and colocated in (None, set(ranks)) for ranks in grid.tolist()]
+        )
+    shard_cost = costs.cost[np.arange(grid.shape[1]), problem.class_of_rank[grid]]
+    hbm = state.hbm[grid] + costs.hbm
+    usable &= (hbm <= problem.hbm_cap[grid]).all(axis=1)
+    usable &= (state.ddr[grid] + costs.ddr <= problem.ddr_cap[grid]).all(axis=1)
+    if not usable.any():
+        return None
+    load_after = (state.perf[grid] + shard_cost).max(axis=1)
+    floor = np.maximum(np.maximum(load_after, state.max_perf), target)
+    work = shard_cost.sum(axis=1)
+    peak_hbm = hbm.max(axis=1)
+    hosts = np.flatnonzero(usable)
+    h = int(hosts[np.lexsort((peak_hbm[hosts], load_after[hosts], work[hosts], floor[hosts]))[0]])
+    key = (float(floor[h]), float(work[h]), int(peak_hbm[h]), index, float(load_after[h]))
+    return _Candidate(key, Choice(index, tuple(int(r) for r in grid[h])))
+
+
+def _between_hosts(key: tuple[float, float, int, int, float]) -> tuple[float, float, float, int]:
+    """How one option's placements on different hosts compare: as between ranks in
+    ``_place_free``, the least loaded after the move wins once the target and the work tie
+    (not the least HBM, which would stack tables on one host while all are under the
+    target)."""
+    return key[0], key[1], key[4], key[2]
 
 
 def _place_free(
@@ -284,10 +333,10 @@ def _score(
     ranks: tuple[int, ...],
     index: int,
     target: float,
-) -> tuple[float, float, int, int] | None:
+) -> tuple[float, float, int, int, float] | None:
     """(resulting max load if above target else the target, added work, resulting peak HBM
-    on touched ranks, option index), or None if the placement overflows a rank or eats
-    into what the tables still to place need."""
+    on touched ranks, option index, resulting max load on touched ranks), or None if the
+    placement overflows a rank or eats into what the tables still to place need."""
     if state.free_hbm - costs.hbm_total < state.reserve_hbm or (
         state.free_bytes - costs.hbm_total - costs.ddr_total < state.reserve_bytes
     ):
@@ -308,13 +357,14 @@ def _score(
         return None
     if (state.ddr[touched] + add_ddr > problem.ddr_cap[touched]).any():
         return None
-    new_max = max(state.max_perf, float((state.perf[touched] + add_perf).max()))
-    return (max(new_max, target), float(shard_cost.sum()), int(new_hbm.max()), index)
+    load_after = float((state.perf[touched] + add_perf).max())
+    new_max = max(state.max_perf, load_after)
+    return (max(new_max, target), float(shard_cost.sum()), int(new_hbm.max()), index, load_after)
 
 
 def _score_one(
     problem: Problem, state: _State, costs: OptionCosts, rank: int, index: int, target: float
-) -> tuple[float, float, int, int] | None:
+) -> tuple[float, float, int, int, float] | None:
     """``_score`` for a single shard, without arrays."""
     new_hbm = int(state.hbm[rank]) + int(costs.hbm[0])
     if (
@@ -323,8 +373,8 @@ def _score_one(
     ):
         return None
     cost = float(costs.cost[0, problem.class_of_rank[rank]])
-    new_max = max(state.max_perf, float(state.perf[rank]) + cost)
-    return (max(new_max, target), cost, new_hbm, index)
+    load_after = float(state.perf[rank]) + cost
+    return (max(state.max_perf, load_after, target), cost, new_hbm, index, load_after)
 
 
 def _commit(problem: Problem, state: _State, t: int, choice: Choice) -> None:
@@ -350,7 +400,8 @@ def improve(problem: Problem, choices: list[Choice]) -> list[Choice]:
     there, remove it, and put it back with its best option and placement (as the greedy
     would, against the current max as target). Swap: exchange a whole single-shard table
     there with a cheaper one elsewhere. Repartition: re-split the whole single-shard tables
-    of that rank and another between the two. A move is kept if the max drops, or stays and
+    of that rank and another between the two; then the table-row-wise tables of its host
+    and another host. A move is kept if the max drops, or stays and
     fewer ranks sit at it. Deterministic; stops at a local optimum or after
     ``MAX_IMPROVEMENT_ROUNDS`` moves."""
     current = list(choices)
@@ -360,7 +411,8 @@ def improve(problem: Problem, choices: list[Choice]) -> list[Choice]:
         moved = (
             _improve_once(problem, groups, current, loads)
             or _swap_once(problem, groups, current, loads)
-            or _repartition_once(problem, groups, current, loads)
+            or _repartition_ranks(problem, groups, current, loads)
+            or _repartition_hosts(problem, groups, current, loads)
         )
         if moved is None:
             break
@@ -424,74 +476,124 @@ def _swap_once(
     return None
 
 
-MAX_REPARTITION_ITEMS = 12  # 2^12 splits of two ranks' whole tables, checked at once
+MAX_REPARTITION_ITEMS = 12  # 2^12 splits of two bins' tables, checked at once
 
 
 def _movable_singles(problem: Problem, groups: _GroupIndex, choices: list[Choice]) -> list[int]:
     """Single-shard tables that may go to any rank (not pinned, not in a link group)."""
-    linked = set(groups.colocate) | set(groups.separate)
-    everywhere = set(range(problem.world_size))
-    return [
-        t
-        for t, c in enumerate(choices)
-        if len(c.ranks) == 1 and t not in linked and set(problem.allowed[t]) == everywhere
-    ]
+    return [t for t, _ in _movable(problem, groups, choices, _rank_bins(problem))]
+
+
+def _rank_bins(problem: Problem) -> list[tuple[int, ...]]:
+    return [(rank,) for rank in range(problem.world_size)]
+
+
+def _host_bins(problem: Problem) -> list[tuple[int, ...]]:
+    return [tuple(problem.host_ranks(host)) for host in range(problem.num_hosts)]
+
+
+def _movable(
+    problem: Problem, groups: _GroupIndex, choices: list[Choice], bins: list[tuple[int, ...]]
+) -> list[tuple[int, int]]:
+    """(table, bin) for each table whose shards sit exactly on one of ``bins``, in order, and
+    that may move whole to any other (not pinned, not in a link group, not fixed on every
+    rank): a single-shard table on a rank bin, a table-row-wise table on a host bin."""
+    everywhere = tuple(range(problem.world_size))
+    index = {ranks: b for b, ranks in enumerate(bins)}
+    found = []
+    for t, choice in enumerate(choices):
+        b = index.get(choice.ranks)
+        if (
+            b is not None
+            and t not in groups.linked
+            and problem.allowed[t] == everywhere
+            and problem.tables[t].options[choice.option].placement is not Placement.FIXED
+        ):
+            found.append((t, b))
+    return found
+
+
+def _repartition_ranks(
+    problem: Problem, groups: _GroupIndex, choices: list[Choice], loads: Loads
+) -> tuple[list[Choice], Loads] | None:
+    return _repartition_once(problem, groups, choices, loads, _rank_bins(problem))
+
+
+def _repartition_hosts(
+    problem: Problem, groups: _GroupIndex, choices: list[Choice], loads: Loads
+) -> tuple[list[Choice], Loads] | None:
+    if problem.num_hosts < 2 or problem.local_world_size < 2:
+        return None  # one host, or hosts of one rank: nothing the rank move does not do
+    return _repartition_once(problem, groups, choices, loads, _host_bins(problem))
 
 
 def _repartition_once(
-    problem: Problem, groups: _GroupIndex, choices: list[Choice], loads: Loads
+    problem: Problem,
+    groups: _GroupIndex,
+    choices: list[Choice],
+    loads: Loads,
+    bins: list[tuple[int, ...]],
 ) -> tuple[list[Choice], Loads] | None:
-    """Re-split the whole single-shard tables of the most loaded rank and one other rank
+    """Re-split the tables of the bin holding the most loaded rank and of one other bin
     between the two, trying every split (when they hold at most ``MAX_REPARTITION_ITEMS``):
-    the best split that leaves both ranks below the current max and within memory is kept.
-    Subsumes swaps of several tables at once, which single swaps cannot chain."""
+    the best split that leaves every rank of both below the current max and within memory
+    is kept. A bin is a rank (whole tables) or a host (table-row-wise tables, each shard
+    on the same local rank wherever it goes). Subsumes swaps of several tables at once,
+    which single swaps cannot chain."""
     peak = loads.objective
     bottleneck = int(np.argmax(loads.perf))
-    singles = _movable_singles(problem, groups, choices)
-    by_rank: dict[int, list[int]] = {}
-    for i, t in enumerate(singles):
-        by_rank.setdefault(choices[t].ranks[0], []).append(i)
-    here = by_rank.get(bottleneck, [])
+    home = next(b for b, ranks in enumerate(bins) if bottleneck in ranks)
+    movable = _movable(problem, groups, choices, bins)
+    by_bin: dict[int, list[int]] = {}
+    for i, (_, b) in enumerate(movable):
+        by_bin.setdefault(b, []).append(i)
+    here = by_bin.get(home, [])
     if not here:
         return None
-    # Per single-shard table, once: its cost on each device class, its HBM and DDR bytes.
-    costs = [problem.costs(problem.tables[t].options[choices[t].option]) for t in singles]
-    cost = np.array([c.cost[0] for c in costs])
-    hbm = np.array([int(c.hbm[0]) for c in costs], dtype=np.int64)
-    ddr = np.array([int(c.ddr[0]) for c in costs], dtype=np.int64)
-    others = sorted(
-        (r for r in range(problem.world_size) if r != bottleneck), key=lambda r: (loads.perf[r], r)
-    )
+    # Per movable table, once: shard by shard its cost on each device class, HBM and DDR.
+    width = len(bins[home])
+    costs = [problem.costs(problem.tables[t].options[choices[t].option]) for t, _ in movable]
+    cost = np.array([c.cost for c in costs]).reshape(len(movable), width, -1)
+    hbm = np.array([c.hbm for c in costs], dtype=np.int64).reshape(len(movable), width)
+    ddr = np.array([c.ddr for c in costs], dtype=np.int64).reshape(len(movable), width)
+    bin_load = loads.perf[np.asarray(bins, dtype=np.int64)].max(axis=1)
+    others = sorted((b for b in range(len(bins)) if b != home), key=lambda b: (bin_load[b], b))
     for other in others:
-        items = here + by_rank.get(other, [])
+        items = here + by_bin.get(other, [])
         if len(items) > MAX_REPARTITION_ITEMS:
             continue
-        ranks = (bottleneck, other)
+        sides = (bins[home], bins[other])
         masks = (np.arange(1 << len(items))[:, None] >> np.arange(len(items))) & 1
-        on = (masks, 1 - masks)  # split by split: the items on the bottleneck, on the other
+        on = (masks, 1 - masks)  # split by split: the items in the home bin, in the other
         current = (np.arange(len(items)) < len(here)).astype(np.int64)  # ``here`` come first
         now = (current, 1 - current)
-        perf, fits = [], np.ones(len(masks), dtype=bool)
-        for side, rank in enumerate(ranks):
-            c = cost[items, problem.class_of_rank[rank]]
+        new_perf, new_hbm, new_ddr = [], [], []
+        fits = np.ones(len(masks), dtype=bool)
+        for side, ranks in enumerate(sides):
+            idx = np.asarray(ranks, dtype=np.int64)
+            # What each item puts on each rank of this bin: (items, ranks of the bin).
+            c = cost[items][:, np.arange(width), problem.class_of_rank[idx]]
             h, d = hbm[items], ddr[items]
-            perf.append(loads.perf[rank] - c @ now[side] + on[side] @ c)
-            fits &= loads.hbm[rank] - h @ now[side] + on[side] @ h <= problem.hbm_cap[rank]
-            fits &= loads.ddr[rank] - d @ now[side] + on[side] @ d <= problem.ddr_cap[rank]
-        worst = np.where(fits, np.maximum(perf[0], perf[1]), np.inf)
+            new_perf.append(loads.perf[idx] - now[side] @ c + on[side] @ c)
+            new_hbm.append(loads.hbm[idx] - now[side] @ h + on[side] @ h)
+            new_ddr.append(loads.ddr[idx] - now[side] @ d + on[side] @ d)
+            fits &= (new_hbm[side] <= problem.hbm_cap[idx]).all(axis=1)
+            fits &= (new_ddr[side] <= problem.ddr_cap[idx]).all(axis=1)
+        worst = np.where(fits, np.maximum(new_perf[0].max(axis=1), new_perf[1].max(axis=1)), np.inf)
         best = int(np.argmin(worst))
         if not worst[best] < peak * (1 - 1e-12):
             continue
         trial = list(choices)
-        new_perf, new_hbm, new_ddr = loads.perf.copy(), loads.hbm.copy(), loads.ddr.copy()
-        for side, rank in enumerate(ranks):
-            new_perf[rank] = perf[side][best]
-            new_hbm[rank] += int((on[side][best] - now[side]) @ hbm[items])
-            new_ddr[rank] += int((on[side][best] - now[side]) @ ddr[items])
+        perf, hbm_after, ddr_after = loads.perf.copy(), loads.hbm.copy(), loads.ddr.copy()
+        for side, ranks in enumerate(sides):
+            idx = np.asarray(ranks, dtype=np.int64)
+            perf[idx] = new_perf[side][best]
+            hbm_after[idx] = new_hbm[side][best]
+            ddr_after[idx] = new_ddr[side][best]
         for i, item in enumerate(items):
-            t = singles[item]
-            trial[t] = Choice(choices[t].option, (ranks[0] if masks[best, i] else ranks[1],))
-        return trial, Loads(new_perf, new_hbm, new_ddr)
+            t = movable[item][0]
+            trial[t] = Choice(choices[t].option, sides[0] if masks[best, i] else sides[1])
+        return trial, Loads(perf, hbm_after, ddr_after)
     return None
 
 
@@ -506,7 +608,7 @@ def _improve_once(
     peak = loads.objective
     at_peak = int((loads.perf >= peak * (1 - 1e-12)).sum())
     bottleneck = int(np.argmax(loads.perf))
-    placed = {t: frozenset(c.ranks) for t, c in enumerate(choices)}
+    placed = {t: frozenset(choices[t].ranks) for t in groups.linked}  # all _GroupIndex reads
     on_bottleneck = [t for t, c in enumerate(choices) if bottleneck in c.ranks]
     contributions = {t: _contribution(problem, t, choices[t]) for t in on_bottleneck}
     on_bottleneck.sort(key=lambda t: (-float(contributions[t][0][bottleneck]), t))

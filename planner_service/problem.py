@@ -98,6 +98,10 @@ class Problem:
             for t in self.tables
         ]
         self._costs: dict[int, OptionCosts] = {}
+        # Row h: the ranks of host h, in order.
+        self.host_grid = np.arange(self.num_hosts * self.local_world_size).reshape(
+            self.num_hosts, self.local_world_size
+        )
 
     def costs(self, option: ShardingOption) -> OptionCosts:
         """Cost arrays of an option, shared by every table with the same option object."""

@@ -281,14 +281,25 @@ def test_option_mix_bound_sees_that_a_table_is_whole_or_everywhere():
     assert bound.value == pytest.approx(optimum, rel=1e-6)
 
 
-def _table_wise_costing(units: list[float], rows: list[int]) -> tuple[list[dict], float]:
-    """Tables whose table-wise shard costs ``units[i]`` times a reference table's (the
-    cost grows linearly with the pooling factor and does not depend on rows), and the
-    reference cost."""
+def _costing(
+    units: list[float],
+    rows: list[int],
+    sharding_type: str = "table_wise",
+    topology: dict | None = None,
+) -> tuple[list[dict], float]:
+    """Tables whose ``sharding_type`` shards (fused kernel; on ``topology``, two ranks by
+    default) each cost ``units[i]`` times a reference table's (the cost grows linearly with
+    the pooling factor and does not depend on rows), and the reference cost."""
+    topology = topology or {"world_size": 2}
 
     def cost(factor: float) -> float:
-        req = request([table("t", dim=128, pooling_factors=[factor])], world_size=2)
-        return enumerate_options(req)[0].options[0].shards[0].perf[0].total
+        req = request([table("t", dim=128, pooling_factors=[factor])], topology=topology)
+        option = next(
+            o
+            for o in enumerate_options(req)[0].options
+            if o.sharding_type.value == sharding_type and o.compute_kernel.value == "fused"
+        )
+        return option.shards[0].perf[0].total
 
     slope = cost(11.0) - cost(10.0)
     base = cost(10.0) - 10 * slope
@@ -304,7 +315,7 @@ def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
     """Tables of 1, 1, 1.5 and 0.5 units on two ranks pair best as {1, 1} and {1.5, 0.5},
     but the two 1-unit tables each fill most of a rank's HBM. Items carry their memory in
     the relaxation, so its bound is the true optimum (2.5), not 2, and its plan fits."""
-    tables, _ = _table_wise_costing([1, 1, 1.5, 0.5], [10**7, 10**7, 100, 100])
+    tables, _ = _costing([1, 1, 1.5, 0.5], [10**7, 10**7, 100, 100])
     only_tw = {
         t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
     }
@@ -617,7 +628,7 @@ def _lpt_trap(**options) -> tuple[PlanRequest, float]:
     """Two ranks, whole tables costing 3, 3, 2, 2, 2 units: LPT stops at 7, and no single
     move helps; swapping a 3 with a 2 reaches the optimum 6. Returns the request and the
     cost of a "2" table (a "3" costs 1.5 of them)."""
-    tables, two = _table_wise_costing([1.5, 1.5, 1, 1, 1], [100] * 5)
+    tables, two = _costing([1.5, 1.5, 1, 1, 1], [100] * 5)
     only_tw = {
         t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
     }
@@ -641,6 +652,31 @@ def test_warm_start_moves_out_of_the_lpt_trap(monkeypatch, kept):
     monkeypatch.setattr(heuristic, kept, lambda *args: None)
     without = solve(req).plan.solver.objective
     assert without == pytest.approx(3.5 * unit, rel=1e-4)  # LPT: {3, 2, 2} and {3, 2}
+
+
+def test_warm_start_repartitions_table_row_wise_tables_between_hosts(monkeypatch):
+    """Two hosts of two ranks and table-row-wise tables whose shards cost 3, 3, 2, 2, 2
+    units: largest first, each on the host least loaded after it, they end as {3, 2, 2}
+    and {3, 2} (7 units), where moving or swapping one table never helps; re-splitting the
+    two hosts' tables reaches {3, 3} and {2, 2, 2} (6)."""
+    import planner_service.heuristic as heuristic
+
+    topology = {"world_size": 4, "local_world_size": 2}
+    tables, unit = _costing([3, 3, 2, 2, 2], [1000] * 5, "table_row_wise", topology)
+    only_trw = {
+        t["name"]: {"sharding_types": ["table_row_wise"], "compute_kernels": ["fused"]}
+        for t in tables
+    }
+    req = request(
+        tables, topology=topology, constraints={"tables": only_trw}, options={"time_limit_s": 0.01}
+    )
+    plan = solve(req).plan
+    assert plan.solver.objective == pytest.approx(6 * unit, rel=1e-4)
+    hosts = {name: s.ranks[0] // 2 for name, s in plan.tables.items()}
+    assert hosts["t0"] == hosts["t1"] != hosts["t2"] == hosts["t3"] == hosts["t4"]
+
+    monkeypatch.setattr(heuristic, "_repartition_hosts", lambda *args: None)
+    assert solve(req).plan.solver.objective == pytest.approx(7 * unit, rel=1e-4)
 
 
 def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
