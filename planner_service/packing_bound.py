@@ -166,11 +166,13 @@ def packing_bound(
             return None  # the warm start maps into the relaxation, so this cannot happen
         proven = max(proven, min(solver.best_objective_bound, RESOLUTION))
         found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        if found and (best is None or solver.objective_value < best.objective_value):
+        better = found and (best is None or solver.objective_value < best.objective_value)
+        if better:
             best = solver
-            model.hint_solution(solver)
-        if status == cp_model.OPTIMAL:
+        if status == cp_model.OPTIMAL or run == len(PACKING_RUNS) - 1:
             break
+        if better:
+            model.hint_solution(solver)  # where the next run starts
     bound = LowerBound(proven / scale, "packing") if proven > 0 else None
     return Packing(bound, model.decode(best) if best is not None else None, spent)
 
@@ -435,14 +437,13 @@ class _RelaxedModel:
                         placed[i].append((ranks, count))
             model.add(sum(pool.counts) == pool.size)
             self.slots.append(slots)
+        supplied: dict[_Item, list[_Expr]] = {kind: [] for kind in self.kinds}
+        for key, o in self.options.items():
+            for item, count in o.items.items():
+                if item in supplied:
+                    supplied[item].append(count * self.tables[key])
         for kind, terms in zip(self.kinds, placed, strict=True):
-            supplied = sum(
-                count * self.tables[key]
-                for key, o in self.options.items()
-                for item, count in o.items.items()
-                if item == kind
-            )
-            model.add(sum(count * ranks for ranks, count in terms) == supplied)
+            model.add(sum(count * ranks for ranks, count in terms) == sum(supplied[kind]))
         # Redundant, but it hands the LP the average-load bound from the start.
         model.add(
             world * self.makespan
