@@ -256,9 +256,7 @@ def _best_host(
 ) -> _Candidate | None:
     """A table-row-wise option on its best host: ``_score`` and ``_between_hosts`` for
     every host at once."""
-    if state.free_hbm - costs.hbm_total < state.reserve_hbm or (
-        state.free_bytes - costs.hbm_total - costs.ddr_total < state.reserve_bytes
-    ):
+    if _eats_reserve(state, costs):
         return None
     grid = problem.host_grid
     usable = np.ones(len(grid), dtype=bool)
@@ -337,9 +335,7 @@ def _score(
     """(resulting max load if above target else the target, added work, resulting peak HBM
     on touched ranks, option index, resulting max load on touched ranks), or None if the
     placement overflows a rank or eats into what the tables still to place need."""
-    if state.free_hbm - costs.hbm_total < state.reserve_hbm or (
-        state.free_bytes - costs.hbm_total - costs.ddr_total < state.reserve_bytes
-    ):
+    if _eats_reserve(state, costs):
         return None
     if costs.num_shards == 1:
         return _score_one(problem, state, costs, ranks[0], index, target)
@@ -360,6 +356,13 @@ def _score(
     load_after = float((state.perf[touched] + add_perf).max())
     new_max = max(state.max_perf, load_after)
     return (max(new_max, target), float(shard_cost.sum()), int(new_hbm.max()), index, load_after)
+
+
+def _eats_reserve(state: _State, costs: OptionCosts) -> bool:
+    """Whether the option would leave less memory than the tables still to place need."""
+    return state.free_hbm - costs.hbm_total < state.reserve_hbm or (
+        state.free_bytes - costs.hbm_total - costs.ddr_total < state.reserve_bytes
+    )
 
 
 def _score_one(
@@ -481,25 +484,23 @@ MAX_REPARTITION_ITEMS = 12  # 2^12 splits of two bins' tables, checked at once
 
 def _movable_singles(problem: Problem, groups: _GroupIndex, choices: list[Choice]) -> list[int]:
     """Single-shard tables that may go to any rank (not pinned, not in a link group)."""
-    return [t for t, _ in _movable(problem, groups, choices, _rank_bins(problem))]
+    return [t for t, _ in _movable(problem, groups, choices, _rank_grid(problem))]
 
 
-def _rank_bins(problem: Problem) -> list[tuple[int, ...]]:
-    return [(rank,) for rank in range(problem.world_size)]
-
-
-def _host_bins(problem: Problem) -> list[tuple[int, ...]]:
-    return [tuple(problem.host_ranks(host)) for host in range(problem.num_hosts)]
+def _rank_grid(problem: Problem) -> np.ndarray:
+    """Each rank a bin of its own (``problem.host_grid``: each host a bin)."""
+    return np.arange(problem.world_size).reshape(-1, 1)
 
 
 def _movable(
-    problem: Problem, groups: _GroupIndex, choices: list[Choice], bins: list[tuple[int, ...]]
+    problem: Problem, groups: _GroupIndex, choices: list[Choice], grid: np.ndarray
 ) -> list[tuple[int, int]]:
-    """(table, bin) for each table whose shards sit exactly on one of ``bins``, in order, and
-    that may move whole to any other (not pinned, not in a link group, not fixed on every
-    rank): a single-shard table on a rank bin, a table-row-wise table on a host bin."""
+    """(table, bin) for each table whose shards sit exactly on the ranks of one row (bin) of
+    ``grid``, in order, and that may move whole to any other (not pinned, not in a link
+    group, not fixed on every rank): a single-shard table on a rank, a table-row-wise table
+    on a host."""
     everywhere = tuple(range(problem.world_size))
-    index = {ranks: b for b, ranks in enumerate(bins)}
+    index = {tuple(ranks): b for b, ranks in enumerate(grid.tolist())}
     found = []
     for t, choice in enumerate(choices):
         b = index.get(choice.ranks)
@@ -516,7 +517,7 @@ def _movable(
 def _repartition_ranks(
     problem: Problem, groups: _GroupIndex, choices: list[Choice], loads: Loads
 ) -> tuple[list[Choice], Loads] | None:
-    return _repartition_once(problem, groups, choices, loads, _rank_bins(problem))
+    return _repartition_once(problem, groups, choices, loads, _rank_grid(problem))
 
 
 def _repartition_hosts(
@@ -524,7 +525,7 @@ def _repartition_hosts(
 ) -> tuple[list[Choice], Loads] | None:
     if problem.num_hosts < 2 or problem.local_world_size < 2:
         return None  # one host, or hosts of one rank: nothing the rank move does not do
-    return _repartition_once(problem, groups, choices, loads, _host_bins(problem))
+    return _repartition_once(problem, groups, choices, loads, problem.host_grid)
 
 
 def _repartition_once(
@@ -532,7 +533,7 @@ def _repartition_once(
     groups: _GroupIndex,
     choices: list[Choice],
     loads: Loads,
-    bins: list[tuple[int, ...]],
+    grid: np.ndarray,
 ) -> tuple[list[Choice], Loads] | None:
     """Re-split the tables of the bin holding the most loaded rank and of one other bin
     between the two, trying every split (when they hold at most ``MAX_REPARTITION_ITEMS``):
@@ -542,8 +543,9 @@ def _repartition_once(
     which single swaps cannot chain."""
     peak = loads.objective
     bottleneck = int(np.argmax(loads.perf))
-    home = next(b for b, ranks in enumerate(bins) if bottleneck in ranks)
-    movable = _movable(problem, groups, choices, bins)
+    width = grid.shape[1]
+    home = bottleneck // width  # rows of the grid are consecutive ranks
+    movable = _movable(problem, groups, choices, grid)
     by_bin: dict[int, list[int]] = {}
     for i, (_, b) in enumerate(movable):
         by_bin.setdefault(b, []).append(i)
@@ -551,26 +553,24 @@ def _repartition_once(
     if not here:
         return None
     # Per movable table, once: shard by shard its cost on each device class, HBM and DDR.
-    width = len(bins[home])
     costs = [problem.costs(problem.tables[t].options[choices[t].option]) for t, _ in movable]
     cost = np.array([c.cost for c in costs]).reshape(len(movable), width, -1)
     hbm = np.array([c.hbm for c in costs], dtype=np.int64).reshape(len(movable), width)
     ddr = np.array([c.ddr for c in costs], dtype=np.int64).reshape(len(movable), width)
-    bin_load = loads.perf[np.asarray(bins, dtype=np.int64)].max(axis=1)
-    others = sorted((b for b in range(len(bins)) if b != home), key=lambda b: (bin_load[b], b))
+    bin_load = loads.perf[grid].max(axis=1)
+    others = sorted((b for b in range(len(grid)) if b != home), key=lambda b: (bin_load[b], b))
     for other in others:
         items = here + by_bin.get(other, [])
         if len(items) > MAX_REPARTITION_ITEMS:
             continue
-        sides = (bins[home], bins[other])
+        sides = (grid[home], grid[other])
         masks = (np.arange(1 << len(items))[:, None] >> np.arange(len(items))) & 1
         on = (masks, 1 - masks)  # split by split: the items in the home bin, in the other
         current = (np.arange(len(items)) < len(here)).astype(np.int64)  # ``here`` come first
         now = (current, 1 - current)
         new_perf, new_hbm, new_ddr = [], [], []
         fits = np.ones(len(masks), dtype=bool)
-        for side, ranks in enumerate(sides):
-            idx = np.asarray(ranks, dtype=np.int64)
+        for side, idx in enumerate(sides):
             # What each item puts on each rank of this bin: (items, ranks of the bin).
             c = cost[items][:, np.arange(width), problem.class_of_rank[idx]]
             h, d = hbm[items], ddr[items]
@@ -585,14 +585,14 @@ def _repartition_once(
             continue
         trial = list(choices)
         perf, hbm_after, ddr_after = loads.perf.copy(), loads.hbm.copy(), loads.ddr.copy()
-        for side, ranks in enumerate(sides):
-            idx = np.asarray(ranks, dtype=np.int64)
+        for side, idx in enumerate(sides):
             perf[idx] = new_perf[side][best]
             hbm_after[idx] = new_hbm[side][best]
             ddr_after[idx] = new_ddr[side][best]
         for i, item in enumerate(items):
             t = movable[item][0]
-            trial[t] = Choice(choices[t].option, sides[0] if masks[best, i] else sides[1])
+            ranks = sides[0] if masks[best, i] else sides[1]
+            trial[t] = Choice(choices[t].option, tuple(int(r) for r in ranks))
         return trial, Loads(perf, hbm_after, ddr_after)
     return None
 
