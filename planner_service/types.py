@@ -41,6 +41,7 @@ DEFAULT_MIN_PARTITION = 128
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
 DEFAULT_HBM_HEADROOM_FRACTION = 0.15
 DEFAULT_TIME_LIMIT_S = 10.0
+DEFAULT_GAP_LIMIT = 0.02
 
 SCHEMA_VERSION = "1.0"
 
@@ -356,12 +357,12 @@ class PlanOptions(_Value):
     """How to solve: time budget, random seed, objective, and the cost model that prices
     shards (``shardplan``, or ``torchrec-1.8`` to judge plans on TorchRec's own terms).
 
-    ``gap_limit``: stop searching once the plan is proven within this relative gap of the
-    optimum (0.02: at most 2% slower than the best plan there is). 0 searches until the
-    plan is proven optimal or ``time_limit_s`` is spent."""
+    ``gap_limit`` (default 0.02): stop searching once the plan is proven within this
+    relative gap of the optimum (0.02: at most 2% slower than the best plan there is). 0
+    searches until the plan is proven optimal or ``time_limit_s`` is spent."""
 
     time_limit_s: PositiveFloat = DEFAULT_TIME_LIMIT_S
-    gap_limit: Fraction = 0.0
+    gap_limit: Fraction = DEFAULT_GAP_LIMIT
     seed: NonNegativeInt = 0
     objective: Objective = Objective.MAX_RANK_COST
     cost_model: CostModel = CostModel.SHARDPLAN

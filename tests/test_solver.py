@@ -194,7 +194,7 @@ def test_solver_finds_the_true_optimum_on_tiny_instances(tables, world, local, h
         tables,
         world_size=world,
         topology={"local_world_size": local, "hbm_bytes": hbm},
-        options={"time_limit_s": 5},
+        options={"time_limit_s": 5, "gap_limit": 0},
     )
     optimum = _brute_force_optimum(req)
     plan = _solved(req)
@@ -700,6 +700,33 @@ def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
     assert report.status is SolverStatus.OPTIMAL
 
 
+def test_default_gap_limit_accepts_a_plan_proven_within_two_percent(monkeypatch):
+    """The trap above on top of two 50-unit tables: the warm start (without swaps and
+    repartitions) is 57 units, {50, 3, 2, 2} and {50, 3, 2}, against the bound and optimum
+    56, a gap of 1/57. The default gap limit (2%) accepts it without searching; 0 searches
+    on to the optimum."""
+    import planner_service.heuristic as heuristic
+
+    monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
+    monkeypatch.setattr(heuristic, "_repartition_once", lambda *args: None)
+    tables, unit = _costing([50, 50, 3, 3, 2, 2, 2], [100] * 7)
+    only_tw = {
+        t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
+    }
+    req = request(tables, world_size=2, constraints={"tables": only_tw})
+    assert req.options.gap_limit == 0.02
+    outcome = solve(req)
+    report = outcome.plan.solver
+    assert report.objective == pytest.approx(57 * unit, rel=1e-4)
+    assert report.status is SolverStatus.FEASIBLE and report.gap == pytest.approx(1 / 57, rel=1e-3)
+    assert "cpsat_status" not in outcome.details and "packing_objective" not in outcome.details
+
+    exact = req.model_copy(update={"options": req.options.model_copy(update={"gap_limit": 0})})
+    report = _solved(exact).solver
+    assert report.objective == pytest.approx(56 * unit, rel=1e-4)
+    assert report.status is SolverStatus.OPTIMAL
+
+
 # The NVIDIA synthetic "tiny" model's 55 tables (../shared/data/, rows, dim, lookups per
 # sample, how many tables): on 8 ranks its optimum is set by how whole tables pack, which
 # only the packing bound proves.
@@ -727,7 +754,7 @@ def _tiny_model_on_8_ranks(time_limit_s: float) -> PlanRequest:
         tables,
         world_size=8,
         topology={"hbm_bytes": 80 * GIB},
-        options={"cost_model": "torchrec-1.8", "time_limit_s": time_limit_s},
+        options={"cost_model": "torchrec-1.8", "time_limit_s": time_limit_s, "gap_limit": 0},
     )
 
 
