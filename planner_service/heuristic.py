@@ -41,6 +41,16 @@ class _State:
 
 
 @dataclass(frozen=True)
+class _Where:
+    """Where one table may go, given the tables placed so far: ``allowed`` ranks (sorted in
+    ``ranks``) and, once a colocated table is placed, the rank set it must use exactly."""
+
+    allowed: set[int]
+    ranks: np.ndarray
+    colocated: frozenset[int] | None
+
+
+@dataclass(frozen=True)
 class _Candidate:
     key: tuple[float, float, int, int, float]  # see _score
     choice: Choice
@@ -98,12 +108,13 @@ def _greedy(
             else [range(len(options))]
         )
         best: _Candidate | None = None
+        where = groups.where(problem, state, t)
         for round_number, indices in enumerate(rounds):
             # The guide's options compete on time; when none fits, memory is what ran out,
             # so the fallback takes the option that adds the least HBM, then the least bytes.
             fallback = preferred is not None and round_number > 0
             for index in indices:
-                candidate = _try_option(problem, state, groups, t, index, options[index], target)
+                candidate = _try_option(problem, state, where, index, options[index], target)
                 if candidate is None:
                     continue
                 if fallback:
@@ -193,34 +204,29 @@ class _GroupIndex:
                     target.setdefault(member, []).extend(m for m in members if m != member)
         self.linked = set(self.colocate) | set(self.separate)  # tables in any group
 
-    def target(self, state: _State, t: int) -> frozenset[int] | None:
-        """The rank set ``t`` must use exactly, if a colocated table is already placed."""
-        for other in self.colocate.get(t, ()):
-            if other in state.placed:
-                return state.placed[other]
-        return None
-
-    def forbidden(self, state: _State, t: int) -> set[int]:
-        ranks: set[int] = set()
+    def where(self, problem: Problem, state: _State, t: int) -> _Where:
+        allowed = set(problem.allowed[t])
         for other in self.separate.get(t, ()):
-            ranks |= state.placed.get(other, frozenset())
-        return ranks
+            allowed -= state.placed.get(other, frozenset())
+        colocated = next(
+            (state.placed[other] for other in self.colocate.get(t, ()) if other in state.placed),
+            None,
+        )
+        if colocated is not None:
+            allowed &= colocated
+        return _Where(allowed, np.array(sorted(allowed), dtype=np.int64), colocated)
 
 
 def _try_option(
     problem: Problem,
     state: _State,
-    groups: _GroupIndex,
-    t: int,
+    where: _Where,
     index: int,
     option: ShardingOption,
     makespan_target: float,
 ) -> _Candidate | None:
     costs = problem.costs(option)
-    allowed = set(problem.allowed[t]) - groups.forbidden(state, t)
-    colocated = groups.target(state, t)
-    if colocated is not None:
-        allowed &= colocated
+    allowed, colocated = where.allowed, where.colocated
     if option.placement is Placement.FIXED:
         ranks_options = [tuple(range(problem.world_size))]
     elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
@@ -229,11 +235,13 @@ def _try_option(
         ranks_options = []
         for host in range(problem.num_hosts):
             host_allowed = allowed & set(problem.host_ranks(host))
-            placed = _place_free(problem, state, costs, sorted(host_allowed), colocated)
+            placed = _place_free(
+                problem, state, costs, np.array(sorted(host_allowed), dtype=np.int64), colocated
+            )
             if placed is not None:
                 ranks_options.append(placed)
     else:
-        placed = _place_free(problem, state, costs, sorted(allowed), colocated)
+        placed = _place_free(problem, state, costs, where.ranks, colocated)
         ranks_options = [placed] if placed is not None else []
     best = None
     for ranks in ranks_options:
@@ -292,14 +300,13 @@ def _place_free(
     problem: Problem,
     state: _State,
     costs: OptionCosts,
-    allowed: list[int],
+    candidates: np.ndarray,
     target: frozenset[int] | None,
 ) -> tuple[int, ...] | None:
-    """Each shard to the allowed rank with the lowest resulting load that can hold it;
-    with a colocate target, every target rank must receive a shard."""
-    if not allowed:
+    """Each shard to the allowed rank (of ``candidates``, sorted) with the lowest resulting
+    load that can hold it; with a colocate target, every target rank must receive a shard."""
+    if not len(candidates):
         return None
-    candidates = np.asarray(allowed, dtype=np.int64)
     perf = state.perf[candidates].copy()
     hbm = state.hbm[candidates].copy()
     ddr = state.ddr[candidates].copy()
@@ -616,8 +623,9 @@ def _improve_once(
         old = contributions[t]
         state = _state_without(problem, loads, placed, t, old)
         best: _Candidate | None = None
+        where = groups.where(problem, state, t)
         for index, option in enumerate(problem.tables[t].options):
-            candidate = _try_option(problem, state, groups, t, index, option, peak)
+            candidate = _try_option(problem, state, where, index, option, peak)
             if candidate is not None and (best is None or candidate.key < best.key):
                 best = candidate
         if best is None or best.choice == choices[t]:
