@@ -186,7 +186,9 @@ def option_mix_bound(
     sits on some rank on top of that. It knows what the LP cannot: a table is either
     table-wise, with its one heavy shard on one rank, or row-wise, on every rank; so it
     proves bounds set by a few big tables within milliseconds (Criteo on 8 ranks: 0.4% from
-    the optimum, where the LP stops 7% short). None if it cannot be built."""
+    the optimum, where the LP stops 7% short). Memory: the items' weights, and every
+    option's bytes per tier in total (options on every rank and table-row-wise ones carry
+    no items). None if it cannot be built."""
     if upper <= 0:
         return None
     scale = RESOLUTION / upper
@@ -199,8 +201,12 @@ def option_mix_bound(
     work: list[_Expr] = []
     memory: list[list[_Expr]] = [[], []]  # total weight per tier
     over_half: list[list[_Expr]] = [[], []]  # items over half a rank per tier
+    kib: list[list[_Expr]] = [[], []]  # every shard's bytes per tier, in KiB rounded down
     for o in options:
         tables_on = tables[o.group, o.option]
+        costs = problem.costs(groups[o.group].options[o.option])
+        kib[0].append(costs.hbm_total // 1024 * tables_on)
+        kib[1].append(costs.ddr_total // 1024 * tables_on)
         stacked = max([o.per_host_rank, *(kind[0] for kind in o.items)])
         if stacked:
             used = model.new_bool_var("")
@@ -213,9 +219,10 @@ def option_mix_bound(
             halves = sum(n for kind, n in o.items.items() if 2 * kind[tier + 1] > MEMORY_UNITS)
             over_half[tier].append(halves * tables_on)
     model.add(world * makespan >= world * every_rank + sum(work))
-    for tier in (0, 1):
+    for tier, capacity in enumerate((problem.hbm_cap, problem.ddr_cap)):
         model.add(sum(memory[tier]) <= MEMORY_UNITS * world)
         model.add(sum(over_half[tier]) <= world)
+        model.add(sum(kib[tier]) <= int(capacity.sum()) // 1024)
     model.minimize(makespan)
     solver = _solver(time_limit_s, seed)
     status = solver.solve(model)

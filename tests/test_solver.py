@@ -281,6 +281,36 @@ def test_option_mix_bound_sees_that_a_table_is_whole_or_everywhere():
     assert bound.value == pytest.approx(optimum, rel=1e-6)
 
 
+def test_option_mix_bound_counts_the_memory_of_options_on_every_rank():
+    """Three row-wise tables on two ranks whose HBM holds one table's shares: two must go
+    to UVM. Row-wise shards are no items, so only the total-memory rows keep the option mix
+    from putting all three in HBM; with them it proves the optimum."""
+    tables = [table(f"t{i}", rows=10**6, dim=128, pooling_factors=[4.0]) for i in range(3)]
+    only_rw = {
+        t["name"]: {"sharding_types": ["row_wise"], "compute_kernels": ["fused", "fused_uvm"]}
+        for t in tables
+    }
+    req = request(
+        tables,
+        world_size=2,
+        topology={"hbm_bytes": 400 * 2**20},
+        constraints={"tables": only_rw},
+    )
+    problem, groups = _problem(req)
+    optimum = _brute_force_optimum(req)
+    fused = [
+        problem.costs(o).work
+        for o in problem.tables[0].options
+        if o.compute_kernel.value == "fused"
+    ]
+    assert optimum > 1.5 * (3 * fused[0] / 2)  # all in HBM would cost far less
+
+    bound = option_mix_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    assert bound is not None and bound.source == "option_mix"
+    assert bound.value <= optimum
+    assert bound.value == pytest.approx(optimum, rel=1e-6)
+
+
 def _costing(
     units: list[float],
     rows: list[int],
