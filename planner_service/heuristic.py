@@ -233,11 +233,9 @@ def _try_option(
         return _best_host(problem, state, costs, index, makespan_target, allowed, colocated)
     elif option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
         ranks_options = []
+        host_of = where.ranks // problem.local_world_size
         for host in range(problem.num_hosts):
-            host_allowed = allowed & set(problem.host_ranks(host))
-            placed = _place_free(
-                problem, state, costs, np.array(sorted(host_allowed), dtype=np.int64), colocated
-            )
+            placed = _place_free(problem, state, costs, where.ranks[host_of == host], colocated)
             if placed is not None:
                 ranks_options.append(placed)
     else:
