@@ -3,6 +3,7 @@ what would be accepted. Shared by the CLI (exit code 2) and the service (HTTP 42
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -50,6 +51,16 @@ class InputError(ValueError):
         return "\n".join(lines)
 
 
+class _Shown:
+    """A value shown by a summary (a list too long to quote): its repr is the summary."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 def json_path(loc: tuple[int | str, ...]) -> str:
     """``('tables', 0, 'name')`` -> ``tables[0].name``."""
     path = ""
@@ -70,10 +81,23 @@ def problems_from_validation_error(
         loc = tuple(item["loc"])
         message = _message(item, model, loc)
         value = item.get("input", _NO_VALUE)
-        if item["type"] in {"missing", "json_invalid"} or isinstance(value, dict | list):
+        if item["type"] == "too_long":
+            value = _Shown(f"[{len(value)} items]")
+        elif item["type"] in {"missing", "json_invalid"} or isinstance(value, dict | list):
             value = _NO_VALUE
-        problems.append(FieldProblem(json_path(loc), message, value))
+        path = json_path(loc)
+        context = item.get("ctx") or {}
+        if "field_path" in context:  # a model's own check names the field below it
+            path = _below(path, str(context["field_path"]))
+            value = context.get("field_value", _NO_VALUE)
+        problems.append(FieldProblem(path, message, value))
     return problems
+
+
+def _below(path: str, relative: str) -> str:
+    if not path or not relative or relative.startswith("["):
+        return path + relative
+    return f"{path}.{relative}"
 
 
 def _message(item: ErrorDetails, model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
@@ -123,7 +147,24 @@ def _unwrap(annotation: Any) -> Any:
 
 
 def _short_repr(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > _LONG_INT_BITS:
+        return _long_int_repr(value)
     text = repr(value)
     if len(text) > _MAX_VALUE_CHARS:
         return text[: _MAX_VALUE_CHARS - 3] + "..."
     return text
+
+
+_LONG_INT_BITS = 256  # about 77 digits: the most that fits the shortened value anyway
+
+
+def _long_int_repr(value: int) -> str:
+    """Leading digits and the length of an integer, without converting all of it to text
+    (which is quadratic in its length and refused past 4,300 digits)."""
+    digits = math.floor((value.bit_length() - 1) * math.log10(2)) + 1
+    shift = max(0, digits - 12)
+    leading = abs(value) // 10**shift
+    if len(str(leading)) > 12:  # the estimate was one digit short
+        digits, leading = digits + 1, leading // 10
+    sign = "-" if value < 0 else ""
+    return f"{sign}{leading}... ({digits} digits)"

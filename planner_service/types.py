@@ -12,6 +12,7 @@ This module must not import torch.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from enum import StrEnum
 from typing import Annotated, Self
 
@@ -44,17 +45,51 @@ DEFAULT_TIME_LIMIT_S = 10.0
 DEFAULT_GAP_LIMIT = 0.02
 
 SCHEMA_VERSION = "1.0"
+# "major.minor", each at most 9 ASCII digits: read without int() on unbounded text.
+SCHEMA_VERSION_PATTERN = r"^[0-9]{1,9}\.[0-9]{1,9}$"
+
+# The largest numbers the planner accepts (docs/plan-format.md, "Limits"). Everything it
+# loops over (ranks, column widths, features) stays small enough to finish, and every byte
+# count and time it derives stays within int64 and finite floats, so a hostile number is a
+# 422 naming its field, never an overflow in the solver or a solve that never ends.
+MAX_WORLD_SIZE = 131_072  # services cap lower (SHARDPLAN_MAX_WORLD_SIZE, default 65,536)
+MAX_EMBEDDING_DIM = 65_536
+MAX_NUM_EMBEDDINGS = 2**40
+MAX_MEMORY_BYTES = 2**53  # 8 PiB per rank; every integer up to here is exact as a float
+MIN_BANDWIDTH_BYTES_PER_S = 1e6
+MAX_BANDWIDTH_BYTES_PER_S = 1e16
+MAX_POOLING_FACTOR = 1e6
+MAX_BATCH_SIZE = 2**24
+MAX_TIME_LIMIT_S = 86_400.0  # services cap lower (SHARDPLAN_MAX_TIME_LIMIT_S, default 60)
+MAX_SEED = 2**31 - 1  # CP-SAT's random_seed is an int32
+MAX_MIN_PARTITION = MAX_EMBEDDING_DIM
+MAX_FEATURES_PER_TABLE = 4_096
+# Arrays and objects in a request or plan document nest at most this deep (they need 6).
+MAX_JSON_DEPTH = 64
+# A plan's per-rank byte counts: int64, as every consumer of a plan (numpy, torch, other
+# languages' JSON readers) can hold them; valid plans stay within MAX_MEMORY_BYTES.
+MAX_PLAN_BYTES = 2**63 - 1
 
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
 Name = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
-PositiveInt = Annotated[int, Strict(), Field(ge=1)]
-NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
 LoadFactor = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 Sha256Hex = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{64}$")]
+WorldSize = Annotated[int, Strict(), Field(ge=1, le=MAX_WORLD_SIZE)]
+Rank = Annotated[int, Strict(), Field(ge=0, lt=MAX_WORLD_SIZE)]
+MemoryBytes = Annotated[int, Strict(), Field(ge=0, le=MAX_MEMORY_BYTES)]
+PlanBytes = Annotated[int, Strict(), Field(ge=0, le=MAX_PLAN_BYTES)]
+Bandwidth = Annotated[
+    float,
+    Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S, allow_inf_nan=False),
+]
+NumRows = Annotated[int, Strict(), Field(ge=0, le=MAX_NUM_EMBEDDINGS)]
+NumColumns = Annotated[int, Strict(), Field(ge=0, le=MAX_EMBEDDING_DIM)]
+BatchSize = Annotated[int, Strict(), Field(ge=1, le=MAX_BATCH_SIZE)]
+PoolingFactor = Annotated[float, Field(ge=0.0, le=MAX_POOLING_FACTOR, allow_inf_nan=False)]
 
 
 class ShardingType(StrEnum):
@@ -137,9 +172,17 @@ class _Value(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-def _error(kind: str, message: str, **ctx: object) -> PydanticCustomError:
-    """A validation error whose message is ``message`` formatted with ``ctx`` (str.format)."""
-    return PydanticCustomError(kind, message.format(**ctx))
+def _error(
+    kind: str, message: str, *, at: str, value: object, **ctx: object
+) -> PydanticCustomError:
+    """A validation error whose message is ``message`` formatted with ``ctx`` (str.format).
+
+    ``at`` is the path of the offending field below the model that raises (a model
+    validator's error is otherwise placed at the model itself) and ``value`` its value;
+    ``errors.problems_from_validation_error`` reads both, so the error names the field."""
+    return PydanticCustomError(
+        kind, message.format(**ctx), {"field_path": at, "field_value": value}
+    )
 
 
 # --------------------------------------------------------------------------- topology
@@ -148,21 +191,21 @@ def _error(kind: str, message: str, **ctx: object) -> PydanticCustomError:
 class RankOverride(_Value):
     """Per-rank capacities or bandwidths for heterogeneous clusters; unset fields inherit."""
 
-    rank: NonNegativeInt
-    hbm_bytes: NonNegativeInt | None = None
-    ddr_bytes: NonNegativeInt | None = None
-    hbm_bw_bytes_per_s: PositiveFloat | None = None
-    ddr_bw_bytes_per_s: PositiveFloat | None = None
+    rank: Rank
+    hbm_bytes: MemoryBytes | None = None
+    ddr_bytes: MemoryBytes | None = None
+    hbm_bw_bytes_per_s: Bandwidth | None = None
+    ddr_bw_bytes_per_s: Bandwidth | None = None
 
 
 class DeviceSpec(_Value):
     """The resolved capacities and bandwidths of one rank (topology defaults + override)."""
 
-    rank: NonNegativeInt
-    hbm_bytes: NonNegativeInt
-    ddr_bytes: NonNegativeInt
-    hbm_bw_bytes_per_s: PositiveFloat
-    ddr_bw_bytes_per_s: PositiveFloat
+    rank: Rank
+    hbm_bytes: MemoryBytes
+    ddr_bytes: MemoryBytes
+    hbm_bw_bytes_per_s: Bandwidth
+    ddr_bw_bytes_per_s: Bandwidth
 
 
 class Topology(_Value):
@@ -173,17 +216,17 @@ class Topology(_Value):
     lives in DDR.
     """
 
-    world_size: PositiveInt
-    local_world_size: PositiveInt | None = None
+    world_size: WorldSize
+    local_world_size: WorldSize | None = None
     compute_device: ComputeDevice = ComputeDevice.CUDA
-    hbm_bytes: NonNegativeInt | None = None
-    ddr_bytes: NonNegativeInt = DEFAULT_DDR_BYTES
-    hbm_bw_bytes_per_s: PositiveFloat = DEFAULT_HBM_BW_BYTES_PER_S
-    ddr_bw_bytes_per_s: PositiveFloat = DEFAULT_DDR_BW_BYTES_PER_S
-    hbm_to_ddr_bw_bytes_per_s: PositiveFloat = DEFAULT_HBM_TO_DDR_BW_BYTES_PER_S
-    intra_host_bw_bytes_per_s: PositiveFloat = DEFAULT_INTRA_HOST_BW_BYTES_PER_S
-    inter_host_bw_bytes_per_s: PositiveFloat = DEFAULT_INTER_HOST_BW_BYTES_PER_S
-    rank_overrides: list[RankOverride] = Field(default_factory=list)
+    hbm_bytes: MemoryBytes | None = None
+    ddr_bytes: MemoryBytes = DEFAULT_DDR_BYTES
+    hbm_bw_bytes_per_s: Bandwidth = DEFAULT_HBM_BW_BYTES_PER_S
+    ddr_bw_bytes_per_s: Bandwidth = DEFAULT_DDR_BW_BYTES_PER_S
+    hbm_to_ddr_bw_bytes_per_s: Bandwidth = DEFAULT_HBM_TO_DDR_BW_BYTES_PER_S
+    intra_host_bw_bytes_per_s: Bandwidth = DEFAULT_INTRA_HOST_BW_BYTES_PER_S
+    inter_host_bw_bytes_per_s: Bandwidth = DEFAULT_INTER_HOST_BW_BYTES_PER_S
+    rank_overrides: list[RankOverride] = Field(default_factory=list, max_length=MAX_WORLD_SIZE)
 
     @model_validator(mode="after")
     def _fill_and_check(self) -> Self:
@@ -192,6 +235,16 @@ class Topology(_Value):
         if self.hbm_bytes is None:
             cuda = self.compute_device is ComputeDevice.CUDA
             object.__setattr__(self, "hbm_bytes", DEFAULT_HBM_BYTES if cuda else 0)
+        if self.num_local_ranks > self.world_size:
+            raise _error(
+                "local_world_size",
+                "local_world_size {local_world_size} is more than world_size {world_size}; "
+                "ranks per host are at most all the ranks",
+                local_world_size=self.local_world_size,
+                world_size=self.world_size,
+                at="local_world_size",
+                value=self.local_world_size,
+            )
         if self.world_size % self.num_local_ranks != 0:
             raise _error(
                 "local_world_size",
@@ -199,6 +252,8 @@ class Topology(_Value):
                 "use a divisor of world_size (ranks per host)",
                 local_world_size=self.local_world_size,
                 world_size=self.world_size,
+                at="local_world_size",
+                value=self.local_world_size,
             )
         seen: set[int] = set()
         for i, override in enumerate(self.rank_overrides):
@@ -209,6 +264,8 @@ class Topology(_Value):
                     i=i,
                     rank=override.rank,
                     last=self.world_size - 1,
+                    at=f"rank_overrides[{i}].rank",
+                    value=override.rank,
                 )
             if override.rank in seen:
                 raise _error(
@@ -216,6 +273,8 @@ class Topology(_Value):
                     "rank_overrides[{i}].rank {rank} appears twice; give one override per rank",
                     i=i,
                     rank=override.rank,
+                    at=f"rank_overrides[{i}].rank",
+                    value=override.rank,
                 )
             seen.add(override.rank)
         return self
@@ -268,12 +327,12 @@ class Table(_Value):
     """
 
     name: Name
-    num_embeddings: PositiveInt
-    embedding_dim: PositiveInt
-    feature_names: list[Name] = Field(default_factory=list)
+    num_embeddings: Annotated[NumRows, Field(ge=1)]
+    embedding_dim: Annotated[NumColumns, Field(ge=1)]
+    feature_names: list[Name] = Field(default_factory=list, max_length=MAX_FEATURES_PER_TABLE)
     pooling: PoolingType = PoolingType.SUM
-    pooling_factors: list[NonNegativeFloat] | None = None
-    batch_sizes: list[PositiveInt] | None = None
+    pooling_factors: list[PoolingFactor] | None = Field(None, max_length=MAX_FEATURES_PER_TABLE)
+    batch_sizes: list[BatchSize] | None = Field(None, max_length=MAX_FEATURES_PER_TABLE)
     data_type: DataType = DataType.FP32
     is_weighted: Bool = False
     optimizer: OptimizerType = OptimizerType.SGD
@@ -283,13 +342,16 @@ class Table(_Value):
         if not self.feature_names:
             object.__setattr__(self, "feature_names", [self.name])
         n = len(self.feature_names)
-        duplicates = sorted({f for f in self.feature_names if self.feature_names.count(f) > 1})
+        counts = Counter(self.feature_names)
+        duplicates = sorted(feature for feature, count in counts.items() if count > 1)
         if duplicates:
             raise _error(
                 "duplicate_feature",
                 "feature_names of table {table!r} lists {dups} more than once",
                 table=self.name,
                 dups=", ".join(map(repr, duplicates)),
+                at="feature_names",
+                value=duplicates[0],
             )
         if self.is_weighted and self.pooling is PoolingType.NONE:
             raise _error(
@@ -297,6 +359,8 @@ class Table(_Value):
                 "table {table!r} has is_weighted true with pooling none; per-id weights "
                 "scale ids inside a pooled bag, so use pooling sum or mean, or is_weighted false",
                 table=self.name,
+                at="is_weighted",
+                value=True,
             )
         if self.pooling_factors is None:
             object.__setattr__(self, "pooling_factors", [1.0] * n)
@@ -311,6 +375,8 @@ class Table(_Value):
                     table=self.name,
                     got=len(values),
                     n=n,
+                    at=field,
+                    value=values,
                 )
         return self
 
@@ -327,8 +393,8 @@ class ParameterConstraints(_Value):
 
     sharding_types: list[ShardingType] | None = Field(default=None, min_length=1)
     compute_kernels: list[ComputeKernel] | None = Field(default=None, min_length=1)
-    ranks: list[NonNegativeInt] | None = Field(default=None, min_length=1)
-    min_partition: PositiveInt | None = None
+    ranks: list[Rank] | None = Field(default=None, min_length=1, max_length=MAX_WORLD_SIZE)
+    min_partition: Annotated[int, Strict(), Field(ge=1, le=MAX_MIN_PARTITION)] | None = None
     cache_load_factor: LoadFactor | None = None
 
 
@@ -342,7 +408,7 @@ class Constraints(_Value):
 
     tables: dict[Name, ParameterConstraints] = Field(default_factory=dict)
     hbm_headroom_fraction: Fraction = DEFAULT_HBM_HEADROOM_FRACTION
-    dense_bytes_per_rank: NonNegativeInt = 0
+    dense_bytes_per_rank: MemoryBytes = 0
     colocate: list[Annotated[list[Name], Field(min_length=2)]] = Field(default_factory=list)
     separate: list[Annotated[list[Name], Field(min_length=2)]] = Field(default_factory=list)
 
@@ -361,9 +427,11 @@ class PlanOptions(_Value):
     relative gap of the optimum (0.02: at most 2% slower than the best plan there is). 0
     searches until the plan is proven optimal or ``time_limit_s`` is spent."""
 
-    time_limit_s: PositiveFloat = DEFAULT_TIME_LIMIT_S
+    time_limit_s: Annotated[float, Field(gt=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] = (
+        DEFAULT_TIME_LIMIT_S
+    )
     gap_limit: Fraction = DEFAULT_GAP_LIMIT
-    seed: NonNegativeInt = 0
+    seed: Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)] = 0
     objective: Objective = Objective.MAX_RANK_COST
     cost_model: CostModel = CostModel.SHARDPLAN
 
@@ -374,7 +442,7 @@ class PlanRequest(_Value):
     topology: Topology
     tables: list[Table] = Field(min_length=1)
     constraints: Constraints = Field(default_factory=Constraints)
-    batch_size: PositiveInt = DEFAULT_BATCH_SIZE
+    batch_size: BatchSize = DEFAULT_BATCH_SIZE
     options: PlanOptions = Field(default_factory=PlanOptions)
 
     @field_validator("tables")
@@ -391,6 +459,8 @@ class PlanRequest(_Value):
                     i=i,
                     j=first_table[table.name],
                     name=table.name,
+                    at=f"[{i}].name",
+                    value=table.name,
                 )
             first_table[table.name] = i
             for feature in table.feature_names:
@@ -403,6 +473,8 @@ class PlanRequest(_Value):
                         j=first_feature[feature],
                         name=table.name,
                         feature=feature,
+                        at=f"[{i}].feature_names",
+                        value=feature,
                     )
                 first_feature[feature] = i
         return tables
@@ -414,17 +486,7 @@ class PlanRequest(_Value):
         for name, constraint in self.constraints.tables.items():
             if name not in names:
                 raise _unknown_table(f"constraints.tables.{name}", name, names)
-            for rank in constraint.ranks or ():
-                if rank >= world:
-                    raise _error(
-                        "rank_range",
-                        "constraints.tables.{name}.ranks has rank {rank}, out of range for "
-                        "world_size {world}; ranks are 0..{last}",
-                        name=name,
-                        rank=rank,
-                        world=world,
-                        last=world - 1,
-                    )
+            _check_pinned_ranks(name, constraint.ranks or [], world)
         for field in ("colocate", "separate"):
             for g, group in enumerate(getattr(self.constraints, field)):
                 for name in group:
@@ -436,6 +498,36 @@ class PlanRequest(_Value):
         return {table.name: table for table in self.tables}
 
 
+def _check_pinned_ranks(name: str, ranks: list[int], world: int) -> None:
+    """Pinned ranks are distinct ranks of the topology, so there are at most world_size."""
+    seen: set[int] = set()
+    for rank in ranks:
+        if rank >= world:
+            raise _error(
+                "rank_range",
+                "constraints.tables.{name}.ranks has rank {rank}, out of range for "
+                "world_size {world}; ranks are 0..{last}",
+                name=name,
+                rank=rank,
+                world=world,
+                last=world - 1,
+                at=f"constraints.tables.{name}.ranks",
+                value=rank,
+            )
+        if rank in seen:
+            raise _error(
+                "duplicate_rank",
+                "constraints.tables.{name}.ranks lists rank {rank} more than once; list each "
+                "rank once (at most world_size {world} ranks)",
+                name=name,
+                rank=rank,
+                world=world,
+                at=f"constraints.tables.{name}.ranks",
+                value=rank,
+            )
+        seen.add(rank)
+
+
 def _unknown_table(where: str, name: str, names: set[str]) -> PydanticCustomError:
     known = ", ".join(sorted(names)[:10]) + (", ..." if len(names) > 10 else "")
     return _error(
@@ -444,6 +536,8 @@ def _unknown_table(where: str, name: str, names: set[str]) -> PydanticCustomErro
         where=where,
         name=name,
         known=known,
+        at=where,
+        value=name,
     )
 
 
@@ -453,9 +547,9 @@ def _unknown_table(where: str, name: str, names: set[str]) -> PydanticCustomErro
 class Shard(_Value):
     """One rectangular piece of a table: ``offsets`` [row, col] and ``sizes`` [rows, cols]."""
 
-    offsets: tuple[NonNegativeInt, NonNegativeInt]
-    sizes: tuple[NonNegativeInt, NonNegativeInt]
-    rank: NonNegativeInt
+    offsets: tuple[NumRows, NumColumns]
+    sizes: tuple[NumRows, NumColumns]
+    rank: Rank
 
 
 class ParameterSharding(_Value):
@@ -467,7 +561,7 @@ class ParameterSharding(_Value):
 
     sharding_type: ShardingType
     compute_kernel: ComputeKernel
-    ranks: list[NonNegativeInt]
+    ranks: list[Rank]
     shards: list[Shard] = Field(min_length=1)
     cache_load_factor: LoadFactor | None = None
 
@@ -491,9 +585,9 @@ class Perf(_Value):
 class RankStats(_Value):
     """What a plan puts on one rank: bytes per memory tier and estimated time."""
 
-    rank: NonNegativeInt
-    hbm_bytes: NonNegativeInt
-    ddr_bytes: NonNegativeInt
+    rank: Rank
+    hbm_bytes: PlanBytes
+    ddr_bytes: PlanBytes
     perf: Perf = Field(default_factory=Perf)
 
 
@@ -523,11 +617,11 @@ class ShardingPlan(_Value):
     identity is its content (see ``planner_service.canonical``).
     """
 
-    schema_version: Annotated[str, Strict(), Field(pattern=r"^\d+\.\d+$")] = SCHEMA_VERSION
+    schema_version: Annotated[str, Strict(), Field(pattern=SCHEMA_VERSION_PATTERN)] = SCHEMA_VERSION
     plan_id: Sha256Hex
     request_hash: Sha256Hex
     planner_version: Name
-    world_size: PositiveInt
+    world_size: WorldSize
     tables: dict[Name, ParameterSharding] = Field(min_length=1)
     rank_stats: list[RankStats]
     solver: SolverReport

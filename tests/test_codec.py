@@ -18,6 +18,10 @@ from planner_service.codec import (
 )
 from planner_service.errors import InputError
 from planner_service.types import (
+    MAX_EMBEDDING_DIM,
+    MAX_MEMORY_BYTES,
+    MAX_NUM_EMBEDDINGS,
+    MAX_POOLING_FACTOR,
     SCHEMA_VERSION,
     ComputeKernel,
     ParameterSharding,
@@ -119,14 +123,16 @@ def test_current_schema_version_reads():
 # --------------------------------------------------------------------------- round trip
 
 _finite = st.floats(min_value=0.0, allow_nan=False, allow_infinity=False)
-_count = st.integers(min_value=0, max_value=2**53)
+_count = st.integers(min_value=0, max_value=MAX_MEMORY_BYTES)
+_rows = st.integers(min_value=0, max_value=MAX_NUM_EMBEDDINGS)
+_cols = st.integers(min_value=0, max_value=MAX_EMBEDDING_DIM)
 _hex = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
 _names = st.text(min_size=1, max_size=12)
 
 _shards = st.builds(
     Shard,
-    offsets=st.tuples(_count, _count),
-    sizes=st.tuples(_count, _count),
+    offsets=st.tuples(_rows, _cols),
+    sizes=st.tuples(_rows, _cols),
     rank=st.integers(0, 65535),
 )
 _shardings = st.builds(
@@ -182,9 +188,9 @@ def test_plan_round_trips_losslessly(plan):
 
 @settings(max_examples=100)
 @given(
-    rows=st.integers(1, 10**12),
-    dim=st.integers(1, 4096),
-    factor=_finite,
+    rows=st.integers(1, MAX_NUM_EMBEDDINGS),
+    dim=st.integers(1, MAX_EMBEDDING_DIM),
+    factor=st.floats(min_value=0.0, max_value=MAX_POOLING_FACTOR),
     headroom=st.floats(min_value=0.0, max_value=0.99),
     hbm=_count,
 )

@@ -10,9 +10,22 @@ from planner_service.codec import parse_request
 from planner_service.errors import InputError
 from planner_service.types import (
     DEFAULT_HBM_BYTES,
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_BATCH_SIZE,
+    MAX_EMBEDDING_DIM,
+    MAX_FEATURES_PER_TABLE,
+    MAX_MEMORY_BYTES,
+    MAX_MIN_PARTITION,
+    MAX_NUM_EMBEDDINGS,
+    MAX_POOLING_FACTOR,
+    MAX_SEED,
+    MAX_TIME_LIMIT_S,
+    MAX_WORLD_SIZE,
+    MIN_BANDWIDTH_BYTES_PER_S,
     ComputeDevice,
     DataType,
     OptimizerType,
+    PlanRequest,
     PoolingType,
     ShardingType,
 )
@@ -64,7 +77,7 @@ def test_hosts_and_rank_overrides():
         world_size=8,
         topology={
             "local_world_size": 4,
-            "rank_overrides": [{"rank": 5, "hbm_bytes": 1000, "ddr_bw_bytes_per_s": 7.0}],
+            "rank_overrides": [{"rank": 5, "hbm_bytes": 1000, "ddr_bw_bytes_per_s": 7e9}],
         },
     )
     topology = req.topology
@@ -72,7 +85,7 @@ def test_hosts_and_rank_overrides():
     assert topology.host_of(5) == 1
     assert list(topology.host_ranks(1)) == [4, 5, 6, 7]
     assert topology.device(5).hbm_bytes == 1000
-    assert topology.device(5).ddr_bw_bytes_per_s == 7.0
+    assert topology.device(5).ddr_bw_bytes_per_s == 7e9
     assert topology.device(5).ddr_bytes == topology.ddr_bytes  # not overridden: inherited
     assert topology.device(4).hbm_bytes == DEFAULT_HBM_BYTES
 
@@ -185,3 +198,133 @@ def test_nan_is_refused():
     document = json.dumps(_doc(tables=[table("t0", pooling_factors=[1.0])])).replace("1.0", "NaN")
     with pytest.raises(InputError, match="pooling_factors"):
         parse_request(document)
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def _at(document: dict, path: tuple, value) -> dict:
+    """``document`` with ``value`` placed at ``path`` (missing objects are created)."""
+    node = document
+    for key in path[:-1]:
+        node = node[key] if isinstance(key, int) or key in node else node.setdefault(key, {})
+    node[path[-1]] = value
+    return document
+
+
+# (where, the largest value accepted, the smallest refused, the limit as the message says it);
+# the error's path is ``where`` as a JSON path, into the list for per-feature values.
+LIMITS = [
+    (("tables", 0, "embedding_dim"), MAX_EMBEDDING_DIM, MAX_EMBEDDING_DIM + 1, "65536"),
+    (("tables", 0, "num_embeddings"), MAX_NUM_EMBEDDINGS, MAX_NUM_EMBEDDINGS + 1, "1099511627776"),
+    (("topology", "world_size"), MAX_WORLD_SIZE, MAX_WORLD_SIZE + 1, "131072"),
+    (("topology", "hbm_bytes"), MAX_MEMORY_BYTES, MAX_MEMORY_BYTES + 1, "9007199254740992"),
+    (("topology", "ddr_bytes"), MAX_MEMORY_BYTES, MAX_MEMORY_BYTES + 1, "9007199254740992"),
+    (
+        ("constraints", "dense_bytes_per_rank"),
+        MAX_MEMORY_BYTES,
+        MAX_MEMORY_BYTES + 1,
+        "9007199254740992",
+    ),
+    (
+        ("topology", "hbm_bw_bytes_per_s"),
+        MAX_BANDWIDTH_BYTES_PER_S,
+        1.0000001e16,
+        "10000000000000000",
+    ),
+    (("topology", "inter_host_bw_bytes_per_s"), MIN_BANDWIDTH_BYTES_PER_S, 999_999.9, "1000000"),
+    (("tables", 0, "pooling_factors"), [MAX_POOLING_FACTOR], [1_000_000.1], "1000000"),
+    (("batch_size",), MAX_BATCH_SIZE, MAX_BATCH_SIZE + 1, "16777216"),
+    (("tables", 0, "batch_sizes"), [MAX_BATCH_SIZE], [MAX_BATCH_SIZE + 1], "16777216"),
+    (("options", "time_limit_s"), MAX_TIME_LIMIT_S, MAX_TIME_LIMIT_S + 0.5, "86400"),
+    (("options", "seed"), MAX_SEED, MAX_SEED + 1, "2147483647"),
+    (
+        ("constraints", "tables", "t0", "min_partition"),
+        MAX_MIN_PARTITION,
+        MAX_MIN_PARTITION + 1,
+        "65536",
+    ),
+    (
+        ("tables", 0, "feature_names"),
+        [f"f{i}" for i in range(MAX_FEATURES_PER_TABLE)],
+        [f"f{i}" for i in range(MAX_FEATURES_PER_TABLE + 1)],
+        "4096",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("where", "largest", "refused", "limit"), LIMITS, ids=lambda v: str(v)[:40]
+)
+def test_every_number_has_a_documented_maximum(where, largest, refused, limit):
+    def document(value):
+        base = _doc(topology={"world_size": 1}, tables=[table("t0")])
+        if where[-1] in ("pooling_factors", "batch_sizes"):
+            base["tables"][0]["feature_names"] = ["t0"]
+        return _at(base, where, value)
+
+    parse_request(json.dumps(document(largest)))
+    with pytest.raises(InputError) as caught:
+        parse_request(json.dumps(document(refused)))
+    (problem,) = caught.value.problems
+    path = ".".join(map(str, where)).replace(".0.", "[0].")
+    assert problem.path == (
+        path + "[0]" if where[-1] in ("pooling_factors", "batch_sizes") else path
+    )
+    assert limit in problem.message
+    assert problem.as_dict()["value"]
+
+
+def test_limits_are_in_the_json_schema():
+    schema = json.dumps(PlanRequest.model_json_schema())
+    for limit in ("65536", "1099511627776", "131072", "9007199254740992", "1e+16", "16777216"):
+        assert limit in schema
+
+
+@pytest.mark.parametrize(
+    ("document", "path", "value", "message"),
+    [
+        (
+            _doc(topology={"world_size": 4, "local_world_size": 8}),
+            "topology.local_world_size",
+            "8",
+            "local_world_size 8 is more than world_size 4",
+        ),
+        (
+            _doc(topology={"world_size": 2, "rank_overrides": [{"rank": 0}, {"rank": 0}]}),
+            "topology.rank_overrides[1].rank",
+            "0",
+            "appears twice",
+        ),
+        (
+            _doc(constraints={"tables": {"t0": {"ranks": [3, 1, 3]}}}),
+            "constraints.tables.t0.ranks",
+            "3",
+            "lists rank 3 more than once; list each rank once (at most world_size 4 ranks)",
+        ),
+        (
+            _doc(tables=[table("a"), table("a")]),
+            "tables[1].name",
+            "'a'",
+            "duplicates tables[0].name",
+        ),
+        (
+            _doc(tables=[table("a", feature_names=["f", "g", "f"])]),
+            "tables[0].feature_names",
+            "'f'",
+            "lists 'f' more than once",
+        ),
+        (
+            _doc(constraints={"separate": [["t0", "ghost"]]}),
+            "constraints.separate[0]",
+            "'ghost'",
+            "names table 'ghost'",
+        ),
+    ],
+)
+def test_checks_across_fields_name_the_field_and_value(document, path, value, message):
+    with pytest.raises(InputError) as caught:
+        parse_request(json.dumps(document))
+    (problem,) = caught.value.problems
+    assert problem.as_dict() == {"path": path, "message": problem.message, "value": value}
+    assert message in problem.message
