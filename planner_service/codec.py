@@ -17,14 +17,25 @@ collapse), and checks ``schema_version`` before reading anything else.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import re
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from planner_service.errors import FieldProblem, InputError, problems_from_validation_error
+from planner_service.errors import (
+    FieldProblem,
+    InputError,
+    json_path,
+    problems_from_validation_error,
+)
 from planner_service.types import (
+    MAX_JSON_DEPTH,
+    MAX_PLAN_BYTES,
     SCHEMA_VERSION,
+    SCHEMA_VERSION_PATTERN,
     MiB,
     ParameterSharding,
     PlanRequest,
@@ -173,20 +184,64 @@ def check_schema_version(version: Any, *, source: str = "plan") -> None:
 
 
 def _version_tuple(version: str) -> tuple[int, int] | None:
-    major, _, minor = version.partition(".")
-    if not (major.isdigit() and minor.isdigit()):
+    """(major, minor) of "1.0"; None for anything else. The pattern bounds both parts to
+    nine ASCII digits before int() sees them (str.isdigit accepts "²", and int() refuses
+    more than 4,300 digits)."""
+    if not _SCHEMA_VERSION.fullmatch(version):
         return None
+    major, _, minor = version.partition(".")
     return int(major), int(minor)
 
 
+_SCHEMA_VERSION = re.compile(SCHEMA_VERSION_PATTERN.strip("^$"))
+
+
 def load_json(data: bytes | str, source: str) -> Any:
-    """Decode JSON, refusing duplicate keys; errors are InputErrors naming ``source``."""
+    """Decode JSON, refusing duplicate keys, nesting deeper than ``MAX_JSON_DEPTH`` and
+    integers too long to convert; errors are InputErrors naming ``source``."""
+    depth = json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise InputError(source, [_too_deep(depth)])
     try:
         return json.loads(data, object_pairs_hook=_reject_duplicate_keys)
     except _DuplicateKeyError as error:
         raise InputError(source, [FieldProblem("", str(error))]) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InputError(source, [FieldProblem("", f"not valid JSON: {error}")]) from None
+    except RecursionError:  # not expected after json_depth; never a 500 if it happens
+        raise InputError(source, [_too_deep(depth)]) from None
+    except ValueError:  # int() refused a number of more than 4,300 digits
+        raise InputError(source, _long_numbers(data)) from None
+
+
+def json_depth(data: bytes | str) -> int:
+    """How deep arrays and objects nest in a JSON text, found without parsing it (so
+    without recursion), in time linear in its length: escapes are dropped, strings cut
+    out by splitting at quotes, and the brackets left are counted."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside_strings = b"".join(unescaped.split(b'"')[::2])
+    brackets = outside_strings.translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(brackets, _nest, initial=0))
+
+
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def _nest(depth: int, bracket: int) -> int:
+    return depth + 1 if bracket in _OPENING else depth - 1
+
+
+_OPENING = frozenset(b"[{")
+
+
+def _too_deep(depth: int) -> FieldProblem:
+    return FieldProblem(
+        "",
+        f"arrays and objects nest {depth} deep; shardplan documents nest at most "
+        f"{MAX_JSON_DEPTH} (MAX_JSON_DEPTH)",
+        depth,
+    )
 
 
 class _DuplicateKeyError(ValueError):
@@ -200,6 +255,58 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _DuplicateKeyError(f"key {key!r} appears twice in one JSON object")
         result[key] = value
     return result
+
+
+def _long_numbers(data: bytes | str) -> list[FieldProblem]:
+    """Where the integers too long for int() are: looked for only once json.loads refused."""
+    try:
+        document = json.loads(data, parse_int=_LongInteger.parse)
+    except ValueError as error:
+        return [FieldProblem("", f"not valid JSON: {error}")]
+    problems = [
+        FieldProblem(
+            json_path(loc),
+            f"an integer of {number.digits} digits is too long to read; no field accepts "
+            f"more than {_MAX_FIELD_DIGITS} digits",
+            number,
+        )
+        for loc, number in _long_integers(document, ())
+    ]
+    return problems or [FieldProblem("", "not valid JSON")]
+
+
+_MAX_FIELD_DIGITS = len(str(MAX_PLAN_BYTES))
+_MAX_PARSED_DIGITS = 4_300  # Python's default limit on int(str) (sys.get_int_max_str_digits)
+
+
+class _LongInteger:
+    """Stands in for an integer json.loads cannot convert, so its path can be reported."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.digits = len(text.lstrip("-"))
+
+    @classmethod
+    def parse(cls, text: str) -> int | _LongInteger:
+        return int(text) if len(text) <= _MAX_PARSED_DIGITS else cls(text)
+
+    def __repr__(self) -> str:
+        return f"{self.text[:12]}... ({self.digits} digits)"
+
+
+Loc = tuple[int | str, ...]
+
+
+def _long_integers(node: Any, loc: Loc) -> Iterator[tuple[Loc, _LongInteger]]:
+    """Every stand-in in a decoded document (at most MAX_JSON_DEPTH deep), with its place."""
+    if isinstance(node, _LongInteger):
+        yield loc, node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _long_integers(value, (*loc, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _long_integers(value, (*loc, index))
 
 
 def _validate(model: type[M], data: bytes | str, source: str) -> M:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from planner_service.codec import (
     canonical_bytes,
+    json_depth,
     parse_plan,
     parse_request,
     plan_bytes,
@@ -19,6 +20,7 @@ from planner_service.codec import (
 from planner_service.errors import InputError
 from planner_service.types import (
     MAX_EMBEDDING_DIM,
+    MAX_JSON_DEPTH,
     MAX_MEMORY_BYTES,
     MAX_NUM_EMBEDDINGS,
     MAX_POOLING_FACTOR,
@@ -114,6 +116,18 @@ def test_unknown_schema_versions_are_refused(version, message):
     assert message in caught.value.render()
 
 
+@pytest.mark.parametrize("version", ["1." + "1" * 4301, "1.²", "١.٠", "1.0 ", "1234567890.0", "1"])
+def test_schema_versions_are_read_without_unbounded_int(version):
+    _, plan = _two_table_plan()
+    document = json.loads(plan_bytes(plan))
+    document["schema_version"] = version
+    with pytest.raises(InputError) as caught:
+        parse_plan(json.dumps(document))
+    (problem,) = caught.value.problems
+    assert problem.path == "schema_version"
+    assert problem.message == 'must be a string like "1.0"'
+
+
 def test_current_schema_version_reads():
     _, plan = _two_table_plan()
     assert plan.schema_version == SCHEMA_VERSION
@@ -202,3 +216,64 @@ def test_request_round_trips_losslessly(rows, dim, factor, headroom, hbm):
     )
     assert type(req).model_validate_json(req.model_dump_json()) == req
     assert parse_request(canonical_bytes(req)) == req
+
+
+# --------------------------------------------------------------------------- hostile JSON
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 1_000, 100_000])
+def test_nesting_deeper_than_the_limit_is_refused_before_parsing(depth):
+    body = '{"topology": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+    with pytest.raises(InputError) as caught:
+        parse_request(body, source="req.json")
+    (problem,) = caught.value.problems
+    assert problem.as_dict() == {
+        "path": "",
+        "message": f"arrays and objects nest {depth} deep; shardplan documents nest at most "
+        "64 (MAX_JSON_DEPTH)",
+        "value": str(depth),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        ("{}", 1),
+        ('{"a": [[1], {"b": [2]}]}', 4),
+        (r'["[[[", "]", "\\"]', 1),  # brackets and escapes inside strings do not count
+        (r'["\\\"[[", {"k\\": []}]', 3),
+        ("7", 0),
+    ],
+)
+def test_json_depth_counts_only_structure(text, depth):
+    assert json_depth(text) == depth == json_depth(text.encode())
+    json.loads(text)  # the cases are valid JSON
+
+
+def test_plans_nest_far_less_than_the_limit():
+    _, plan = _two_table_plan()
+    assert json_depth(plan_bytes(plan)) == 6 < MAX_JSON_DEPTH
+
+
+def test_integers_too_long_to_convert_are_named_by_path():
+    body = '{"topology": {"world_size": 4}, "tables": [{"name": "t", "num_embeddings": %s}]}'
+    with pytest.raises(InputError) as caught:
+        parse_request(body % ("-" + "9" * 5000))
+    (problem,) = caught.value.problems
+    assert problem.as_dict() == {
+        "path": "tables[0].num_embeddings",
+        "message": "an integer of 5000 digits is too long to read; no field accepts more than "
+        "19 digits",
+        "value": "-99999999999... (5000 digits)",
+    }
+
+
+def test_long_integers_within_int_limits_name_the_field_and_limit():
+    body = '{"topology": {"world_size": 4}, "tables": [{"name": "t", "num_embeddings": %d, "embedding_dim": 8}]}'
+    with pytest.raises(InputError) as caught:
+        parse_request(body % 10**4000)
+    (problem,) = caught.value.problems
+    assert problem.render() == (
+        "tables[0].num_embeddings = 100000000000... (4001 digits): Input should be less than "
+        "or equal to 1099511627776"
+    )
