@@ -12,6 +12,7 @@ that no rank can hold and reports, with numbers, every table left with none.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -290,10 +291,21 @@ def allowed_kernels(
 @functools.cache
 def column_widths(dim: int, min_partition: int) -> list[int]:
     """Column-shard widths to try, widest first: the whole dim, then every multiple of 4
-    that divides it and is at least ``min_partition`` (dim 512 -> 512, 256, 128)."""
-    first = -(-max(min_partition, 1) // COLUMN_ALIGNMENT) * COLUMN_ALIGNMENT
-    narrower = [w for w in range(first, dim // 2 + 1, COLUMN_ALIGNMENT) if dim % w == 0]
-    return [dim, *reversed(narrower)]
+    that divides it and is at least ``min_partition`` (dim 512 -> 512, 256, 128).
+
+    Divisors come from trial division up to sqrt(dim) (256 steps at the largest
+    dim), not from a loop over the dim itself."""
+    narrower = [
+        width
+        for width in _divisors(dim)
+        if width % COLUMN_ALIGNMENT == 0 and min_partition <= width <= dim // 2
+    ]
+    return [dim, *sorted(narrower, reverse=True)]
+
+
+def _divisors(n: int) -> set[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return {*small, *(n // d for d in small)}
 
 
 def _pins_allow(option: ShardingOption, pinned: list[int] | None, topology: Topology) -> bool:

@@ -16,6 +16,7 @@ from planner_service.enumerator import (
     fit_options,
 )
 from planner_service.types import (
+    MAX_EMBEDDING_DIM,
     ComputeKernel,
     ParameterSharding,
     Shard,
@@ -53,6 +54,21 @@ def _kinds(req) -> set[tuple[str, str]]:
 )
 def test_column_widths(dim, min_partition, widths):
     assert column_widths(dim, min_partition) == widths
+
+
+def test_column_widths_are_the_aligned_divisors_up_to_the_largest_dim():
+    """Divisors by trial division up to sqrt(dim) give exactly the widths the definition
+    does (every multiple of 4 from min_partition to dim / 2 that divides dim)."""
+
+    def by_definition(dim: int, min_partition: int) -> list[int]:
+        aligned = range(4, dim // 2 + 1, 4)
+        return [dim, *(w for w in reversed(aligned) if dim % w == 0 and w >= min_partition)]
+
+    dims = [*range(1, 1025), 3 * 2**14, 2 * 3 * 5 * 7 * 11 * 13, MAX_EMBEDDING_DIM]
+    for dim in dims:
+        for min_partition in (1, 4, 6, 128, MAX_EMBEDDING_DIM):
+            assert column_widths(dim, min_partition) == by_definition(dim, min_partition)
+    assert column_widths(MAX_EMBEDDING_DIM, 128) == [2**k for k in range(16, 6, -1)]
 
 
 def test_every_type_and_kernel_on_cuda():
