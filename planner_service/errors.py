@@ -7,12 +7,20 @@ import math
 import types
 import typing
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-_NO_VALUE = object()
+
+class _NoValue(Enum):
+    """No value to show (a missing field); an enum, so it stays itself across pickling."""
+
+    NO_VALUE = "no value"
+
+
+_NO_VALUE = _NoValue.NO_VALUE
 _MAX_VALUE_CHARS = 80
 
 
@@ -45,6 +53,10 @@ class InputError(ValueError):
         self.source = source
         self.problems = problems
         super().__init__(self.render())
+
+    def __reduce__(self) -> tuple[type[InputError], tuple[str, list[FieldProblem]]]:
+        """Pickled as its source and problems (it is raised in worker processes too)."""
+        return type(self), (self.source, self.problems)
 
     def render(self) -> str:
         lines = [f"{self.source}: {problem.render()}" for problem in self.problems]

@@ -303,7 +303,7 @@ def test_validate_valid_and_invalid(client):
     [
         (b"{oops", "", "not valid JSON"),
         (b'{"request": {}}', "", 'exactly the keys "request" and "plan"'),
-        (None, "tables[0].num_embeddings", "greater than or equal to 1"),
+        (None, "request.tables[0].num_embeddings", "greater than or equal to 1"),
     ],
 )
 def test_validate_bad_input_is_problem_json(client, body, path, text):

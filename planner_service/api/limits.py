@@ -16,41 +16,50 @@ def decode_plan_request(body: bytes, settings: Settings, *, source: str = "body"
     """Parse a PlanRequest from a request body and apply the service's limits."""
     document = load_json(body, source)
     if isinstance(document, dict):
-        tables = document.get("tables")
-        if isinstance(tables, list) and len(tables) > settings.max_tables:
-            raise InputError(
-                source,
-                [
-                    FieldProblem(
-                        "tables",
-                        f"this service plans at most {settings.max_tables} tables per request "
-                        f"(SHARDPLAN_MAX_TABLES); got {len(tables)}",
-                    )
-                ],
-            )
+        table_problem = tables_limit(document.get("tables"), settings)
+        if table_problem is not None:
+            raise InputError(source, [table_problem])
     request = parse_request(body, source=source)
-    problems = []
-    if request.topology.world_size > settings.max_world_size:
-        problems.append(
-            FieldProblem(
-                "topology.world_size",
-                f"must be at most {settings.max_world_size} on this service "
-                "(SHARDPLAN_MAX_WORLD_SIZE)",
-                request.topology.world_size,
-            )
-        )
-    if request.options.time_limit_s > settings.max_time_limit_s:
-        problems.append(
-            FieldProblem(
-                "options.time_limit_s",
-                f"must be at most {settings.max_time_limit_s:g} s on this service "
-                "(SHARDPLAN_MAX_TIME_LIMIT_S); plan longer solves with the `shardplan plan` CLI",
-                request.options.time_limit_s,
-            )
-        )
+    problems = [
+        *world_size_limit("topology.world_size", request.topology.world_size, settings),
+        *time_limit(request, settings),
+    ]
     if problems:
         raise InputError(source, problems)
     return request
+
+
+def tables_limit(tables: Any, settings: Settings, path: str = "tables") -> FieldProblem | None:
+    """Checked on the raw document, before a single table is validated."""
+    if isinstance(tables, list) and len(tables) > settings.max_tables:
+        return FieldProblem(
+            path,
+            f"this service plans at most {settings.max_tables} tables per request "
+            f"(SHARDPLAN_MAX_TABLES); got {len(tables)}",
+        )
+    return None
+
+
+def world_size_limit(path: str, world_size: int, settings: Settings) -> list[FieldProblem]:
+    if world_size <= settings.max_world_size:
+        return []
+    message = (
+        f"must be at most {settings.max_world_size} on this service (SHARDPLAN_MAX_WORLD_SIZE)"
+    )
+    return [FieldProblem(path, message, world_size)]
+
+
+def time_limit(request: PlanRequest, settings: Settings) -> list[FieldProblem]:
+    if request.options.time_limit_s <= settings.max_time_limit_s:
+        return []
+    return [
+        FieldProblem(
+            "options.time_limit_s",
+            f"must be at most {settings.max_time_limit_s:g} s on this service "
+            "(SHARDPLAN_MAX_TIME_LIMIT_S); plan longer solves with the `shardplan plan` CLI",
+            request.options.time_limit_s,
+        )
+    ]
 
 
 class BodyLimitMiddleware:

@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except StoreUnavailableError as error:  # serve anyway; /readyz says why
             log.warning("plan store not reachable at start: %s", error)
         state.pool.start()
+        state.cpu.start()
         yield
         state.close()
 

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
 from planner_service.api import metrics
+from planner_service.api.cpu import CpuLane
 from planner_service.api.problems import ProblemError
 from planner_service.api.settings import Settings
 from planner_service.api.solving import SolvePool
@@ -54,6 +55,7 @@ class ServiceState:
     settings: Settings
     pool: SolvePool
     cache: PlanCache
+    cpu: CpuLane = field(default_factory=CpuLane)
     _store: PlanStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -67,6 +69,7 @@ class ServiceState:
 
     def close(self) -> None:
         self.pool.shutdown()
+        self.cpu.shutdown()
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -3,11 +3,13 @@ front-end build. Bars are plain ``div``s sized in percent."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from html import escape
 
-from planner_service.capacity import usable_capacity
+from planner_service.capacity import Capacity, usable_capacity
 from planner_service.reports import rank_ranges
-from planner_service.types import GiB, PlanRequest, ShardingPlan
+from planner_service.types import GiB, PlanRequest, RankStats, ShardingPlan
 
 PERF_COLOURS = {
     "fwd_compute": "#4e79a7",
@@ -35,30 +37,60 @@ def _bytes(num: int) -> str:
     return f"{num / GiB:.2f} GiB"
 
 
+def _rank_runs(
+    rank_stats: list[RankStats], capacities: list[Capacity]
+) -> Iterator[tuple[str, RankStats, Capacity]]:
+    """Consecutive ranks with the same row, as one row labelled "first-last": the page of
+    a plan over 65,536 ranks that each hold the same has one row for them, not 65,536."""
+    rows = enumerate(zip(rank_stats, capacities, strict=True))
+    for _, run in itertools.groupby(rows, key=_row_key):
+        members = [row for _, row in run]
+        (stats, capacity), last = members[0], members[-1][0].rank
+        yield (str(stats.rank) if stats.rank == last else f"{stats.rank}-{last}"), stats, capacity
+
+
+def _row_key(item: tuple[int, tuple[RankStats, Capacity]]) -> tuple[object, ...]:
+    """Equal for neighbours that show the same; ``rank - position`` keeps runs consecutive."""
+    position, (stats, capacity) = item
+    return (
+        stats.rank - position,
+        stats.hbm_bytes,
+        stats.ddr_bytes,
+        capacity.hbm_bytes,
+        capacity.ddr_bytes,
+        stats.perf,
+    )
+
+
+def _rank_row(label: str, stats: RankStats, capacity: Capacity, worst: float) -> str:
+    hbm_pct = 100 * stats.hbm_bytes / capacity.hbm_bytes if capacity.hbm_bytes else 0.0
+    ddr_pct = 100 * stats.ddr_bytes / capacity.ddr_bytes if capacity.ddr_bytes else 0.0
+    segments = "".join(
+        f'<div title="{name} {getattr(stats.perf, name):.4g} ms" '
+        f'style="width:{100 * getattr(stats.perf, name) / worst:.2f}%;'
+        f'background:{colour}"></div>'
+        for name, colour in PERF_COLOURS.items()
+        if getattr(stats.perf, name) > 0
+    )
+    return (
+        f"<tr><td class=num>{label}</td>"
+        f'<td><div class=bar><div class=hbm style="width:{min(hbm_pct, 100):.2f}%">'
+        f"</div></div></td><td class=num>{_bytes(stats.hbm_bytes)} ({hbm_pct:.1f}%)</td>"
+        f'<td><div class=bar><div class=ddr style="width:{min(ddr_pct, 100):.2f}%">'
+        f"</div></div></td><td class=num>{_bytes(stats.ddr_bytes)} ({ddr_pct:.1f}%)</td>"
+        f"<td><div class=bar>{segments}</div></td>"
+        f"<td class=num>{stats.perf.total:.4g}</td></tr>"
+    )
+
+
 def render_plan_page(request: PlanRequest, plan: ShardingPlan) -> str:
     capacities = usable_capacity(request.topology, request.constraints)
     report = plan.solver
     worst = max((stats.perf.total for stats in plan.rank_stats), default=0.0) or 1.0
-    rows = []
-    for stats, capacity in zip(plan.rank_stats, capacities, strict=True):
-        hbm_pct = 100 * stats.hbm_bytes / capacity.hbm_bytes if capacity.hbm_bytes else 0.0
-        ddr_pct = 100 * stats.ddr_bytes / capacity.ddr_bytes if capacity.ddr_bytes else 0.0
-        segments = "".join(
-            f'<div title="{name} {getattr(stats.perf, name):.4g} ms" '
-            f'style="width:{100 * getattr(stats.perf, name) / worst:.2f}%;'
-            f'background:{colour}"></div>'
-            for name, colour in PERF_COLOURS.items()
-            if getattr(stats.perf, name) > 0
-        )
-        rows.append(
-            f"<tr><td class=num>{stats.rank}</td>"
-            f'<td><div class=bar><div class=hbm style="width:{min(hbm_pct, 100):.2f}%">'
-            f"</div></div></td><td class=num>{_bytes(stats.hbm_bytes)} ({hbm_pct:.1f}%)</td>"
-            f'<td><div class=bar><div class=ddr style="width:{min(ddr_pct, 100):.2f}%">'
-            f"</div></div></td><td class=num>{_bytes(stats.ddr_bytes)} ({ddr_pct:.1f}%)</td>"
-            f"<td><div class=bar>{segments}</div></td>"
-            f"<td class=num>{stats.perf.total:.4g}</td></tr>"
-        )
+    rows = [
+        _rank_row(label, stats, capacity, worst)
+        for label, stats, capacity in _rank_runs(plan.rank_stats, capacities)
+    ]
     tables = "".join(
         f"<tr><td>{escape(name)}</td><td>{sharding.sharding_type.value}</td>"
         f"<td>{sharding.compute_kernel.value}</td><td>{escape(rank_ranges(sharding.ranks))}</td>"
@@ -93,7 +125,8 @@ cost model <code>{request.options.cost_model.value}</code></div>
 <h2>Solver report</h2><table>{solver_table}</table>
 <h2>Ranks</h2>
 <div class=legend>perf (ms, bar relative to the most loaded rank): {legend}</div>
-<table><tr><th>rank</th><th colspan=2>HBM used / usable</th><th colspan=2>DDR used / usable</th>
+<div>consecutive ranks with identical rows share one row (<code>first-last</code>)</div>
+<table><tr><th>ranks</th><th colspan=2>HBM used / usable</th><th colspan=2>DDR used / usable</th>
 <th>perf by component</th><th>perf total (ms)</th></tr>
 {"".join(rows)}</table>
 <h2>Tables</h2>

@@ -11,7 +11,7 @@ from planner_service.api.schemas import json_body
 from planner_service.api.state import reader, state_of
 from planner_service.capacity import usable_capacity
 from planner_service.codec import canonical_bytes, parse_plan, request_hash
-from planner_service.types import Infeasibility, PlanRequest, ShardingPlan, SolverStatus
+from planner_service.types import Infeasibility, PlanRequest, SolverStatus
 
 router = APIRouter(tags=["plans"])
 
@@ -56,7 +56,7 @@ async def check(http_request: Request) -> CheckResult:
     key = request_hash(request)
     existing = await state.plan_for_request(key)
     if existing is not None:
-        return _fits(request, parse_plan(existing[1]), stored=True)
+        return await state.cpu.run(_fits, request, existing[1], stored=True)
     result, _ = await _solve(state, "check:" + key, canonical_bytes(request), lambda r: r)
     if result.plan is None:
         assert result.infeasibility is not None
@@ -68,10 +68,12 @@ async def check(http_request: Request) -> CheckResult:
             stored=False,
             infeasibility=infeasibility,
         )
-    return _fits(request, parse_plan(result.plan), stored=False)
+    return await state.cpu.run(_fits, request, result.plan, stored=False)
 
 
-def _fits(request: PlanRequest, plan: ShardingPlan, *, stored: bool) -> CheckResult:
+def _fits(request: PlanRequest, plan_document: bytes, *, stored: bool) -> CheckResult:
+    """Per-rank headroom: work in proportion to world_size, run in a worker process."""
+    plan = parse_plan(plan_document)
     capacities = usable_capacity(request.topology, request.constraints)
     ranks = [
         RankHeadroom(

@@ -197,9 +197,16 @@ async def get_plan_request(plan_id: PlanId, http_request: Request) -> Response:
 )
 async def view_plan(plan_id: PlanId, http_request: Request) -> HTMLResponse:
     """A page for people: per-rank memory and perf bars, the tables, the solver report."""
-    stored = await state_of(http_request).stored(plan_id)
+    state = state_of(http_request)
+    stored = await state.stored(plan_id)
     if stored is None:
         raise _not_found(plan_id)
-    request = parse_request(stored.request, source="stored request")
-    plan = parse_plan(stored.plan, source="stored plan")
-    return HTMLResponse(render_plan_page(request, plan), headers={"Cache-Control": IMMUTABLE})
+    # Parsing and rendering take time in proportion to the plan: off the event loop.
+    page = await state.cpu.run(_plan_page, stored.request, stored.plan)
+    return HTMLResponse(page, headers={"Cache-Control": IMMUTABLE})
+
+
+def _plan_page(request_document: bytes, plan_document: bytes) -> str:
+    request = parse_request(request_document, source="stored request")
+    plan = parse_plan(plan_document, source="stored plan")
+    return render_plan_page(request, plan)

@@ -1,0 +1,195 @@
+"""Hostile input (issue 18, section 2): every body route answers every case in
+``tests/hostile.py`` with a 422 problem+json that names the field, the value and the limit,
+never a 500 or a stall. In process for each route and case (fast), then the whole set
+against a real server, which must still answer ``/healthz`` and solve afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from planner_service.api.cpu import CpuLane
+from planner_service.api.main import create_app
+from planner_service.api.problems import ProblemError
+from planner_service.api.settings import Settings
+from planner_service.codec import canonical_bytes, parse_request
+from planner_service.errors import InputError
+from tests import builders
+from tests.builders import request, table
+from tests.hostile import Hostile, every_case, valid_pair, valid_request
+from tests.servers import Service
+
+pytestmark = pytest.mark.timeout(120)
+
+JSON = {"content-type": "application/json"}
+STALL_S = 60
+CASES = every_case()
+
+
+def assert_names_the_field(response: httpx.Response, case: Hostile) -> None:
+    assert response.status_code == 422, (case.name, response.status_code, response.text[:400])
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["title"] == "Invalid input"
+    named = [error for error in problem["errors"] if error["path"] == case.path]
+    assert named, (case.name, problem["errors"])
+    assert all("value" in error for error in named), named
+    assert any(case.says in error["message"] for error in named), named
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """The app in this process (lifespan run, httpx's ASGI transport, no socket):
+    calling it answers like ``httpx.Client.request``."""
+
+    app: FastAPI
+    call: Callable[..., httpx.Response]
+
+    def __call__(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.call(method, path, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory) -> Iterator[InProcess]:
+    database = tmp_path_factory.mktemp("hostile") / "plans.db"
+    app = create_app(Settings(database_url=str(database), solve_workers=1))
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(app.router.lifespan_context(app)),
+    ):
+        client = httpx.AsyncClient(transport=transport, base_url="http://app")
+
+        async def call(method: str, path: str, **kwargs: Any) -> httpx.Response:
+            with anyio.fail_after(STALL_S):  # a stall fails the test, not the run
+                return await client.request(method, path, **kwargs)
+
+        yield InProcess(
+            app,
+            lambda method, path, **kwargs: portal.call(
+                functools.partial(call, method, path, **kwargs)
+            ),
+        )
+        portal.call(client.aclose)
+
+
+@pytest.mark.parametrize(("route", "case"), CASES, ids=[f"{r} {c.name}" for r, c in CASES])
+def test_hostile_input_is_422_naming_field_value_and_limit(in_process, route, case):
+    method, path = route.split(" ")
+    assert_names_the_field(in_process(method, path, content=case.body, headers=JSON), case)
+
+
+@pytest.fixture(scope="module")
+def hostile_service(shardplan_exe, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("hostile-service")
+    server = Service(shardplan_exe, directory / "log", db=str(directory / "plans.db")).start()
+    yield server
+    server.stop()
+
+
+def test_real_server_refuses_every_hostile_input_and_keeps_serving(hostile_service):
+    with httpx.Client(base_url=hostile_service.base, timeout=60) as http:
+        for route, case in CASES:
+            method, path = route.split(" ")
+            assert_names_the_field(http.request(method, path, content=case.body), case)
+            assert http.get("/healthz").status_code == 200
+        # Nothing was left running in the solve pool: a real solve is admitted and fits.
+        checked = http.post("/v1/check", json=valid_request())
+        assert checked.status_code == 200, checked.text
+        assert checked.json()["fits"] is True
+        assert "Traceback" not in hostile_service.log()
+
+
+# --------------------------------------------------------------------------- off the loop
+
+
+def test_validate_reports_problems_in_both_documents_by_their_path_in_the_body(in_process):
+    req, plan = valid_pair()
+    req["tables"][0]["embedding_dim"] = 0
+    plan["world_size"] = 70_000  # within the type's limit, over the service's
+    response = in_process("POST", "/v1/validate", json={"request": req, "plan": plan})
+    assert response.status_code == 422
+    assert [(e["path"], e["value"]) for e in response.json()["errors"]] == [
+        ("request.tables[0].embedding_dim", "0"),
+        ("plan.world_size", "70000"),
+    ]
+    assert "at most 65536 on this service" in response.json()["errors"][1]["message"]
+
+
+def _stored_plan(in_process_app: FastAPI, world_size: int) -> str:
+    """A plan on ``world_size`` ranks put straight into the app's store; its plan_id."""
+    req = request([table("a"), table("b")], world_size=world_size)
+    plan = builders.plan(
+        req,
+        {"a": builders.table_wise(req, "a", 0), "b": builders.row_wise(req, "b")},
+        hbm_bytes=[7 * 2**20 if rank == 3 else 2**20 for rank in range(world_size)],
+    )
+    in_process_app.state.service.store().put_plan(
+        plan_id=plan.plan_id,
+        request_hash=plan.request_hash,
+        planner_version=plan.planner_version,
+        request=canonical_bytes(req),
+        plan=canonical_bytes(plan),
+    )
+    return plan.plan_id
+
+
+@pytest.mark.parametrize("world_size", [8, 4096])
+def test_plan_page_rows_grow_with_what_differs_not_with_world_size(in_process, world_size):
+    plan_id = _stored_plan(in_process.app, world_size)
+    page = in_process("GET", f"/v1/plans/{plan_id}/view")
+    assert page.status_code == 200, page.text
+    ranks = re.findall(r"<tr><td class=num>([0-9-]+)</td>", page.text)
+    assert ranks == ["0-2", "3", f"4-{world_size - 1}"]
+    assert f"2 tables on {world_size} ranks" in page.text
+
+
+def wait_for(path: Path) -> str:
+    """Runs in a lane's worker: blocks until ``path`` exists."""
+    while not path.exists():
+        time.sleep(0.01)
+    return path.read_text()
+
+
+def test_cpu_lane_turns_away_work_beyond_its_queue_and_frees_slots_only_when_work_ends(
+    tmp_path,
+):
+    go = tmp_path / "go"
+
+    async def scenario(lane: CpuLane) -> None:
+        running = asyncio.create_task(lane.run(wait_for, go))
+        while lane.admitted == 0:  # it took the one slot
+            await asyncio.sleep(0)
+        with pytest.raises(ProblemError) as busy:
+            await lane.run(sum, [1, 2])
+        assert busy.value.status == 503 and busy.value.headers == {"Retry-After": "1"}
+        running.cancel()  # the client went away; its worker still runs
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        with pytest.raises(ProblemError):
+            await lane.run(sum, [1, 2])
+        go.write_text("done")
+        while lane.admitted:  # the work ends, then its slot is free
+            await asyncio.sleep(0.01)
+        assert await lane.run(sum, [1, 2]) == 3
+        with pytest.raises(InputError) as refused:  # raised in the worker, named here
+            await lane.run(parse_request, b'{"topology": {"world_size": 0}}')
+        assert refused.value.problems[0].path == "topology.world_size"
+
+    lane = CpuLane(workers=1, queue=0)
+    try:
+        asyncio.run(scenario(lane))
+    finally:
+        lane.shutdown()
