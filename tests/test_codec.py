@@ -250,6 +250,30 @@ def test_json_depth_counts_only_structure(text, depth):
     json.loads(text)  # the cases are valid JSON
 
 
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab/\n'),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet='[]{}"\\k'), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=300)
+@given(_json, st.booleans())
+def test_json_depth_is_the_depth_of_any_json(value, ascii_only):
+    assert json_depth(json.dumps(value, ensure_ascii=ascii_only)) == _depth(value)
+
+
 def test_plans_nest_far_less_than_the_limit():
     _, plan = _two_table_plan()
     assert json_depth(plan_bytes(plan)) == 6 < MAX_JSON_DEPTH
