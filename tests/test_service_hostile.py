@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -187,6 +188,26 @@ def test_cpu_lane_turns_away_work_beyond_its_queue_and_frees_slots_only_when_wor
         with pytest.raises(InputError) as refused:  # raised in the worker, named here
             await lane.run(parse_request, b'{"topology": {"world_size": 0}}')
         assert refused.value.problems[0].path == "topology.world_size"
+
+    lane = CpuLane(workers=1, queue=0)
+    try:
+        asyncio.run(scenario(lane))
+    finally:
+        lane.shutdown()
+
+
+def die() -> None:
+    """Runs in a lane's worker: the process ends as if killed (out of memory, say)."""
+    os._exit(1)
+
+
+def test_cpu_lane_replaces_a_dead_worker_and_answers_503_meanwhile():
+    async def scenario(lane: CpuLane) -> None:
+        with pytest.raises(ProblemError) as died:
+            await lane.run(die)
+        assert died.value.status == 503 and "the pool was restarted" in died.value.detail
+        assert lane.admitted == 0
+        assert await lane.run(sum, [2, 3]) == 5
 
     lane = CpuLane(workers=1, queue=0)
     try:
