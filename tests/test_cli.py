@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 
 import pytest
 
@@ -10,6 +13,7 @@ from planner_service.codec import plan_bytes
 from planner_service.types import ShardingPlan
 from tests import builders
 from tests.builders import request, table
+from tests.servers import free_port
 
 
 @pytest.fixture
@@ -209,3 +213,24 @@ def test_progress_line_for_long_solves(monkeypatch, capsys):
         time.sleep(0.2)
     err = capsys.readouterr().err
     assert "planning: 0 s, cp-sat, best 1.25 ms, bound 1 ms" in err
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def test_serve_refuses_protected_reads_without_tokens(shardplan_exe, tmp_path):
+    command = [str(shardplan_exe), "serve", "--port", str(free_port())]
+    env = {**os.environ, "SHARDPLAN_PROTECT_READS": "1", "SHARDPLAN_API_TOKENS": ""}
+    env["SHARDPLAN_DATABASE_URL"] = str(tmp_path / "plans.db")
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            _, err = process.communicate(timeout=60)  # generous: a server that starts never ends
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 2, err
+    assert "SHARDPLAN_PROTECT_READS" in err and "set SHARDPLAN_API_TOKENS" in err
+    assert "Traceback" not in err and "serving on" not in err

@@ -71,9 +71,26 @@ class Settings:
             solve_queue=int(number("SHARDPLAN_SOLVE_QUEUE", defaults.solve_queue, int, 0)),
             cache_bytes=int(number("SHARDPLAN_CACHE_BYTES", defaults.cache_bytes, int, 0)),
         )
+        _check_reads_protected(settings, env, problems)
         if problems:
             raise InputError("environment", problems)
         return settings
+
+
+def _check_reads_protected(
+    settings: Settings, env: Mapping[str, str], problems: list[FieldProblem]
+) -> None:
+    """Reads protected by no token are open to all: refuse to start rather than serve them."""
+    token_problem = any(problem.path == "SHARDPLAN_API_TOKENS" for problem in problems)
+    if settings.protect_reads and not settings.auth_enabled and not token_problem:
+        problems.append(
+            FieldProblem(
+                "SHARDPLAN_PROTECT_READS",
+                "protects reads with the tokens in SHARDPLAN_API_TOKENS, which is empty: "
+                "set SHARDPLAN_API_TOKENS, or unset SHARDPLAN_PROTECT_READS",
+                env["SHARDPLAN_PROTECT_READS"],
+            )
+        )
 
 
 def _parse_bool(text: str, problems: list[FieldProblem]) -> bool:
