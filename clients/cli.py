@@ -2,8 +2,8 @@
 
 Each command parses its arguments, calls one library function and renders the result.
 Exit codes: 0 success, 1 the plan is invalid, 2 bad input (usage, unreadable or invalid
-files), 3 no plan exists (a table fits nowhere, or the solver proves it). Bad input never
-shows a traceback.
+files, output paths that cannot be written, checked before solving), 3 no plan exists (a
+table fits nowhere, or the solver proves it). Bad input never shows a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -119,6 +120,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     request = parse_request(_read(args.request), source=str(args.request))
+    if args.output:
+        _check_writable(args.output, "--output")
     with _ProgressLine() as progress:
         outcome = solve(request, on_progress=progress.update)
     if outcome.plan is None:
@@ -129,7 +132,7 @@ def _plan(args: argparse.Namespace) -> int:
         return EXIT_NO_PLAN
     document = plan_bytes(outcome.plan)
     if args.output:
-        args.output.write_bytes(document + b"\n")
+        _write(args.output, "--output", document + b"\n")
     if args.format == "json":
         sys.stdout.write(document.decode() + "\n")
     else:
@@ -205,7 +208,6 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     import os
-    import tempfile
 
     import uvicorn
 
@@ -217,6 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise InputError("--workers", [FieldProblem("", "must be at least 1", args.workers)])
     settings = Settings.from_env()  # refuse bad settings here, once, with a clear message
+    _check_store_path(settings.database_url)
     if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shardplan-metrics-")
     print(
@@ -246,6 +249,46 @@ def _redacted(url: str) -> str:
         user = credentials.split(":", 1)[0]
         return f"{scheme}://{user}:***@{host}"
     return url
+
+
+def _check_store_path(url: str) -> None:
+    """A SQLite file that cannot be created fails every worker's start with a traceback, so
+    it is refused here. PostgreSQL is the service's to check: it serves anyway, and /readyz
+    says why."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return
+    path = Path(url.removeprefix("sqlite://"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # as the store does
+    except OSError as error:
+        raise _cannot_write(path, "--db", error) from None
+    _check_writable(path, "--db")
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """Fail as writing ``path`` would, but before a long solve rather than after it, and
+    without leaving a file behind."""
+    try:
+        if path.exists():
+            path.open("ab").close()
+        else:
+            tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as error:
+        raise _cannot_write(path, option, error) from None
+
+
+def _write(path: Path, option: str, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as error:
+        raise _cannot_write(path, option, error) from None
+
+
+def _cannot_write(path: Path, option: str, error: OSError) -> InputError:
+    reason = f"{error.strerror} (choose another path)"
+    if isinstance(error, FileNotFoundError | NotADirectoryError | FileExistsError):
+        reason = f"{path.parent} is not a directory (create it, or choose another path)"
+    return InputError(str(path), [FieldProblem(option, f"cannot write: {reason}")])
 
 
 def _read(path: Path) -> bytes:

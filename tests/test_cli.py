@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from planner_service.types import ShardingPlan
 from tests import builders
 from tests.builders import request, table
 from tests.servers import free_port
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.fixture
@@ -213,6 +216,58 @@ def test_progress_line_for_long_solves(monkeypatch, capsys):
         time.sleep(0.2)
     err = capsys.readouterr().err
     assert "planning: 0 s, cp-sat, best 1.25 ms, bound 1 ms" in err
+
+
+def _shardplan(exe, *args, stdin: str | None = None, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [str(exe), *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+
+
+# --------------------------------------------------------------------------- output paths
+
+
+@pytest.mark.parametrize("where", ["missing directory", "a directory", "under a file"])
+def test_plan_refuses_an_unwritable_output_before_solving(run_cli, tmp_path, where):
+    path = _write_request(tmp_path, json.loads((EXAMPLES / "request.json").read_text()))
+    out = {
+        "missing directory": tmp_path / "no" / "such" / "plan.json",
+        "a directory": tmp_path,
+        "under a file": tmp_path / "request.json" / "plan.json",
+    }[where]
+    result = run_cli("plan", path, "-o", out)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"{out}: --output: cannot write: "), result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""  # refused before solving: no plan, no solver status line
+    assert "objective" not in result.stderr
+    assert not out.is_file()
+
+
+def test_serve_refuses_a_sqlite_store_it_cannot_create(shardplan_exe, tmp_path):
+    (tmp_path / "file").write_text("")
+    db = tmp_path / "file" / "plans.db"
+    result = _shardplan(shardplan_exe, "serve", "--port", free_port(), "--db", db)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"{db}: --db: cannot write: {db.parent} is not a directory (create it, or choose "
+        "another path)\n"
+    )
+
+
+def test_plan_output_overwrites_an_existing_file(run_cli, tmp_path):
+    path = _write_request(tmp_path, json.loads((EXAMPLES / "request.json").read_text()))
+    out = tmp_path / "plan.json"
+    out.write_text("old")
+    result = run_cli("plan", path, "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == result.stdout
 
 
 # --------------------------------------------------------------------------- serve
