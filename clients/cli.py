@@ -34,6 +34,7 @@ EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
+STDIN = Path("-")
 
 _SCHEMA_MODELS: dict[str, type[BaseModel]] = {"request": PlanRequest, "plan": ShardingPlan}
 
@@ -57,12 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     validate = sub.add_parser("validate", help="check a plan against its request")
-    validate.add_argument("request", type=Path, help="PlanRequest JSON file")
-    validate.add_argument("plan", type=Path, help="ShardingPlan JSON file")
+    validate.add_argument("request", type=Path, help="PlanRequest JSON file (- for stdin)")
+    validate.add_argument("plan", type=Path, help="ShardingPlan JSON file (- for stdin)")
     validate.set_defaults(command=_validate)
 
     plan = sub.add_parser("plan", help="solve a request and print the plan")
-    plan.add_argument("request", type=Path, help="PlanRequest JSON file")
+    plan.add_argument("request", type=Path, help="PlanRequest JSON file (- for stdin)")
     plan.add_argument(
         "--format",
         choices=("json", "table"),
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     options = sub.add_parser(
         "options", help="print every table's sharding options with perf and storage estimates"
     )
-    options.add_argument("request", type=Path, help="PlanRequest JSON file")
+    options.add_argument("request", type=Path, help="PlanRequest JSON file (- for stdin)")
     options.add_argument("--all", action="store_true", help="include options that no rank can hold")
     options.set_defaults(command=_options)
 
@@ -103,8 +104,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    request = parse_request(_read(args.request), source=str(args.request))
-    plan = parse_plan(_read(args.plan), source=str(args.plan))
+    if args.request == args.plan == STDIN:
+        raise InputError(
+            "validate",
+            [FieldProblem("plan", "only one of request and plan can be - (stdin)", "-")],
+        )
+    request = parse_request(_read(args.request), source=_name(args.request))
+    plan = parse_plan(_read(args.plan), source=_name(args.plan))
     violations = validate_plan(request, plan)
     for violation in violations:
         print(f"{violation.code.value}: {violation.message}")
@@ -119,7 +125,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    request = parse_request(_read(args.request), source=str(args.request))
+    request = parse_request(_read(args.request), source=_name(args.request))
     if args.output:
         _check_writable(args.output, "--output")
     with _ProgressLine() as progress:
@@ -185,7 +191,7 @@ class _ProgressLine:
 
 
 def _options(args: argparse.Namespace) -> int:
-    request = parse_request(_read(args.request), source=str(args.request))
+    request = parse_request(_read(args.request), source=_name(args.request))
     enumerated = enumerate_options(request)
     fitted = fit_options(request, enumerated)
     tables = enumerated if args.all else fitted.tables
@@ -291,9 +297,13 @@ def _cannot_write(path: Path, option: str, error: OSError) -> InputError:
     return InputError(str(path), [FieldProblem(option, f"cannot write: {reason}")])
 
 
+def _name(path: Path) -> str:
+    return "<stdin>" if path == STDIN else str(path)
+
+
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return sys.stdin.buffer.read() if path == STDIN else path.read_bytes()
     except OSError as error:
         raise InputError(
             str(path), [FieldProblem("", f"cannot read file: {error.strerror}")]

@@ -270,6 +270,36 @@ def test_plan_output_overwrites_an_existing_file(run_cli, tmp_path):
     assert out.read_text() == result.stdout
 
 
+# --------------------------------------------------------------------------- stdin
+
+
+def test_dash_reads_the_request_or_the_plan_from_stdin(shardplan_exe, files):
+    request_path, plan_path, plan = files
+    request_text, plan_text = request_path.read_text(), plan_path.read_text()
+    from_file = _shardplan(shardplan_exe, "plan", request_path)
+    from_stdin = _shardplan(shardplan_exe, "plan", "-", stdin=request_text)
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert from_stdin.stdout == from_file.stdout
+    options = _shardplan(shardplan_exe, "options", "-", stdin=request_text)
+    assert options.returncode == 0, options.stderr
+    assert options.stdout == _shardplan(shardplan_exe, "options", request_path).stdout
+    valid = f"valid: plan {plan.plan_id[:12]} places 2 table(s) on 2 rank(s)\n"
+    for args, text in [(("-", plan_path), request_text), ((request_path, "-"), plan_text)]:
+        result = _shardplan(shardplan_exe, "validate", *args, stdin=text)
+        assert (result.returncode, result.stdout) == (0, valid), result.stderr
+
+
+def test_dash_stdin_errors_name_stdin(shardplan_exe, files):
+    request_path, _, _ = files
+    both = _shardplan(shardplan_exe, "validate", "-", "-", stdin=request_path.read_text())
+    assert both.returncode == 2
+    assert "only one of request and plan can be - (stdin)" in both.stderr
+    bad = _shardplan(shardplan_exe, "plan", "-", stdin="{not json")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("<stdin>: (document): not valid JSON"), bad.stderr
+    assert "Traceback" not in both.stderr + bad.stderr
+
+
 # --------------------------------------------------------------------------- serve
 
 
