@@ -300,6 +300,20 @@ def test_dash_stdin_errors_name_stdin(shardplan_exe, files):
     assert "Traceback" not in both.stderr + bad.stderr
 
 
+# --------------------------------------------------------------------------- examples
+
+
+def test_examples_plan_is_what_plan_makes_for_examples_request(run_cli):
+    """examples/plan.json is `shardplan plan examples/request.json`, indented: regenerate
+    it with `make examples` when the planner's output changes."""
+    result = run_cli("plan", EXAMPLES / "request.json")
+    assert result.returncode == 0, result.stderr
+    made = json.loads(result.stdout)
+    committed = (EXAMPLES / "plan.json").read_text()
+    assert made["plan_id"] == json.loads(committed)["plan_id"], "run `make examples`"
+    assert json.dumps(made, indent=2, ensure_ascii=False) + "\n" == committed, "make examples"
+
+
 # --------------------------------------------------------------------------- serve
 
 
