@@ -3,13 +3,16 @@
 Each command parses its arguments, calls one library function and renders the result.
 Exit codes: 0 success, 1 the plan is invalid, 2 bad input (usage, unreadable or invalid
 files, output paths that cannot be written, checked before solving), 3 no plan exists (a
-table fits nowhere, or the solver proves it). Bad input never shows a traceback.
+table fits nowhere, or the solver proves it), 130 interrupted (Ctrl-C, at once, even
+mid-solve). Bad input never shows a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import tempfile
 import threading
@@ -34,6 +37,7 @@ EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 STDIN = Path("-")
 
 _SCHEMA_MODELS: dict[str, type[BaseModel]] = {"request": PlanRequest, "plan": ShardingPlan}
@@ -44,12 +48,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.command
     try:
-        return command(args)
+        if command is _serve:  # uvicorn shuts down gracefully on Ctrl-C itself
+            return command(args)
+        return _exit_on_ctrl_c(lambda: command(args))
     except InputError as error:
         print(error.render(), file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # e.g. `shardplan schema | head`
         return EXIT_OK
+
+
+def _exit_on_ctrl_c(work: Callable[[], int]) -> int:
+    """Run ``work`` in a thread while the main thread waits for Ctrl-C, which ends the
+    process at once with exit 130.
+
+    Python's own KeyboardInterrupt cannot do this during a solve: it is raised only when the
+    main thread is back in Python, which CP-SAT's search is not until its time limit, and
+    CP-SAT installs its own SIGINT handler while it searches. That handler ends only the
+    current search, so the solve went on to its next stage (three Ctrl-Cs, then a plan and
+    exit 0), and resets SIGINT to the default when done. SIGINT blocked in every thread
+    started here and taken by ``sigwait`` runs no handler at all; of the threads native
+    libraries start at import, which do not block it, Linux picks none while the main
+    thread waits for it.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: KeyboardInterrupt it is
+        return work()
+    main_thread = threading.get_ident()
+    outcome: list[int | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as error:  # re-raised in the main thread
+            outcome.append(error)
+        finally:
+            signal.pthread_kill(main_thread, signal.SIGINT)  # wakes it: done
+
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        worker = threading.Thread(target=run, name="shardplan", daemon=True)
+        worker.start()
+        signal.sigwait({signal.SIGINT})
+        if not outcome:
+            print("shardplan: interrupted", file=sys.stderr, flush=True)
+            os._exit(EXIT_INTERRUPTED)
+        worker.join()
+        while signal.SIGINT in signal.sigpending():  # a Ctrl-C just as it finished
+            signal.sigwait({signal.SIGINT})
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -213,8 +263,6 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import os
-
     import uvicorn
 
     # Every worker process builds its app from the environment: flags become variables.

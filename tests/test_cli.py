@@ -314,6 +314,64 @@ def test_examples_plan_is_what_plan_makes_for_examples_request(run_cli):
     assert json.dumps(made, indent=2, ensure_ascii=False) + "\n" == committed, "make examples"
 
 
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def _slow_request(tmp_path) -> str:
+    """300 tables on 64 ranks with gap_limit 0: CP-SAT cannot close the gap (0.03% left
+    when measured), so the solve runs to its 30 s limit."""
+    tables = [
+        {
+            "name": f"t{i:03d}",
+            "num_embeddings": 10_000 * (1 + (i * 7919) % 997),
+            "embedding_dim": (32, 64, 128, 256)[i % 4],
+            "pooling_factors": [1.0 + (i * 31) % 17],
+        }
+        for i in range(300)
+    ]
+    return _write_request(
+        tmp_path,
+        {
+            "topology": {"world_size": 64, "local_world_size": 8},
+            "tables": tables,
+            "options": {"time_limit_s": 30, "gap_limit": 0},
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "marker",
+    ["planning:", "best "],  # the first progress line; the search (CP-SAT's C++) has begun
+)
+def test_ctrl_c_stops_a_solve_with_exit_130(shardplan_exe, tmp_path, marker):
+    out = tmp_path / "stdout"
+    with (
+        out.open("w") as stdout,
+        subprocess.Popen(
+            [str(shardplan_exe), "plan", _slow_request(tmp_path)],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process,
+    ):
+        assert process.stderr is not None
+        try:
+            lines = []
+            for line in process.stderr:  # a progress line every 2 s
+                lines.append(line)
+                if line.startswith("planning:") and marker in line:
+                    break
+            assert process.poll() is None, f"finished before {marker!r}: {lines}"
+            process.send_signal(signal.SIGINT)
+            returncode = process.wait(timeout=20)  # generous: fails only on a hang
+            lines += process.stderr.readlines()
+        finally:
+            process.kill()
+    messages = [line for line in lines if not line.startswith("planning:")]
+    assert (returncode, messages) == (130, ["shardplan: interrupted\n"])
+    assert out.read_text() == ""
+
+
 # --------------------------------------------------------------------------- serve
 
 
