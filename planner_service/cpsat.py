@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from planner_service.bounds import proven_within
-from planner_service.deadline import Deadline
+from planner_service.deadline import Deadline, OutOfTime
 from planner_service.enumerator import Placement, ShardingOption
 from planner_service.problem import Choice, Group, Problem, loads_of
 from planner_service.types import ShardingType, gap
@@ -83,7 +83,10 @@ class _Model:
         hint: list[Choice] | None,
         scale: float,
         restrict: bool,
+        deadline: Deadline,
     ) -> None:
+        """Every group's variables and loads, capacities and links; ``OutOfTime`` if the
+        deadline passes while they are built."""
         self.problem = problem
         self.groups = groups
         self.scale = scale
@@ -102,7 +105,9 @@ class _Model:
         for g in self.linked.values():
             self.usage_terms[g] = [[] for _ in range(world)]
         for g, group in enumerate(groups):
+            deadline.check()
             self._add_group(g, group)
+        deadline.check()
         self._add_capacities()
         self._add_links()
 
@@ -394,7 +399,11 @@ def solve_cpsat(
         if option.placement is not Placement.FIXED
     )
     restrict = hint is not None and size > MAX_PLACEMENT_VARS
-    built = _Model(problem, groups, hint, scale, restrict)
+    try:
+        built = _Model(problem, groups, hint, scale, restrict, deadline)
+    except OutOfTime:
+        wall = time.perf_counter() - start
+        return CpSatResult(None, "UNKNOWN", None, not restrict, 0, wall, 0, 0.0)
     makespan = built.makespan(
         math.floor(lower_bound * scale), _makespan_upper(problem, hint, scale)
     )

@@ -32,6 +32,10 @@ def finish_slack_s(time_limit_s: float) -> float:
     return max(FINISH_SLACK_FRACTION * time_limit_s, FINISH_SLACK_MIN_S)
 
 
+class OutOfTime(Exception):
+    """A stage ran out of time while building its model, before it had anything to give."""
+
+
 class Deadline:
     """An instant on the monotonic clock that a solve's search must stop by."""
 
@@ -69,6 +73,11 @@ class Deadline:
             self.reached = True
             return True
         return False
+
+    def check(self) -> None:
+        """For model building: raise ``OutOfTime`` once the deadline has passed."""
+        if self.expired():
+            raise OutOfTime
 
     def past_grace(self) -> bool:
         """Whether even the grace for a first plan has run out (see ``for_time_limit``)."""

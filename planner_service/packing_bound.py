@@ -47,7 +47,7 @@ from ortools.sat.python import cp_model
 
 from planner_service.bounds import LowerBound
 from planner_service.cpsat import COST_RESOLUTION, deterministic_solver, solve_within
-from planner_service.deadline import Deadline
+from planner_service.deadline import Deadline, OutOfTime
 from planner_service.enumerator import Placement
 from planner_service.problem import Choice, Group, OptionCosts, Problem, loads_of
 from planner_service.types import ShardingType
@@ -63,6 +63,7 @@ OPTION_MIX_SHARE = 0.02  # of the time limit, for option_mix_bound (it needs mil
 # relaxation leaves at least half to the CP-SAT search.
 OPTION_MIX_WALL_SHARE = 0.1
 PACKING_WALL_SHARE = 0.5
+DEADLINE_CHECK_EVERY = 256  # configurations added to the model between looks at the clock
 RESOLUTION = COST_RESOLUTION  # integer units per warm-start makespan, as in the main model
 MAX_CONFIG_VARS = 20_000  # pool x configuration counts; beyond this the bound is skipped
 PER_HOST_MAX_HOSTS = 4  # up to this many hosts, each host is its own pool
@@ -156,17 +157,22 @@ def packing_bound(
     ):
         return None
     least = min(math.floor(lower_bound * scale), RESOLUTION)
-    model = _RelaxedModel(problem, groups, options, kinds, configs, scale, memory, least)
-    if per_host:
-        model.pools_per_host(host_sizes)
-    else:
-        model.pools_per_host_mix(host_sizes, host_mixes)
-    model.finish()
-    if hint is not None:
-        model.add_hint(hint)
+    stage = Deadline(deadline.cap_s(math.inf, PACKING_WALL_SHARE))
+    try:
+        model = _RelaxedModel(problem, groups, options, kinds, configs, scale, memory, least)
+        if per_host:
+            model.pools_per_host(host_sizes)
+        else:
+            model.pools_per_host_mix(host_sizes, host_mixes)
+        model.finish(stage)
+        if hint is not None:
+            stage.check()
+            model.add_hint(hint)
+    except OutOfTime:
+        deadline.reached = True
+        return Packing(None, None, 0.0)
     best: cp_model.CpSolver | None = None  # the run with the best solution
     proven, spent = 0.0, 0.0
-    stage = Deadline(deadline.cap_s(math.inf, PACKING_WALL_SHARE))
     for run, share in enumerate(PACKING_RUNS):
         if stage.expired():
             break
@@ -440,14 +446,18 @@ class _RelaxedModel:
         for (load, _), n in self.host_mixes:
             self.pools.append(_Pool(local * n, load, load, local * load * n))
 
-    def finish(self) -> None:
+    def finish(self, deadline: Deadline) -> None:
+        """The configurations' slots in every pool, the supply rows and the objective;
+        ``OutOfTime`` if the deadline passes while they are built."""
         model, configs = self.model, self.configs
         world = self.problem.world_size
         placed: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in self.kinds]
         work = []
         for pool in self.pools:
             slots = {}
-            for config in configs:
+            for c, config in enumerate(configs):
+                if c % DEADLINE_CHECK_EVERY == 0:
+                    deadline.check()
                 load, counts = config
                 if pool.base_least + load > RESOLUTION:
                     continue

@@ -259,3 +259,27 @@ def test_no_plan_before_the_deadline_is_no_solution_in_time_not_infeasible():
     outcome = solve(req, deadline=_expired())
     assert outcome.plan is None and outcome.infeasibility is not None
     assert outcome.infeasibility.status is SolverStatus.NO_SOLUTION_IN_TIME
+
+
+def test_a_report_without_stop_reason_keeps_its_canonical_form():
+    """Plans of schema 1.0 predate stop_reason: their canonical bytes (and so their ids)
+    must not change because the field now exists."""
+    from planner_service.codec import canonical_bytes, plan_id_of
+    from tests.builders import table_wise
+
+    req = request([table("a")], world_size=2)
+    from planner_service.codec import seal_plan
+    from planner_service.types import RankStats, SolverReport
+
+    report = SolverReport(status=SolverStatus.FEASIBLE, objective=1.0, lower_bound=0.5, gap=0.5)
+    plan = seal_plan(
+        request=req,
+        planner_version="shardplan-0.1.0",
+        tables={"a": table_wise(req, "a", 0)},
+        rank_stats=[RankStats(rank=r, hbm_bytes=0, ddr_bytes=0) for r in range(2)],
+        solver=report,
+    )
+    assert b"stop_reason" not in canonical_bytes(plan)
+    assert plan_id_of(plan.model_dump(mode="json")) == plan.plan_id
+    stopped = report.model_copy(update={"stop_reason": StopReason.WORK_BUDGET})
+    assert stopped.model_dump(mode="json")["stop_reason"] == "work_budget"

@@ -586,13 +586,17 @@ def test_same_request_same_bytes_in_two_processes(run_cli, tmp_path):
             {
                 "topology": {"world_size": 8, "local_world_size": 4},
                 "tables": tables,
-                "options": {"time_limit_s": 1.5},
+                "options": {"time_limit_s": 10},
             }
         )
     )
     first, second = run_cli("plan", path), run_cli("plan", path)
     assert first.returncode == 0, first.stderr
-    assert first.stdout == second.stdout
+    stops = [json.loads(run.stdout)["solver"]["stop_reason"] for run in (first, second)]
+    # Determinism is promised where the wall clock did not cut the search, which with this
+    # time limit (a 2 s deterministic budget in 10 s of wall time) takes a very loaded machine.
+    if "time_limit" not in stops:
+        assert first.stdout == second.stdout
     assert json.loads(first.stdout)["solver"]["status"] in ("optimal", "feasible")
 
 
