@@ -16,7 +16,7 @@ import numpy as np
 
 from planner_service import PLANNER_VERSION
 from planner_service.bounds import OPTIMAL_GAP, LowerBound, best_bound, proven_within
-from planner_service.codec import seal_plan
+from planner_service.codec import seal_plan_data
 from planner_service.cpsat import CpSatResult, ProgressCallback, solve_cpsat
 from planner_service.deadline import Deadline
 from planner_service.infeasibility import explain
@@ -25,12 +25,8 @@ from planner_service.problem import Choice, Group, Loads, Problem, loads_of
 from planner_service.types import (
     CostModel,
     Infeasibility,
-    ParameterSharding,
-    Perf,
     PlanOptions,
     PlanRequest,
-    RankStats,
-    Shard,
     ShardingPlan,
     SolverReport,
     SolverStatus,
@@ -246,32 +242,39 @@ def build_plan(
     bound: LowerBound,
     deadline_reached: bool = False,
 ) -> ShardingPlan:
-    tables = {}
+    """The sealed plan of ``choices``. Built as JSON data and validated once: a plan can
+    hold hundreds of thousands of shards, and sealing happens after the deadline."""
+    tables: dict[str, dict[str, object]] = {}
     components = np.zeros((problem.world_size, len(PERF_FIELDS)))
+    vectors: dict[int, np.ndarray] = {}  # shards of one size share one Perf object
     for entry, choice in zip(problem.tables, choices, strict=True):
         option = entry.options[choice.option]
+        ranks = [int(rank) for rank in choice.ranks]
         shards = []
-        for offsets, shard, rank in zip(option.offsets(), option.shards, choice.ranks, strict=True):
-            shards.append(Shard(offsets=offsets, sizes=shard.sizes, rank=rank))
+        for offsets, shard, rank in zip(option.offsets(), option.shards, ranks, strict=True):
+            shards.append({"offsets": list(offsets), "sizes": list(shard.sizes), "rank": rank})
             perf = shard.perf[problem.class_of_rank[rank]]
-            components[rank] += [getattr(perf, name) for name in PERF_FIELDS]
-        tables[entry.table.name] = ParameterSharding(
-            sharding_type=option.sharding_type,
-            compute_kernel=option.compute_kernel,
-            ranks=list(choice.ranks),
-            shards=shards,
-            cache_load_factor=option.cache_load_factor,
-        )
+            vector = vectors.get(id(perf))
+            if vector is None:
+                vector = vectors[id(perf)] = np.array([getattr(perf, n) for n in PERF_FIELDS])
+            components[rank] += vector
+        tables[entry.table.name] = {
+            "sharding_type": option.sharding_type.value,
+            "compute_kernel": option.compute_kernel.value,
+            "ranks": ranks,
+            "shards": shards,
+            "cache_load_factor": option.cache_load_factor,
+        }
     rank_stats = [
-        RankStats(
-            rank=rank,
-            hbm_bytes=int(loads.hbm[rank]),
-            ddr_bytes=int(loads.ddr[rank]),
-            perf=Perf(
+        {
+            "rank": rank,
+            "hbm_bytes": int(loads.hbm[rank]),
+            "ddr_bytes": int(loads.ddr[rank]),
+            "perf": {
                 **dict(zip(PERF_FIELDS, map(float, components[rank]), strict=True)),
-                total=float(loads.perf[rank]),
-            ),
-        )
+                "total": float(loads.perf[rank]),
+            },
+        }
         for rank in range(problem.world_size)
     ]
     objective = loads.objective
@@ -286,10 +289,10 @@ def build_plan(
         critical_path=_critical_path(problem, components),
         stop_reason=_stop_reason(plan_gap, problem.request.options, deadline_reached),
     )
-    return seal_plan(
+    return seal_plan_data(
         request=problem.request,
         planner_version=PLANNER_VERSION,
         tables=tables,
         rank_stats=rank_stats,
-        solver=report,
+        solver=report.model_dump(mode="json"),
     )
