@@ -74,6 +74,11 @@ class Deadline:
             return True
         return False
 
+    def reserve(self, seconds: float) -> None:
+        """Keep ``seconds`` before the deadline for work after the search (sealing the
+        plan): the search stages now stop that much earlier."""
+        self._end -= max(0.0, seconds)
+
     def check(self) -> None:
         """For model building: raise ``OutOfTime`` once the deadline has passed."""
         if self.expired():
