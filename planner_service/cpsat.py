@@ -461,6 +461,9 @@ def deterministic_solver(time_limit_s: float, seed: int) -> cp_model.CpSolver:
     parameters.random_seed = seed
     parameters.max_deterministic_time = max(time_limit_s, 0.01)
     parameters.relative_gap_limit = RELATIVE_GAP_LIMIT
+    # CP-SAT's own SIGINT handler only ends the current run (the solve would go on to its
+    # next stage) and resets SIGINT afterwards; callers decide what Ctrl-C means.
+    parameters.catch_sigint_signal = False
     return solver
 
 
