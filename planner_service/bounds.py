@@ -13,11 +13,14 @@ it solved the complete model) add their own proven bounds.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
 from ortools.linear_solver import pywraplp
 
+from planner_service.deadline import Deadline
 from planner_service.enumerator import Placement
 from planner_service.problem import Group, Problem
 from planner_service.types import gap
@@ -92,7 +95,10 @@ class LinearRelaxation:
     conditioning; GLOP also converges in bytes on the public workloads). Ranks whose
     capacity and fixed shares are the same share one constraint."""
 
-    def __init__(self, problem: Problem, groups: list[Group]) -> None:
+    def __init__(
+        self, problem: Problem, groups: list[Group], deadline: Deadline | None = None
+    ) -> None:
+        self.deadline = deadline or Deadline.never()
         self.solver = solver = pywraplp.Solver.CreateSolver("GLOP")
         inf = solver.infinity()
         self.makespan = makespan = solver.NumVar(0.0, inf, "T")
@@ -183,7 +189,13 @@ class LinearRelaxation:
     def solve(self, memory_fraction: float = 1.0) -> Relaxation | None:
         for row, capacity in self.capacity_rows:
             row.SetUb(capacity * memory_fraction)
+        limit_s = self.deadline.cap_s(math.inf)
+        if math.isfinite(limit_s):
+            self.solver.SetTimeLimit(max(1, int(limit_s * 1000)))
+        started = time.monotonic()
         status = self.solver.Solve()
+        if math.isfinite(limit_s):
+            self.deadline.note_stop(limit_s, time.monotonic() - started)
         if status == pywraplp.Solver.INFEASIBLE:
             raise RelaxationInfeasible
         if status != pywraplp.Solver.OPTIMAL:

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     Strict,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -43,7 +45,7 @@ DEFAULT_HBM_HEADROOM_FRACTION = 0.15
 DEFAULT_TIME_LIMIT_S = 10.0
 DEFAULT_GAP_LIMIT = 0.02
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: solver.stop_reason
 
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
@@ -121,6 +123,17 @@ class SolverStatus(StrEnum):
     FEASIBLE = "feasible"
     INFEASIBLE = "infeasible"
     NO_SOLUTION_IN_TIME = "no_solution_in_time"
+
+
+class StopReason(StrEnum):
+    """What ended the search. The first three are reproducible (the same request gives the
+    same plan in every process); ``time_limit`` means the wall clock cut a stage short, so
+    another run, on a less loaded machine say, may get further."""
+
+    OPTIMAL = "optimal"  # proven optimal
+    GAP_LIMIT = "gap_limit"  # proven within options.gap_limit
+    WORK_BUDGET = "work_budget"  # the deterministic search budget was spent
+    TIME_LIMIT = "time_limit"  # options.time_limit_s of wall clock ran out
 
 
 # Sharding types whose shards all live on the ranks of a single host.
@@ -503,7 +516,9 @@ class SolverReport(_Value):
     ``objective`` is the max over ranks of summed shard ``perf.total`` (ms);
     ``lower_bound`` the best proven bound (``lower_bound_source`` says which);
     ``gap`` = (objective - lower_bound) / objective; ``critical_path`` the sum over perf
-    components of their max over ranks (ranks wait for each other at every collective).
+    components of their max over ranks (ranks wait for each other at every collective);
+    ``stop_reason`` what ended the search (absent from plans of schema 1.0, which predate
+    it, and then left out of their canonical form so their ids still verify).
     The solve's wall time is not part of the plan (it would make equal plans differ
     byte-for-byte); it travels beside the plan.
     """
@@ -514,6 +529,14 @@ class SolverReport(_Value):
     gap: NonNegativeFloat
     lower_bound_source: str | None = None
     critical_path: NonNegativeFloat = 0.0
+    stop_reason: StopReason | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_stop_reason(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("stop_reason") is None:
+            data.pop("stop_reason", None)
+        return data
 
 
 class ShardingPlan(_Value):

@@ -94,11 +94,11 @@ def test_plan_id_is_hash_of_body_and_detects_edits():
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        ("2.0", "reads plan schema 1.x up to 1.0; upgrade shardplan"),
+        ("2.0", "reads plan schema 1.x up to 1.1; upgrade shardplan"),
         ("0.9", "re-plan"),
         ("1.7", "upgrade shardplan"),
-        ("one", 'must be a string like "1.0"'),
-        (3, 'must be a string like "1.0"'),
+        ("one", 'must be a string like "1.1"'),
+        (3, 'must be a string like "1.1"'),
     ],
 )
 def test_unknown_schema_versions_are_refused(version, message):

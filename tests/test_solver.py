@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from planner_service import cpsat
 from planner_service.bounds import LinearRelaxation, simple_bounds
+from planner_service.deadline import Deadline
 from planner_service.enumerator import (
     DeviceClasses,
     Placement,
@@ -586,13 +587,17 @@ def test_same_request_same_bytes_in_two_processes(run_cli, tmp_path):
             {
                 "topology": {"world_size": 8, "local_world_size": 4},
                 "tables": tables,
-                "options": {"time_limit_s": 1.5},
+                "options": {"time_limit_s": 10},
             }
         )
     )
     first, second = run_cli("plan", path), run_cli("plan", path)
     assert first.returncode == 0, first.stderr
-    assert first.stdout == second.stdout
+    stops = [json.loads(run.stdout)["solver"]["stop_reason"] for run in (first, second)]
+    # Determinism is promised where the wall clock did not cut the search, which with this
+    # time limit (a 2 s deterministic budget in 10 s of wall time) takes a very loaded machine.
+    if "time_limit" not in stops:
+        assert first.stdout == second.stdout
     assert json.loads(first.stdout)["solver"]["status"] in ("optimal", "feasible")
 
 
@@ -673,14 +678,18 @@ def test_warm_start_moves_out_of_the_lpt_trap(monkeypatch, kept):
     import planner_service.heuristic as heuristic
 
     req, unit = _lpt_trap(time_limit_s=0.01)
-    assert solve(req).plan.solver.objective == pytest.approx(3 * unit, rel=1e-4)  # {3,3} {2,2,2}
+    assert solve(req, deadline=Deadline.never()).plan.solver.objective == pytest.approx(
+        3 * unit, rel=1e-4
+    )  # {3,3} {2,2,2}
 
     other = {"_swap_once", "_repartition_once"} - {kept}
     monkeypatch.setattr(heuristic, other.pop(), lambda *args: None)
-    assert solve(req).plan.solver.objective == pytest.approx(3 * unit, rel=1e-4)
+    assert solve(req, deadline=Deadline.never()).plan.solver.objective == pytest.approx(
+        3 * unit, rel=1e-4
+    )
 
     monkeypatch.setattr(heuristic, kept, lambda *args: None)
-    without = solve(req).plan.solver.objective
+    without = solve(req, deadline=Deadline.never()).plan.solver.objective
     assert without == pytest.approx(3.5 * unit, rel=1e-4)  # LPT: {3, 2, 2} and {3, 2}
 
 
@@ -700,13 +709,15 @@ def test_warm_start_repartitions_table_row_wise_tables_between_hosts(monkeypatch
     req = request(
         tables, topology=topology, constraints={"tables": only_trw}, options={"time_limit_s": 0.01}
     )
-    plan = solve(req).plan
+    plan = solve(req, deadline=Deadline.never()).plan
     assert plan.solver.objective == pytest.approx(6 * unit, rel=1e-4)
     hosts = {name: s.ranks[0] // 2 for name, s in plan.tables.items()}
     assert hosts["t0"] == hosts["t1"] != hosts["t2"] == hosts["t3"] == hosts["t4"]
 
     monkeypatch.setattr(heuristic, "_repartition_hosts", lambda *args: None)
-    assert solve(req).plan.solver.objective == pytest.approx(7 * unit, rel=1e-4)
+    assert solve(req, deadline=Deadline.never()).plan.solver.objective == pytest.approx(
+        7 * unit, rel=1e-4
+    )
 
 
 def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
