@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from planner_service import __version__
 from planner_service.api.limits import BodyLimitMiddleware
-from planner_service.api.metrics import QUEUE_DEPTH, MetricsMiddleware
+from planner_service.api.metrics import QUEUE_DEPTH, SOLVE_SECONDS, MetricsMiddleware
 from planner_service.api.problems import (
     COMMON_PROBLEMS,
     TITLES,
@@ -40,11 +40,14 @@ log = logging.getLogger("shardplan.api")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
-    state = ServiceState(
-        settings=settings,
-        pool=SolvePool(settings.solve_workers, settings.solve_queue, QUEUE_DEPTH.set),
-        cache=PlanCache(settings.cache_bytes),
+    pool = SolvePool(
+        settings.solve_workers,
+        settings.solve_queue,
+        grace_s=settings.solve_grace_s,
+        on_depth=QUEUE_DEPTH.set,
+        on_failure=lambda outcome, seconds: SOLVE_SECONDS.labels(outcome).observe(seconds),
     )
+    state = ServiceState(settings=settings, pool=pool, cache=PlanCache(settings.cache_bytes))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
