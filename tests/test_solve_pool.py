@@ -150,6 +150,51 @@ def kill_what_is_left(server: Service) -> None:
 # --------------------------------------------------------------------------- no orphans
 
 
+@pytest.mark.parametrize("http_workers", [1, 2])
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_no_process_outlives_the_server_killed_mid_solve(
+    signal_number, http_workers, shardplan_exe, tmp_path
+):
+    server = Service(
+        shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db"), workers=http_workers
+    ).start()
+    assert server.process is not None
+    try:
+        solving_thread, outcome = start_long_solve(server, 1)
+        # One solver process per HTTP worker (SHARDPLAN_SOLVE_WORKERS=1), plus the HTTP
+        # workers themselves under a supervisor. Recorded once all have started, or after
+        # 30 s with whatever there is: every one of them must go.
+        spawned = 1 if http_workers == 1 else 2 * http_workers
+        deadline = time.monotonic() + 30
+        tree = process_tree(server.process.pid)
+        while sum("spawn_main" in command_line(pid) for pid in tree) < spawned:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+            tree = process_tree(server.process.pid)
+
+        os.kill(server.process.pid, signal_number)  # the server alone, not its process group
+        deadline = time.monotonic() + 20
+        while survivors := [pid for pid, started in tree.items() if alive(pid, started)]:
+            if time.monotonic() > deadline:
+                described = [f"{pid} [{stat(pid)}] {command_line(pid)}" for pid in survivors]
+                pytest.fail(
+                    f"20 s after {signal.Signals(signal_number).name} of the server "
+                    f"({server.process.pid}), {len(survivors)} of its {len(tree)} processes "
+                    "live on:\n" + "\n".join(described)
+                )
+            server.process.poll()  # reap the server itself
+            time.sleep(0.1)
+        solving_thread.join(timeout=60)
+        if signal_number == signal.SIGTERM:  # told why, after uvicorn's graceful period
+            response = outcome["response"]
+            assert isinstance(response, httpx.Response)
+            assert response.status_code == 503 and response.headers["retry-after"] == "1"
+            assert response.json()["title"] == "Service shutting down"
+    finally:
+        kill_what_is_left(server)
+
+
 def test_an_idle_solver_process_exits_when_its_pipe_to_the_service_closes():
     context = multiprocessing.get_context("spawn")
     service_end, solver_end = context.Pipe()

@@ -8,6 +8,7 @@ environment (see ``settings.py``).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,8 +30,8 @@ from planner_service.api.problems import (
 )
 from planner_service.api.routes import aliases, check, health, plans, validate
 from planner_service.api.schemas import add_components
-from planner_service.api.settings import Settings
-from planner_service.api.solving import SolvePool
+from planner_service.api.settings import SUPERVISOR_PID_VARIABLE, Settings
+from planner_service.api.solving import SolvePool, die_with_parent
 from planner_service.api.state import PlanCache, ServiceState, store_unavailable
 from planner_service.errors import InputError, json_path
 from planner_service.store import StoreUnavailableError
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        _die_with_supervisor()
         try:
             state.store()
         except StoreUnavailableError as error:  # serve anyway; /readyz says why
@@ -74,6 +76,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)
     return app
+
+
+def _die_with_supervisor() -> None:
+    """Under ``shardplan serve --workers N`` this process is one of uvicorn's workers. If
+    the supervisor is SIGKILLed (no cleanup runs), this worker must go too, and with it
+    its solver processes (which die with it the same way)."""
+    supervisor_pid = os.environ.get(SUPERVISOR_PID_VARIABLE)
+    if supervisor_pid:
+        die_with_parent(int(supervisor_pid))
 
 
 def _document_raw_bodies(app: FastAPI) -> None:

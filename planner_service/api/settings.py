@@ -17,6 +17,9 @@ from planner_service.errors import FieldProblem, InputError
 
 DEFAULT_DATABASE = "var/shardplan.db"
 MAX_SOLVE_GRACE_S = 3600.0
+# Not a setting: `shardplan serve --workers N` names its own pid here, so that each uvicorn
+# worker process it supervises dies with it (main.py).
+SUPERVISOR_PID_VARIABLE = "SHARDPLAN_SUPERVISOR_PID"
 
 
 @dataclass(frozen=True)

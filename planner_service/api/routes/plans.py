@@ -3,6 +3,7 @@ stored bytes, immutable and cacheable), its request, and its HTML view."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -17,6 +18,7 @@ from planner_service.api.problems import PROBLEM_CONTENT, ProblemError
 from planner_service.api.schemas import json_body, schema_ref
 from planner_service.api.solving import (
     PoolFullError,
+    ShuttingDownError,
     SolveResult,
     SolveUnavailableError,
     T,
@@ -112,7 +114,7 @@ async def _solve(
     finish: Callable[[SolveResult], T],
 ) -> tuple[T, bool]:
     """Solve in the pool (timing every solve once), or 503 when the pool is full, the
-    solve overran its time limit, or its solver process died."""
+    solve overran its time limit, its solver process died or the service is stopping."""
 
     def timed(result: SolveResult) -> T:
         outcome = "plan" if result.plan is not None else "no_plan"
@@ -125,6 +127,10 @@ async def _solve(
         if isinstance(error, PoolFullError):
             metrics.REJECTED.inc()
         raise _unavailable(error) from None
+    except asyncio.CancelledError:
+        # uvicorn cancels the requests still running when its graceful shutdown period
+        # ends, and the pool kills their solves next: say so, rather than uvicorn's bare 500.
+        raise _unavailable(ShuttingDownError()) from None
 
 
 def _unavailable(error: SolveUnavailableError) -> ProblemError:
