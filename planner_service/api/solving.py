@@ -220,7 +220,8 @@ class SolvePool:
         self._solvers: list[_Solver] = []
         self._waiting: deque[_Job] = deque()
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
-        # How far recent solves ran past their time limits (Retry-After errs by this much).
+        # How far recent solves that ran to their time limits went past them (Retry-After
+        # errs by this much); solves that stopped early (gap reached) say nothing about it.
         self._overshoot_s: deque[float] = deque(maxlen=RECENT_SOLVES)
         self._warm_up_s = 2.0  # how long the last solver process took to get ready
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -308,14 +309,15 @@ class SolvePool:
 
     def retry_after_s(self) -> int:
         """Seconds until a solve asked for now would start, erring long. A running solve
-        is taken to end at its time limit plus the most any recent solve ran past its
-        own (at most the grace), or at its hard deadline once past that; each waiting
-        solve then takes its time limit plus that overshoot on the first process free.
-        Solves that end early (gap reached) only make the estimate long."""
+        is taken to end at its time limit plus the most that recent solves which ran to
+        their time limits went past them (the grace until there is one, and never more),
+        or at its hard deadline once past that; each waiting solve then takes its time
+        limit plus that overshoot on the first process free. Solves that end early (gap
+        reached) only make the estimate long."""
         if self._loop is None:
             return max(1, math.ceil(self._warm_up_s))
         now = self._loop.time()
-        overshoot_s = min(self.grace_s, max(self._overshoot_s, default=0.0))
+        overshoot_s = min(self.grace_s, max(self._overshoot_s, default=self.grace_s))
         free_in = [self._free_in(solver, now, overshoot_s) for solver in self._solvers]
         free_in += [self._warm_up_s] * (self.workers - len(free_in))  # being replaced
         heapq.heapify(free_in)
@@ -399,7 +401,9 @@ class SolvePool:
         if isinstance(message, _SolverCrash):
             job.done.set_exception(SolverError(f"the solver raised:\n{message.traceback}"))
             return
-        self._overshoot_s.append(max(0.0, self._loop.time() - job.started - job.time_limit_s))
+        overshoot_s = self._loop.time() - job.started - job.time_limit_s
+        if overshoot_s >= 0:
+            self._overshoot_s.append(overshoot_s)
         job.done.set_result(message)
 
     def _exited(self, solver: _Solver) -> None:
