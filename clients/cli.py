@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from planner_service import __version__
-from planner_service.api.settings import DEFAULT_DATABASE, Settings
+from planner_service.api.settings import DEFAULT_DATABASE, SUPERVISOR_PID_VARIABLE, Settings
 from planner_service.capacity import usable_capacity
 from planner_service.codec import parse_plan, parse_request, plan_bytes
 from planner_service.enumerator import enumerate_options, fit_options
@@ -276,6 +276,10 @@ def _serve(args: argparse.Namespace) -> int:
     _check_store_path(settings.database_url)
     if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shardplan-metrics-")
+    # uvicorn supervises N > 1 workers from this process; they die with it, even by SIGKILL.
+    os.environ.pop(SUPERVISOR_PID_VARIABLE, None)
+    if args.workers > 1:
+        os.environ[SUPERVISOR_PID_VARIABLE] = str(os.getpid())
     print(
         f"shardplan {__version__}: serving on http://{args.host}:{args.port} with "
         f"{args.workers} HTTP worker(s) x {settings.solve_workers} solver process(es), "

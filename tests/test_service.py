@@ -447,6 +447,9 @@ def test_full_pool_is_503_with_retry_after_and_identical_requests_share_a_solve(
 
         first = threading.Thread(target=post, args=("first", slow_request(1)))
         twin = threading.Thread(target=post, args=("twin", slow_request(1)))
+        # A warm solver process, so that the first solve starts as soon as it is admitted.
+        assert http.post("/v1/plans", json=small_request("warm")).status_code in (200, 201)
+        posted = time.monotonic()
         first.start()
         deadline = time.monotonic() + 30
         while "shardplan_solve_queue_depth 1.0" not in http.get("/metrics").text:
@@ -455,8 +458,13 @@ def test_full_pool_is_503_with_retry_after_and_identical_requests_share_a_solve(
         twin.start()  # the identical request joins the solve in flight: not turned away
         busy = http.post("/v1/plans", json=slow_request(2))
         assert busy.status_code == 503
-        assert int(busy.headers["retry-after"]) >= 1
+        # Not before the running solve's time limit is spent, nor after its hard deadline
+        # (time limit + the default 10 s grace).
+        retry_after_s = int(busy.headers["retry-after"])
+        time_limit_s = slow_request(1)["options"]["time_limit_s"]
+        assert time_limit_s - (time.monotonic() - posted) <= retry_after_s <= time_limit_s + 10
         assert "queue of 0 is full" in busy.json()["detail"]
+        assert f"retry in {retry_after_s} s" in busy.json()["detail"]
         first.join(timeout=120)
         twin.join(timeout=120)
         assert results["first"].status_code == 201
