@@ -36,6 +36,8 @@ from runtime import (
     shard_modules,
     table_wise,
 )
+from runtime.sharded import subgroup_families
+from tests import runtime_cases
 
 # --------------------------------------------------------------------------- sparse
 
@@ -223,6 +225,17 @@ def test_fused_params_errors(fused_params, message):
         shard_modules(
             EmbeddingBagCollection(TABLES, device="meta"), plan=plan, fused_params=fused_params
         )
+
+
+def test_subgroups_are_the_same_whichever_hosts_hold_table_row_wise_tables():
+    families = {s.name: subgroup_families(s.plan) for s in runtime_cases.host_patterns(6)}
+    hosts_then_local_indices = [[[0, 1], [2, 3], [4, 5]], [[0, 2, 4], [1, 3, 5]]]
+    assert families == {
+        "one host": hosts_then_local_indices,
+        "some hosts": hosts_then_local_indices,
+        "all hosts": hosts_then_local_indices,
+        "no host": [],
+    }
 
 
 # --------------------------------------------------------------------------- one rank
