@@ -572,6 +572,75 @@ def test_constraint_that_empties_options_and_the_caching_fix():
     assert outcome.infeasibility.fixes.tables_fit_with_uvm_caching == ["big"]
 
 
+@pytest.mark.parametrize("exponent", [51, 52, 53])
+def test_huge_capacities_plan_as_ample_ones_do(exponent):
+    """Capacities of 2**51 bytes and more once made the LP's memory coefficients (bytes
+    over the largest rank) so small that GLOP's presolve called the request infeasible."""
+    tables = [table("t", rows=1000, dim=64)]
+    ample = _solved(request(tables, world_size=2, topology={"hbm_bytes": 2**40}))
+    huge = request(
+        tables, world_size=2, topology={"hbm_bytes": 2**exponent, "ddr_bytes": 2**exponent}
+    )
+    assert _solved(huge).solver.objective == ample.solver.objective
+
+
+@pytest.mark.parametrize(("world", "rows"), [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (2, 3)])
+def test_tiny_row_wise_tables_get_their_optimal_plan(world, rows):
+    """A 16-byte DDR share against 128 GiB of DDR is a coefficient of 1e-10, which GLOP's
+    presolve mistook for a contradiction: the request was "proven" infeasible."""
+    req = request(
+        [table("t", rows=rows, dim=4)],
+        world_size=world,
+        constraints={"tables": {"t": {"sharding_types": ["row_wise"]}}},
+        options={"gap_limit": 0},
+    )
+    optimum = _brute_force_optimum(req)
+    assert math.isfinite(optimum)
+    assert _solved(req).solver.objective == pytest.approx(optimum, rel=1e-9)
+
+
+_capacity = st.sampled_from([2**20, 2**24, 2**30, 2**40, 2**50, 2**53])
+
+
+@st.composite
+def _small_tables(draw):
+    """Tables of a few rows and columns on up to two hosts of two ranks, with capacities
+    from a MiB to 2**53 bytes: memory coefficients spanning many orders of magnitude."""
+    hosts, local = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    names = draw(st.lists(st.sampled_from("abcd"), min_size=1, max_size=3, unique=True))
+    kinds = ["table_wise", "row_wise", "data_parallel", "table_row_wise", "column_wise"]
+    tables, constraints = [], {}
+    for name in names:
+        rows, dim = draw(st.integers(1, 64)), draw(st.sampled_from([4, 8, 16, 256]))
+        tables.append(
+            table(name, rows=rows, dim=dim, optimizer=draw(st.sampled_from(["sgd", "adam"])))
+        )
+        constraints[name] = {
+            "sharding_types": draw(st.lists(st.sampled_from(kinds), min_size=1, unique=True))
+        }
+    topology = {
+        "local_world_size": local,
+        "hbm_bytes": draw(_capacity),
+        "ddr_bytes": draw(_capacity),
+    }
+    return request(
+        tables, world_size=hosts * local, topology=topology, constraints={"tables": constraints}
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_small_tables())
+def test_the_lp_is_feasible_whenever_a_plan_exists(req):
+    """Brute force decides whether a plan exists; when one does, the LP (a relaxation) has
+    a solution too, and its bound is at most the optimum."""
+    optimum = _brute_force_optimum(req, most=20_000)
+    assume(math.isfinite(optimum))
+    problem, groups = _problem(req)
+    relaxation = LinearRelaxation(problem, groups).solve()
+    assert relaxation is not None
+    assert relaxation.bound.value <= optimum * (1 + 1e-9)
+
+
 # --------------------------------------------------------------------------- determinism
 
 
