@@ -584,6 +584,23 @@ def test_huge_capacities_plan_as_ample_ones_do(exponent):
     assert _solved(huge).solver.objective == ample.solver.objective
 
 
+def test_capacities_summed_over_many_ranks_do_not_overflow():
+    """2,048 ranks of 2**53 bytes hold 1.5e19 bytes in all, past int64: the warm start's
+    free-memory reserve wrapped negative and no plan was found, and the option-mix
+    relaxation, its memory negative, "proved" any upper bound optimal."""
+    tables = [table("a", rows=1000, dim=64), table("b", rows=5000, dim=32)]
+
+    def on_2048_ranks_of(capacity: int) -> PlanRequest:
+        topology = {"local_world_size": 8, "hbm_bytes": capacity, "ddr_bytes": capacity}
+        return request(tables, world_size=2048, topology=topology, options={"time_limit_s": 1})
+
+    huge, ample = _solved(on_2048_ranks_of(2**53)), _solved(on_2048_ranks_of(2**40))
+    assert huge.solver.objective == ample.solver.objective
+    problem, groups = _problem(on_2048_ranks_of(2**53))
+    mix = option_mix_bound(problem, groups, 2 * huge.solver.objective, time_limit_s=1, seed=0)
+    assert mix is None or mix.value <= huge.solver.objective
+
+
 @pytest.mark.parametrize(("world", "rows"), [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (2, 3)])
 def test_tiny_row_wise_tables_get_their_optimal_plan(world, rows):
     """A 16-byte DDR share against 128 GiB of DDR is a coefficient of 1e-10, which GLOP's
