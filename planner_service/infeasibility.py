@@ -44,7 +44,7 @@ def explain(
     request: PlanRequest, table_problems: list[TableProblem], status: SolverStatus
 ) -> Infeasibility:
     reasons = [_table_reason(p) for p in table_problems]
-    reasons += _memory_reasons(request)
+    reasons += memory_reasons(request)
     if not reasons:
         reasons.append(_fallback_reason(request, status))
     fixes = SmallestFixes(**_world_size_fix(request), **_caching_fix(request))
@@ -95,8 +95,9 @@ def _fallback_reason(request: PlanRequest, status: SolverStatus) -> Infeasibilit
 # --------------------------------------------------------------------------- memory
 
 
-def _memory_reasons(request: PlanRequest) -> list[InfeasibilityReason]:
-    """Totals that cannot fit whatever the placement: all ranks, and each pinned rank set."""
+def memory_reasons(request: PlanRequest) -> list[InfeasibilityReason]:
+    """Totals that cannot fit whatever the placement: all ranks, and each pinned rank set.
+    Exact integer sums, so any reason here proves that no plan exists."""
     tables = enumerate_options(request)
     fitted = fit_options(request, tables)
     reasons = []
@@ -185,7 +186,7 @@ def _tier(option: object, field: str) -> int:
 def plannable(request: PlanRequest) -> bool:
     """Whether the warm start finds a plan for ``request``."""
     prepared = prepare(request)
-    if prepared.problem is None or prepared.relaxation_infeasible:
+    if prepared.problem is None:
         return False
     return warm_start(prepared) is not None
 
@@ -268,7 +269,7 @@ def _caching_fix(request: PlanRequest) -> dict[str, object]:
     before = {p.table for p in fit_options(request, enumerate_options(request)).problems}
     prepared = prepare(relaxed)
     choices = None
-    if prepared.problem is not None and not prepared.relaxation_infeasible:
+    if prepared.problem is not None:
         choices = warm_start(prepared)
     if choices is not None and prepared.problem is not None:
         problem = prepared.problem

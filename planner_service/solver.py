@@ -9,6 +9,7 @@ that the same request always yields byte-identical plans.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -18,7 +19,7 @@ from planner_service import PLANNER_VERSION
 from planner_service.bounds import OPTIMAL_GAP, LowerBound, best_bound, proven_within
 from planner_service.codec import seal_plan
 from planner_service.cpsat import ProgressCallback, solve_cpsat
-from planner_service.infeasibility import explain
+from planner_service.infeasibility import explain, memory_reasons
 from planner_service.packing_bound import OPTION_MIX_SHARE, option_mix_bound, packing_bound
 from planner_service.problem import Choice, Loads, Problem, loads_of
 from planner_service.types import (
@@ -37,6 +38,7 @@ from planner_service.types import (
 )
 from planner_service.warm_start import prepare, warm_start
 
+log = logging.getLogger("shardplan.solver")
 MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
 PERF_FIELDS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch", "input_dist")
 
@@ -58,7 +60,8 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
     report = on_progress or (lambda stage, best, bound: None)
     report("enumerate", None, None)
     prepared = prepare(request)
-    if prepared.problem is None or prepared.relaxation_infeasible:
+    # The LP is solved in floating point: its "infeasible" is no proof, exact byte totals are.
+    if prepared.problem is None or (prepared.relaxation_infeasible and memory_reasons(request)):
         infeasibility = explain(request, prepared.table_problems, SolverStatus.INFEASIBLE)
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
     problem, groups = prepared.problem, prepared.groups
@@ -67,6 +70,9 @@ def solve(request: PlanRequest, *, on_progress: ProgressCallback | None = None) 
     report("warm start", None, best_bound(bounds).value)
     warm = warm_start(prepared)
     details: dict[str, object] = {"groups": len(groups), "tables": len(problem.tables)}
+    if prepared.relaxation_infeasible:  # a bug in the LP, not a proof: search on
+        details["lp_relaxation"] = "infeasible"
+        log.warning("the LP relaxation found no solution, but the byte totals fit; searching")
     warm_objective = loads_of(problem, warm).objective if warm is not None else None
     if warm_objective is not None:
         details["warm_start_objective"] = warm_objective

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner_service import cpsat
-from planner_service.bounds import LinearRelaxation, simple_bounds
+from planner_service.bounds import LinearRelaxation, RelaxationInfeasible, simple_bounds
 from planner_service.enumerator import (
     DeviceClasses,
     Placement,
@@ -656,6 +656,49 @@ def test_the_lp_is_feasible_whenever_a_plan_exists(req):
     relaxation = LinearRelaxation(problem, groups).solve()
     assert relaxation is not None
     assert relaxation.bound.value <= optimum * (1 + 1e-9)
+
+
+def _lp_fails(monkeypatch):
+    """Make the LP report infeasibility for every request, as GLOP once did wrongly."""
+
+    def infeasible(self, memory_fraction=1.0):
+        raise RelaxationInfeasible
+
+    monkeypatch.setattr(LinearRelaxation, "solve", infeasible)
+
+
+def test_an_lp_that_says_infeasible_is_no_proof_the_search_goes_on(monkeypatch):
+    _lp_fails(monkeypatch)
+    req = request([table("a", rows=10**5, dim=128), table("b")], world_size=2)
+    outcome = solve(req)
+    assert outcome.plan is not None and validate_plan(req, outcome.plan) == []
+    assert outcome.details["lp_relaxation"] == "infeasible"
+
+
+def test_without_the_lp_infeasibility_is_proven_by_exact_arithmetic(monkeypatch):
+    """Three whole tables of 0.53 of a rank's usable HBM on two ranks: CP-SAT's integer
+    model proves there is no plan; eight 2.4 GiB tables on 12 GiB: the byte totals do."""
+    _lp_fails(monkeypatch)
+    tables = [table(f"t{i}", rows=15 * 10**6, dim=128) for i in range(3)]
+    whole = {
+        t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
+    }
+    packing = request(
+        tables, world_size=2, topology={"hbm_bytes": 16 * GIB}, constraints={"tables": whole}
+    )
+    outcome = solve(packing)
+    assert outcome.plan is None and outcome.infeasibility.status is SolverStatus.INFEASIBLE
+    assert outcome.details["cpsat_status"] == "INFEASIBLE"
+
+    totals = request(
+        [table(f"t{i}", rows=10**7, dim=64) for i in range(8)],
+        world_size=2,
+        topology={"hbm_bytes": 4 * GIB, "ddr_bytes": 2 * GIB},
+    )
+    outcome = solve(totals)
+    assert outcome.plan is None and outcome.infeasibility.status is SolverStatus.INFEASIBLE
+    codes = [reason.code for reason in outcome.infeasibility.reasons]
+    assert InfeasibilityCode.TOTAL_MEMORY in codes
 
 
 # --------------------------------------------------------------------------- determinism
