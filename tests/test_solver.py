@@ -930,9 +930,11 @@ def test_the_packing_relaxation_solves_the_tiny_model_outright():
 
 def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
     """With the relaxation's plan withheld, CP-SAT must find the optimum, and alone it
-    cannot prove it: without the packing bound it spends its whole budget (12 deterministic
-    seconds here). Short first runs stop after the run that reaches the bound; the bound as
-    the makespan's floor stops even a single run."""
+    cannot prove it: without the packing bound it spends its whole budget and ends merely
+    FEASIBLE. With the bound as the makespan's floor, the run that reaches it ends OPTIMAL,
+    and no later run starts: not the long last run after the probes, nor a second run.
+    (What the solver did, not how long it took: deterministic time overshoots its limit
+    by a batch, and the wall-clock safety net cuts runs short on a loaded machine.)"""
     import planner_service.packing_bound as packing
 
     monkeypatch.setattr(packing._RelaxedModel, "decode", lambda self, solver: None)
@@ -941,12 +943,11 @@ def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
     report = outcome.plan.solver
     assert report.status is SolverStatus.OPTIMAL and report.lower_bound_source == "packing"
     assert outcome.details["warm_start_objective"] > report.objective  # CP-SAT improved it
-    budget = cpsat.SEARCH_SHARE * (60 - outcome.details["packing_deterministic_s"])
+    assert outcome.details["cpsat_status"] == "OPTIMAL"
     assert outcome.details["cpsat_runs"] <= len(cpsat.PROBE_SHARES)
-    assert outcome.details["cpsat_deterministic_s"] < 0.15 * budget
 
     monkeypatch.setattr(cpsat, "PROBE_SHARES", ())
     outcome = solve(req)
     assert outcome.plan.solver.status is SolverStatus.OPTIMAL
+    assert outcome.details["cpsat_status"] == "OPTIMAL"
     assert outcome.details["cpsat_runs"] == 1
-    assert outcome.details["cpsat_deterministic_s"] < 0.5 * budget
