@@ -48,9 +48,10 @@ def test_validate_invalid_plan_one_line_per_violation(run_cli, files, tmp_path):
         "plan_id_mismatch",
         "rank_out_of_range",
         "ranks_mismatch",
-        "hbm_capacity",
+        "rank_stats",
     ]
     assert "table 'a': shard 1 is on rank 5, but ranks are 0..1" in lines[1]
+    assert "rank 0 reports hbm_bytes 1,000,000,000,000,000 (the shards use" in lines[3]
     assert "invalid: 4 violation(s)" in result.stderr
 
 

@@ -303,7 +303,14 @@ def test_validate_valid_and_invalid(client):
     bad = client.post("/v1/validate", json={"request": req, "plan": plan}).json()
     assert bad["valid"] is False
     codes = [v["code"] for v in bad["violations"]]
-    assert codes == ["plan_id_mismatch", "rank_out_of_range", "ranks_mismatch"]
+    assert codes == [
+        "plan_id_mismatch",
+        "rank_out_of_range",
+        "ranks_mismatch",
+        "rank_stats",  # rank 0 lost a's shard (and the objective, the critical path)
+        "solver_report",
+        "solver_report",
+    ]
     assert bad["violations"][1]["table"] == "a" and bad["violations"][1]["rank"] == 7
 
 
