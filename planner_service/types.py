@@ -564,6 +564,7 @@ def gap(objective: float, lower_bound: float) -> float:
 
 class ViolationCode(StrEnum):
     PLAN_ID_MISMATCH = "plan_id_mismatch"
+    REQUEST_HASH_MISMATCH = "request_hash_mismatch"
     WORLD_SIZE_MISMATCH = "world_size_mismatch"
     TABLE_MISSING = "table_missing"
     TABLE_UNKNOWN = "table_unknown"

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 
 from planner_service.capacity import rank_capacities
-from planner_service.codec import plan_id_of
+from planner_service.codec import plan_id_of, request_hash
 from planner_service.shards import COLUMN_ALIGNMENT, row_block_size, row_wise_shards
 from planner_service.types import (
     COLUMN_SHARDING_TYPES,
@@ -77,6 +77,13 @@ def _check_identity(request: PlanRequest, plan: ShardingPlan) -> Iterator[Violat
             ViolationCode.PLAN_ID_MISMATCH,
             f"plan_id {plan.plan_id} does not match the plan's content ({expected_id}); "
             "the plan was edited after it was sealed",
+        )
+    expected_hash = request_hash(request)
+    if plan.request_hash != expected_hash:
+        yield _violation(
+            ViolationCode.REQUEST_HASH_MISMATCH,
+            f"the plan was made for the request with hash {plan.request_hash}, but this "
+            f"request hashes to {expected_hash}; plan this request instead",
         )
     if plan.world_size != request.topology.world_size:
         yield _violation(

@@ -55,6 +55,19 @@ def test_validate_invalid_plan_one_line_per_violation(run_cli, files, tmp_path):
     assert "invalid: 4 violation(s)" in result.stderr
 
 
+def test_validate_refuses_a_plan_made_for_another_batch_size(run_cli, files, tmp_path):
+    """A plan solved for batch_size 512 was "valid" for a request with batch_size 4096."""
+    request_path, plan_path, plan = files
+    document = json.loads(request_path.read_text())
+    document["batch_size"] = 4096
+    bigger = tmp_path / "bigger.json"
+    bigger.write_text(json.dumps(document))
+    result = run_cli("validate", bigger, plan_path)
+    assert result.returncode == 1
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("request_hash_mismatch: ") and plan.request_hash in first
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [

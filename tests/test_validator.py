@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from planner_service.codec import seal_plan
+from planner_service.codec import request_hash, seal_plan
 from planner_service.enumerator import enumerate_options
 from planner_service.types import (
     ComputeKernel,
@@ -408,6 +408,23 @@ def test_perf_totals_objective_and_critical_path_are_recomputed():
         in objective
     )
     assert f"critical_path 0.0 is not the recomputed {honest.solver.critical_path}" in critical_path
+
+
+def test_a_plan_for_another_request_is_refused():
+    """``shardplan validate`` called a plan made for batch_size 512 valid for 4096."""
+    tables = [table("a"), table("b", dim=64)]
+    made_for = request(tables, world_size=2)
+    plan = builders.plan(
+        made_for,
+        {"a": builders.table_wise(made_for, "a", 0), "b": builders.row_wise(made_for, "b")},
+    )
+    other = request(tables, world_size=2, batch_size=4096)
+    violations = [
+        v for v in validate_plan(other, plan) if v.code is ViolationCode.REQUEST_HASH_MISMATCH
+    ]
+    assert len(violations) == 1
+    assert plan.request_hash in violations[0].message
+    assert request_hash(other) in violations[0].message
 
 
 def _wide_request(world: int, overrides: list[dict]) -> object:
