@@ -745,6 +745,52 @@ def _plan_from(problem, choices, req):
     return build_plan(problem, choices, loads, LowerBound(0.0, "test"))
 
 
+def _cpsat_alone(req):
+    """CP-SAT's answer with no warm start to follow, checked by the validator."""
+    problem, groups = _problem(req)
+    result = cpsat.solve_cpsat(problem, groups, None, time_limit_s=2, seed=0)
+    assert result.choices is not None and result.exact
+    plan = _plan_from(problem, result.choices, req)
+    return loads_of(problem, result.choices), validate_plan(req, plan)
+
+
+def test_cpsat_keeps_each_rank_within_its_ddr():
+    """On cpu tables live in DDR. Two cheap tables that each fill most of a rank's DDR and
+    one as dear as both: the cheap pair together would balance the ranks (2 units each), but
+    does not fit, so the optimum is 3 units."""
+    topology = {"world_size": 2, "compute_device": "cpu"}
+    tables, unit = _costing([1, 1, 2], [10**7, 10**7, 100], topology=topology)
+    whole = {t["name"]: {"sharding_types": ["table_wise"]} for t in tables}
+    req = request(
+        tables,
+        world_size=2,
+        topology={"compute_device": "cpu", "ddr_bytes": 8 * GIB},
+        constraints={"tables": whole},
+    )
+    loads, violations = _cpsat_alone(req)
+    assert [v for v in violations if v.code.value != "solver_report"] == []
+    assert loads.objective == pytest.approx(3 * unit, rel=1e-6)
+
+
+def test_cpsat_holds_each_rank_to_its_own_hbm():
+    """Rank 1 has 2 GiB of HBM, room for the small tables only. Spread by cost alone, a
+    big table would go there (1.5 units a rank); held to each rank's HBM, both big ones sit
+    on rank 0 (2 units)."""
+    tables, unit = _costing([1, 1, 0.5, 0.5], [10**7, 10**7, 100, 100])
+    whole = {
+        t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
+    }
+    req = request(
+        tables,
+        world_size=2,
+        topology={"hbm_bytes": 16 * GIB, "rank_overrides": [{"rank": 1, "hbm_bytes": 2 * GIB}]},
+        constraints={"tables": whole},
+    )
+    loads, violations = _cpsat_alone(req)
+    assert [v for v in violations if v.code.value != "solver_report"] == []
+    assert loads.objective == pytest.approx(2 * unit, rel=1e-6)
+
+
 def test_cpsat_alone_honours_colocate_separate_and_pins():
     """CP-SAT with no warm start must find a plan that satisfies the link constraints."""
     req = request(
