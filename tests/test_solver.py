@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from planner_service import cpsat
 from planner_service.bounds import LinearRelaxation, RelaxationInfeasible, simple_bounds
+from planner_service.capacity import usable_capacity
 from planner_service.enumerator import (
     DeviceClasses,
     Placement,
@@ -96,9 +97,10 @@ def _requests(draw):
 @given(_requests())
 def test_every_plan_is_valid_and_above_its_bound(req):
     outcome = solve(req)
-    if outcome.plan is None:  # small HBM can make a random request impossible
+    if outcome.plan is None:  # small HBM can make a random request impossible: is it?
         assert outcome.infeasibility is not None
         assert outcome.infeasibility.reasons
+        assert _brute_force_finds_a_plan(req) in (False, None), outcome.infeasibility.render()
         return
     plan = outcome.plan
     assert validate_plan(req, plan) == []
@@ -127,7 +129,32 @@ def _brute_force_optimum(req, most: int | None = None) -> float:
     return best
 
 
+def _brute_force_finds_a_plan(req, most: int = 20_000) -> bool | None:
+    """Whether some option and placement of every table fits every rank, trying the
+    options as enumerated (not fitted, not deduplicated) and every placement the pins allow
+    (requests without colocate or separate groups); None when there are more than ``most``
+    combinations to try."""
+    problem = Problem(
+        req,
+        enumerate_options(req),
+        usable_capacity(req.topology, req.constraints),
+        DeviceClasses.of(req.topology),
+    )
+    per_table = [list(_placements(problem, t)) for t in range(len(problem.tables))]
+    if math.prod(map(len, per_table)) > most:
+        return None
+    combinations = itertools.product(*per_table)
+    return any(loads_of(problem, list(choices)).fits(problem) for choices in combinations)
+
+
 def _placements(problem: Problem, t: int):
+    allowed = set(problem.allowed[t])
+    for choice in _every_placement(problem, t):
+        if allowed.issuperset(choice.ranks):
+            yield choice
+
+
+def _every_placement(problem: Problem, t: int):
     world, topology = problem.world_size, problem.topology
     for index, option in enumerate(problem.tables[t].options):
         k = len(option.shards)
@@ -616,13 +643,14 @@ def test_tiny_row_wise_tables_get_their_optimal_plan(world, rows):
     assert _solved(req).solver.objective == pytest.approx(optimum, rel=1e-9)
 
 
-_capacity = st.sampled_from([2**20, 2**24, 2**30, 2**40, 2**50, 2**53])
+_capacity = st.sampled_from([2**16, 2**18, 2**20, 2**22, 2**24, 2**30, 2**40, 2**53])
 
 
 @st.composite
 def _small_tables(draw):
     """Tables of a few rows and columns on up to two hosts of two ranks, with capacities
-    from a MiB to 2**53 bytes: memory coefficients spanning many orders of magnitude."""
+    from 64 KiB to 2**53 bytes: memory coefficients spanning many orders of magnitude, and
+    requests from roomy to impossible."""
     hosts, local = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     names = draw(st.lists(st.sampled_from("abcd"), min_size=1, max_size=3, unique=True))
     kinds = ["table_wise", "row_wise", "data_parallel", "table_row_wise", "column_wise"]
@@ -641,7 +669,12 @@ def _small_tables(draw):
         "ddr_bytes": draw(_capacity),
     }
     return request(
-        tables, world_size=hosts * local, topology=topology, constraints={"tables": constraints}
+        tables,
+        world_size=hosts * local,
+        topology=topology,
+        constraints={"tables": constraints},
+        batch_size=draw(st.sampled_from([8, 512])),
+        options={"time_limit_s": 1.0},
     )
 
 
@@ -656,6 +689,22 @@ def test_the_lp_is_feasible_whenever_a_plan_exists(req):
     relaxation = LinearRelaxation(problem, groups).solve()
     assert relaxation is not None
     assert relaxation.bound.value <= optimum * (1 + 1e-9)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_small_tables())
+def test_no_plan_only_when_brute_force_finds_none(req):
+    """On instances small enough to try every placement, the solver finds a plan exactly
+    when one exists, and when none does it says so as proven (infeasible), not timed out."""
+    exists = _brute_force_finds_a_plan(req)
+    assume(exists is not None)
+    outcome = solve(req)
+    if exists:
+        assert outcome.plan is not None, outcome.infeasibility.render()
+        assert validate_plan(req, outcome.plan) == []
+    else:
+        assert outcome.plan is None
+        assert outcome.infeasibility.status is SolverStatus.INFEASIBLE
 
 
 def _lp_fails(monkeypatch):
