@@ -209,7 +209,8 @@ class _MemoryScale:
     "proved" infeasible a table with 16 DDR bytes per shard (1.2e-10 of 128 GiB) and every
     table on ranks of 2**51 bytes. Capacities are capped at twice the demand, which no
     memory row's left side can reach (a rank's fixed shares, the totals and the floor plus
-    a shard each add up to at most the demand), so the cap removes no solution."""
+    a shard each add up to at most the demand), so the cap removes no solution, nor does
+    it with capacities shrunk to half or more (``solve(memory_fraction)``)."""
 
     unit: float
     capacities: np.ndarray  # per rank, in units

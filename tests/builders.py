@@ -94,22 +94,25 @@ def plan(
     hbm_bytes: list[int] | None = None,
     ddr_bytes: list[int] | None = None,
     report: SolverReport | None = None,
+    stats_ranks: list[int] | None = None,
 ) -> ShardingPlan:
     """A sealed plan whose rank_stats and report say what its shards really put on each
     rank (recomputed as the validator does), unless given: ``hbm_bytes`` and ``ddr_bytes``
-    replace the bytes, ``report`` the solver report."""
+    replace the bytes, ``report`` the solver report. ``stats_ranks``: the ranks rank_stats
+    lists (every rank by default)."""
     usage = rank_usage(req, tables)
-    loads = [usage.of(rank) for rank in range(req.topology.world_size)]
+    ranks = range(req.topology.world_size) if stats_ranks is None else stats_ranks
+    loads = [usage.of(rank) for rank in ranks]
     hbm = hbm_bytes or [load.hbm_bytes for load in loads]
     ddr = ddr_bytes or [load.ddr_bytes for load in loads]
     stats = [
         RankStats(
             rank=rank,
-            hbm_bytes=hbm[rank],
-            ddr_bytes=ddr[rank],
+            hbm_bytes=hbm[i],
+            ddr_bytes=ddr[i],
             perf=Perf(**dict(zip(PERF_FIELDS, load.perf, strict=True))),
         )
-        for rank, load in enumerate(loads)
+        for i, (rank, load) in enumerate(zip(ranks, loads, strict=True))
     ]
     report = report or SolverReport(
         status=SolverStatus.OPTIMAL,

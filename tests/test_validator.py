@@ -399,14 +399,10 @@ def test_perf_totals_objective_and_critical_path_are_recomputed():
         (ViolationCode.SOLVER_REPORT, None),
     ]
     total, objective, critical_path = (v.message for v in violations)
-    assert (
-        f"perf.total {slower.total} (the shards add up to {honest.rank_stats[2].perf.total})"
-        in total
-    )
-    assert (
-        f"objective {report.objective} is not the most loaded rank's recomputed total {honest.solver.objective}"
-        in objective
-    )
+    recomputed = honest.rank_stats[2].perf.total
+    assert f"perf.total {slower.total} (the shards add up to {recomputed})" in total
+    assert f"objective {report.objective} is not the most loaded rank's" in objective
+    assert f"recomputed total {honest.solver.objective}" in objective
     assert f"critical_path 0.0 is not the recomputed {honest.solver.critical_path}" in critical_path
 
 
@@ -427,9 +423,10 @@ def test_a_plan_for_another_request_is_refused():
     assert request_hash(other) in violations[0].message
 
 
-def _wide_request(world: int, overrides: list[dict]) -> object:
+def _wide_request(world: int, overrides: list[dict], tables: str = "abc") -> object:
+    shapes = {"a": {"rows": 10**5, "dim": 64}, "b": {"dim": 256}, "c": {"rows": 10**4}}
     return request(
-        [table("a", rows=10**5, dim=64), table("b", dim=256), table("c", rows=10**4)],
+        [table(name, **shapes[name]) for name in tables],
         world_size=world,
         topology={"local_world_size": 8, "rank_overrides": overrides},
         batch_size=1,  # a rank's output buffers hold the global batch: 65,536 x 512 is a lot
@@ -451,30 +448,26 @@ def test_a_plan_on_65536_ranks_with_every_rank_overridden_validates():
 
 
 def test_validation_costs_the_plan_not_the_world_size():
-    """A 2 KB request and plan for ten million ranks: the validator once built an object
-    per rank (50 s, 1.75 GB). Its memory now follows the documents' size."""
+    """A 2 KB request and plan for ten million ranks, rank_stats listing the three ranks
+    that hold shards: the validator once built an object per rank (50 s, 1.75 GB). Its
+    memory now follows the documents' size."""
     world = 10**7
-    req = _wide_request(world, [{"rank": world - 1, "hbm_bytes": 8 * GIB}])
+    req = _wide_request(world, [{"rank": world - 1, "hbm_bytes": 8 * GIB}], tables="bc")
     tables = {
         "b": builders.column_wise(req, "b", [128, 128], [3, world - 1]),
         "c": builders.table_wise(req, "c", 0),
     }
-    full = builders.plan(
-        request([table("a")], world_size=1),
-        {"a": builders.table_wise(request([table("a")], world_size=1), "a", 0)},
-    )
-    short = seal_plan(
-        request=req,
-        planner_version="test",
-        tables=tables,
-        rank_stats=[],
-        solver=full.solver,
-    )
+    short = builders.plan(req, tables, stats_ranks=[0, 3, world - 1])
     tracemalloc.start()
     try:
         violations = validate_plan(req, short)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert ViolationCode.RANK_STATS in {v.code for v in violations}
+    assert [(v.code, v.message) for v in violations] == [
+        (
+            ViolationCode.RANK_STATS,
+            "rank_stats must list every rank 0..9999999 once; got ranks [0, 3, 9999999]",
+        )
+    ]
     assert peak < 4 * 2**20
