@@ -149,8 +149,8 @@ def _greedy(
 def _empty_state(problem: Problem) -> _State:
     world = problem.world_size
     state = _State(np.zeros(world), np.zeros(world, np.int64), np.zeros(world, np.int64))
-    state.free_hbm = int(problem.hbm_cap.sum())
-    state.free_bytes = state.free_hbm + int(problem.ddr_cap.sum())
+    state.free_hbm = problem.hbm_total
+    state.free_bytes = state.free_hbm + problem.ddr_total
     return state
 
 
@@ -696,6 +696,6 @@ def _state_without(
     state = _State(loads.perf - perf, loads.hbm - hbm, loads.ddr - ddr)
     state.max_perf = float(state.perf.max())
     state.placed = {t: ranks for t, ranks in placed.items() if t != skip}
-    state.free_hbm = int(problem.hbm_cap.sum() - state.hbm.sum())
-    state.free_bytes = state.free_hbm + int(problem.ddr_cap.sum() - state.ddr.sum())
+    state.free_hbm = problem.hbm_total - int(state.hbm.sum())
+    state.free_bytes = state.free_hbm + problem.ddr_total - int(state.ddr.sum())
     return state

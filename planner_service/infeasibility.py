@@ -53,7 +53,7 @@ def explain(
     short says how far it got: ``min_world_size_searched_up_to``)."""
     deadline = deadline or Deadline.never()
     reasons = [_table_reason(p) for p in table_problems]
-    reasons += _memory_reasons(request, fitted or fit_options(request, enumerate_options(request)))
+    reasons += memory_reasons(request, fitted)
     if not reasons:
         reasons.append(_fallback_reason(request, status))
     fixes = SmallestFixes(**_world_size_fix(request, deadline), **_caching_fix(request, deadline))
@@ -104,8 +104,13 @@ def _fallback_reason(request: PlanRequest, status: SolverStatus) -> Infeasibilit
 # --------------------------------------------------------------------------- memory
 
 
-def _memory_reasons(request: PlanRequest, fitted: FitResult) -> list[InfeasibilityReason]:
-    """Totals that cannot fit whatever the placement: all ranks, and each pinned rank set."""
+def memory_reasons(
+    request: PlanRequest, fitted: FitResult | None = None
+) -> list[InfeasibilityReason]:
+    """Totals that cannot fit whatever the placement: all ranks, and each pinned rank set.
+    Exact integer sums, so any reason here proves that no plan exists. ``fitted``: the
+    request's fitted options, when the caller has them already."""
+    fitted = fitted or fit_options(request, enumerate_options(request))
     reasons = []
     everyone = list(range(request.topology.world_size))
     reason = _total_reason(fitted, fitted.tables, everyone, "all ranks")
@@ -216,7 +221,7 @@ class _LeastBytes:
 def plannable(request: PlanRequest, deadline: Deadline | None = None) -> bool:
     """Whether the warm start finds a plan for ``request`` (before the deadline)."""
     prepared = prepare(request, deadline)
-    if prepared.problem is None or prepared.relaxation_infeasible:
+    if prepared.problem is None:
         return False
     return warm_start(prepared, deadline) is not None
 
@@ -308,7 +313,7 @@ def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
     before = {p.table for p in fit_options(request, enumerate_options(request)).problems}
     prepared = prepare(relaxed, deadline)
     choices = None
-    if prepared.problem is not None and not prepared.relaxation_infeasible:
+    if prepared.problem is not None:
         choices = warm_start(prepared, deadline)
     if choices is None and deadline.expired():
         return {}  # cut short: neither a fix nor proof that it does not fit

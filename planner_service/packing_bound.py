@@ -244,10 +244,10 @@ def option_mix_bound(
             halves = sum(n for kind, n in o.items.items() if 2 * kind[tier + 1] > MEMORY_UNITS)
             over_half[tier].append(halves * tables_on)
     model.add(world * makespan >= world * every_rank + sum(work))
-    for tier, capacity in enumerate((problem.hbm_cap, problem.ddr_cap)):
+    for tier, capacity in enumerate((problem.hbm_total, problem.ddr_total)):
         model.add(sum(memory[tier]) <= MEMORY_UNITS * world)
         model.add(sum(over_half[tier]) <= world)
-        model.add(sum(kib[tier]) <= int(capacity.sum()) // 1024)
+        model.add(sum(kib[tier]) <= capacity // 1024)
     model.minimize(makespan)
     solver = _solver(time_limit_s, seed)
     status = solve_within(solver, model, deadline or Deadline.never(), share=OPTION_MIX_WALL_SHARE)

@@ -9,6 +9,7 @@ that the same request always yields byte-identical plans.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ from planner_service.bounds import OPTIMAL_GAP, LowerBound, best_bound, proven_w
 from planner_service.codec import seal_plan_data
 from planner_service.cpsat import CpSatResult, ProgressCallback, solve_cpsat
 from planner_service.deadline import Deadline
-from planner_service.infeasibility import explain
+from planner_service.infeasibility import explain, memory_reasons
 from planner_service.packing_bound import OPTION_MIX_SHARE, option_mix_bound, packing_bound
 from planner_service.problem import Choice, Group, Loads, Problem, loads_of
 from planner_service.types import (
@@ -35,6 +36,7 @@ from planner_service.types import (
 )
 from planner_service.warm_start import prepare, warm_start
 
+log = logging.getLogger("shardplan.solver")
 MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
 # Sealing a plan (building, hashing and validating its JSON) after the search, per shard:
 # 41 us measured on large/128 (13,480 shards, 0.56 s) on a loaded 2-core machine. The
@@ -68,7 +70,10 @@ def solve(
     report = on_progress or (lambda stage, best, bound: None)
     report("enumerate", None, None)
     prepared = prepare(request, deadline)
-    if prepared.problem is None or prepared.relaxation_infeasible:
+    # The LP is solved in floating point: its "infeasible" is no proof, exact byte totals are.
+    if prepared.problem is None or (
+        prepared.relaxation_infeasible and memory_reasons(request, prepared.fitted)
+    ):
         infeasibility = explain(
             request, prepared.table_problems, SolverStatus.INFEASIBLE, deadline, prepared.fitted
         )
@@ -79,6 +84,9 @@ def solve(
     report("warm start", None, best_bound(bounds).value)
     warm = warm_start(prepared, deadline)
     details: dict[str, object] = {"groups": len(groups), "tables": len(problem.tables)}
+    if prepared.relaxation_infeasible:  # a bug in the LP, not a proof: search on
+        details["lp_relaxation"] = "infeasible"
+        log.warning("the LP relaxation found no solution, but the byte totals fit; searching")
     candidates = [warm] if warm is not None else []
     search = _Search(problem, groups, request.options, bounds, deadline, details)
     if warm is not None:

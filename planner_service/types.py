@@ -16,11 +16,13 @@ from enum import StrEnum
 from typing import Annotated, Any, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     Strict,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -345,6 +347,23 @@ class ParameterConstraints(_Value):
     cache_load_factor: LoadFactor | None = None
 
 
+def _each_table_once(group: list[str], info: ValidationInfo) -> list[str]:
+    """A table twice in a colocate or separate group is a mistake (and in a separate group,
+    one no plan can honour: a table always shares its ranks with itself)."""
+    twice = next((name for i, name in enumerate(group) if name in group[:i]), None)
+    if twice is not None:
+        raise _error(
+            "duplicate_table",
+            "names table {name!r} twice; list each table of a {field} group once",
+            name=twice,
+            field=info.field_name,
+        )
+    return group
+
+
+TableGroup = Annotated[list[Name], Field(min_length=2), AfterValidator(_each_table_once)]
+
+
 class Constraints(_Value):
     """Per-table constraints plus model-wide ones.
 
@@ -356,8 +375,8 @@ class Constraints(_Value):
     tables: dict[Name, ParameterConstraints] = Field(default_factory=dict)
     hbm_headroom_fraction: Fraction = DEFAULT_HBM_HEADROOM_FRACTION
     dense_bytes_per_rank: NonNegativeInt = 0
-    colocate: list[Annotated[list[Name], Field(min_length=2)]] = Field(default_factory=list)
-    separate: list[Annotated[list[Name], Field(min_length=2)]] = Field(default_factory=list)
+    colocate: list[TableGroup] = Field(default_factory=list)
+    separate: list[TableGroup] = Field(default_factory=list)
 
     def for_table(self, name: str) -> ParameterConstraints:
         return self.tables.get(name) or _NO_CONSTRAINTS
@@ -568,6 +587,7 @@ def gap(objective: float, lower_bound: float) -> float:
 
 class ViolationCode(StrEnum):
     PLAN_ID_MISMATCH = "plan_id_mismatch"
+    REQUEST_HASH_MISMATCH = "request_hash_mismatch"
     WORLD_SIZE_MISMATCH = "world_size_mismatch"
     TABLE_MISSING = "table_missing"
     TABLE_UNKNOWN = "table_unknown"

@@ -26,8 +26,8 @@ GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack w
 @dataclass
 class Prepared:
     """A request ready to solve. ``table_problems`` lists tables that fit nowhere (then
-    there is no problem to solve); ``relaxation_infeasible`` means even the LP has no
-    solution, which proves there is no plan."""
+    there is no problem to solve); ``relaxation_infeasible`` means GLOP found no solution
+    to the LP, which in floating point is no proof that there is no plan."""
 
     table_problems: list[TableProblem]
     problem: Problem | None = None

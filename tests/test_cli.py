@@ -55,10 +55,24 @@ def test_validate_invalid_plan_one_line_per_violation(run_cli, files, tmp_path):
         "plan_id_mismatch",
         "rank_out_of_range",
         "ranks_mismatch",
-        "hbm_capacity",
+        "rank_stats",
     ]
     assert "table 'a': shard 1 is on rank 5, but ranks are 0..1" in lines[1]
+    assert "rank 0 reports hbm_bytes 1,000,000,000,000,000 (the shards use" in lines[3]
     assert "invalid: 4 violation(s)" in result.stderr
+
+
+def test_validate_refuses_a_plan_made_for_another_batch_size(run_cli, files, tmp_path):
+    """A plan solved for batch_size 512 was "valid" for a request with batch_size 4096."""
+    request_path, plan_path, plan = files
+    document = json.loads(request_path.read_text())
+    document["batch_size"] = 4096
+    bigger = tmp_path / "bigger.json"
+    bigger.write_text(json.dumps(document))
+    result = run_cli("validate", bigger, plan_path)
+    assert result.returncode == 1
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("request_hash_mismatch: ") and plan.request_hash in first
 
 
 @pytest.mark.parametrize(

@@ -146,6 +146,15 @@ def test_invalid_requests_name_the_field(client):
     assert empty.status_code == 422
 
 
+def test_a_table_twice_in_a_separate_group_is_422(client):
+    document = small_request("dup")
+    document["constraints"] = {"separate": [["dup1", "dup1"]]}
+    response = client.post("/v1/plans", json=document)
+    assert response.status_code == 422
+    [error] = response.json()["errors"]
+    assert error["path"] == "constraints.separate[0]" and "'dup1' twice" in error["message"]
+
+
 def test_service_limits_are_422_naming_field_value_and_limit(client):
     too_many = small_request("many")
     too_many["tables"] = [table(f"t{i}") for i in range(51)]
@@ -294,7 +303,14 @@ def test_validate_valid_and_invalid(client):
     bad = client.post("/v1/validate", json={"request": req, "plan": plan}).json()
     assert bad["valid"] is False
     codes = [v["code"] for v in bad["violations"]]
-    assert codes == ["plan_id_mismatch", "rank_out_of_range", "ranks_mismatch"]
+    assert codes == [
+        "plan_id_mismatch",
+        "rank_out_of_range",
+        "ranks_mismatch",
+        "rank_stats",  # rank 0 lost a's shard (and the objective, the critical path)
+        "solver_report",
+        "solver_report",
+    ]
     assert bad["violations"][1]["table"] == "a" and bad["violations"][1]["rank"] == 7
 
 
