@@ -7,7 +7,7 @@ PORT ?= 8000
 DB ?= var/shardplan.db
 PYTEST_ARGS ?=
 
-.PHONY: run test lint clean system-deps
+.PHONY: run test lint examples golden clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,18 @@ lint: $(VENV)/.installed-all
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy planner_service clients runtime
+
+# examples/plan.json is what `shardplan plan` makes for examples/request.json, indented.
+# Run this whenever the planner's output changes: tests/test_cli.py checks it byte for byte.
+examples: $(VENV)/.installed-core
+	$(BIN)/shardplan plan examples/request.json --output examples/plan.json.tmp > /dev/null
+	$(BIN)/python -m json.tool --indent 2 --no-ensure-ascii examples/plan.json.tmp examples/plan.json
+	rm examples/plan.json.tmp
+
+# tests/golden_plans.json: the plan ids of public workloads under this planner version.
+# After a deliberate change to plans: bump `version` in pyproject.toml, then run this.
+golden: $(VENV)/.installed-all
+	$(BIN)/python -m tests.golden --write
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis .mypy_cache .ruff_cache

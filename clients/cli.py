@@ -2,15 +2,19 @@
 
 Each command parses its arguments, calls one library function and renders the result.
 Exit codes: 0 success, 1 the plan is invalid, 2 bad input (usage, unreadable or invalid
-files), 3 no plan exists (a table fits nowhere, or the solver proves it). Bad input never
-shows a traceback.
+files, output paths that cannot be written, checked before solving), 3 no plan exists (a
+table fits nowhere, or the solver proves it), 130 interrupted (Ctrl-C, at once, even
+mid-solve). Bad input never shows a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from planner_service import __version__
-from planner_service.api.settings import DEFAULT_DATABASE, Settings
+from planner_service.api.settings import DEFAULT_DATABASE, SUPERVISOR_PID_VARIABLE, Settings
 from planner_service.capacity import usable_capacity
 from planner_service.codec import parse_plan, parse_request, plan_bytes
 from planner_service.enumerator import enumerate_options, fit_options
@@ -33,6 +37,8 @@ EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+STDIN = Path("-")
 
 _SCHEMA_MODELS: dict[str, type[BaseModel]] = {"request": PlanRequest, "plan": ShardingPlan}
 
@@ -42,12 +48,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.command
     try:
-        return command(args)
+        if command is _serve:  # uvicorn shuts down gracefully on Ctrl-C itself
+            return command(args)
+        return _exit_on_ctrl_c(lambda: command(args))
     except InputError as error:
         print(error.render(), file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # e.g. `shardplan schema | head`
         return EXIT_OK
+
+
+def _exit_on_ctrl_c(work: Callable[[], int]) -> int:
+    """Run ``work`` in a thread while the main thread waits for Ctrl-C, which ends the
+    process at once with exit 130.
+
+    Python's own KeyboardInterrupt cannot do this during a solve: it is raised only when the
+    main thread is back in Python, which CP-SAT's search is not until its time limit, and
+    CP-SAT installs its own SIGINT handler while it searches. That handler ends only the
+    current search, so the solve went on to its next stage (three Ctrl-Cs, then a plan and
+    exit 0), and resets SIGINT to the default when done. SIGINT blocked in every thread
+    started here and taken by ``sigwait`` runs no handler at all; of the threads native
+    libraries start at import, which do not block it, Linux picks none while the main
+    thread waits for it.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: KeyboardInterrupt it is
+        return work()
+    main_thread = threading.get_ident()
+    outcome: list[int | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as error:  # re-raised in the main thread
+            outcome.append(error)
+        finally:
+            signal.pthread_kill(main_thread, signal.SIGINT)  # wakes it: done
+
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        worker = threading.Thread(target=run, name="shardplan", daemon=True)
+        worker.start()
+        signal.sigwait({signal.SIGINT})
+        if not outcome:
+            print("shardplan: interrupted", file=sys.stderr, flush=True)
+            os._exit(EXIT_INTERRUPTED)
+        worker.join()
+        while signal.SIGINT in signal.sigpending():  # a Ctrl-C just as it finished
+            signal.sigwait({signal.SIGINT})
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,12 +108,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     validate = sub.add_parser("validate", help="check a plan against its request")
-    validate.add_argument("request", type=Path, help="PlanRequest JSON file")
-    validate.add_argument("plan", type=Path, help="ShardingPlan JSON file")
+    validate.add_argument("request", type=Path, help="PlanRequest JSON file (- for stdin)")
+    validate.add_argument("plan", type=Path, help="ShardingPlan JSON file (- for stdin)")
     validate.set_defaults(command=_validate)
 
     plan = sub.add_parser("plan", help="solve a request and print the plan")
-    plan.add_argument("request", type=Path, help="PlanRequest JSON file")
+    plan.add_argument("request", type=Path, help="PlanRequest JSON file (- for stdin)")
     plan.add_argument(
         "--format",
         choices=("json", "table"),
@@ -74,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     options = sub.add_parser(
         "options", help="print every table's sharding options with perf and storage estimates"
     )
-    options.add_argument("request", type=Path, help="PlanRequest JSON file")
+    options.add_argument("request", type=Path, help="PlanRequest JSON file (- for stdin)")
     options.add_argument("--all", action="store_true", help="include options that no rank can hold")
     options.set_defaults(command=_options)
 
@@ -102,8 +154,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    request = parse_request(_read(args.request), source=str(args.request))
-    plan = parse_plan(_read(args.plan), source=str(args.plan))
+    if args.request == args.plan == STDIN:
+        raise InputError(
+            "validate",
+            [FieldProblem("plan", "only one of request and plan can be - (stdin)", "-")],
+        )
+    request = parse_request(_read(args.request), source=_name(args.request))
+    plan = parse_plan(_read(args.plan), source=_name(args.plan))
     violations = validate_plan(request, plan)
     for violation in violations:
         print(f"{violation.code.value}: {violation.message}")
@@ -118,7 +175,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    request = parse_request(_read(args.request), source=str(args.request))
+    request = parse_request(_read(args.request), source=_name(args.request))
+    if args.output:
+        _check_writable(args.output, "--output")
     with _ProgressLine() as progress:
         outcome = solve(request, on_progress=progress.update)
     if outcome.plan is None:
@@ -129,7 +188,7 @@ def _plan(args: argparse.Namespace) -> int:
         return EXIT_NO_PLAN
     document = plan_bytes(outcome.plan)
     if args.output:
-        args.output.write_bytes(document + b"\n")
+        _write(args.output, "--output", document + b"\n")
     if args.format == "json":
         sys.stdout.write(document.decode() + "\n")
     else:
@@ -182,7 +241,7 @@ class _ProgressLine:
 
 
 def _options(args: argparse.Namespace) -> int:
-    request = parse_request(_read(args.request), source=str(args.request))
+    request = parse_request(_read(args.request), source=_name(args.request))
     enumerated = enumerate_options(request)
     fitted = fit_options(request, enumerated)
     tables = enumerated if args.all else fitted.tables
@@ -204,9 +263,6 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import os
-    import tempfile
-
     import uvicorn
 
     # Every worker process builds its app from the environment: flags become variables.
@@ -217,8 +273,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise InputError("--workers", [FieldProblem("", "must be at least 1", args.workers)])
     settings = Settings.from_env()  # refuse bad settings here, once, with a clear message
+    _check_store_path(settings.database_url)
     if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shardplan-metrics-")
+    # uvicorn supervises N > 1 workers from this process; they die with it, even by SIGKILL.
+    os.environ.pop(SUPERVISOR_PID_VARIABLE, None)
+    if args.workers > 1:
+        os.environ[SUPERVISOR_PID_VARIABLE] = str(os.getpid())
     print(
         f"shardplan {__version__}: serving on http://{args.host}:{args.port} with "
         f"{args.workers} HTTP worker(s) x {settings.solve_workers} solver process(es), "
@@ -248,9 +309,53 @@ def _redacted(url: str) -> str:
     return url
 
 
+def _check_store_path(url: str) -> None:
+    """A SQLite file that cannot be created fails every worker's start with a traceback, so
+    it is refused here. PostgreSQL is the service's to check: it serves anyway, and /readyz
+    says why."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return
+    path = Path(url.removeprefix("sqlite://"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # as the store does
+    except OSError as error:
+        raise _cannot_write(path, "--db", error) from None
+    _check_writable(path, "--db")
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """Fail as writing ``path`` would, but before a long solve rather than after it, and
+    without leaving a file behind."""
+    try:
+        if path.exists():
+            path.open("ab").close()
+        else:
+            tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as error:
+        raise _cannot_write(path, option, error) from None
+
+
+def _write(path: Path, option: str, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as error:
+        raise _cannot_write(path, option, error) from None
+
+
+def _cannot_write(path: Path, option: str, error: OSError) -> InputError:
+    reason = f"{error.strerror} (choose another path)"
+    if isinstance(error, FileNotFoundError | NotADirectoryError | FileExistsError):
+        reason = f"{path.parent} is not a directory (create it, or choose another path)"
+    return InputError(str(path), [FieldProblem(option, f"cannot write: {reason}")])
+
+
+def _name(path: Path) -> str:
+    return "<stdin>" if path == STDIN else str(path)
+
+
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return sys.stdin.buffer.read() if path == STDIN else path.read_bytes()
     except OSError as error:
         raise InputError(
             str(path), [FieldProblem("", f"cannot read file: {error.strerror}")]

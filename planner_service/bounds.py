@@ -13,17 +13,22 @@ it solved the complete model) add their own proven bounds.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 from ortools.linear_solver import pywraplp
 
+from planner_service.deadline import Deadline
 from planner_service.enumerator import Placement
 from planner_service.problem import Group, Problem
 from planner_service.types import gap
 
 LP_SAFETY = 1e-9  # relative slack for the LP's floating-point optimum
 OPTIMAL_GAP = 1e-4  # within the cost resolution of its proven bound: reported optimal
+MEMORY_RESOLUTION = 2.0**-24  # the LP's memory coefficients, in units (see _MemoryScale)
 
 
 @dataclass(frozen=True, order=True)
@@ -89,16 +94,22 @@ class LinearRelaxation:
 
     Memory is counted in units of the tier's largest rank, so that memory and time
     coefficients are of similar size (bytes run to 1e11, milliseconds to 1e-3: a matter of
-    conditioning; GLOP also converges in bytes on the public workloads). Ranks whose
+    conditioning; GLOP also converges in bytes on the public workloads), or of twice what
+    the tables could ever need there, when that is less (``_MemoryScale``). Ranks whose
     capacity and fixed shares are the same share one constraint."""
 
-    def __init__(self, problem: Problem, groups: list[Group]) -> None:
+    def __init__(
+        self, problem: Problem, groups: list[Group], deadline: Deadline | None = None
+    ) -> None:
+        self.deadline = deadline or Deadline.never()
         self.solver = solver = pywraplp.Solver.CreateSolver("GLOP")
         inf = solver.infinity()
         self.makespan = makespan = solver.NumVar(0.0, inf, "T")
-        capacities = [problem.hbm_cap.astype(float), problem.ddr_cap.astype(float)]
-        units = [float(c.max(initial=0.0)) or 1.0 for c in capacities]
-        capacities = [c / unit for c, unit in zip(capacities, units, strict=True)]
+        scales = [
+            _MemoryScale.of(capacity, groups, problem, tier)
+            for capacity, tier in ((problem.hbm_cap, "hbm_total"), (problem.ddr_cap, "ddr_total"))
+        ]
+        capacities = [scale.capacities for scale in scales]
         largest_rank = [float(c.max(initial=0.0)) for c in capacities]  # 1, or 0 without the tier
         fixed = [
             (g, o, problem.costs(option))
@@ -110,10 +121,10 @@ class LinearRelaxation:
         shares = [
             np.array([c.fixed_cost for _, _, c in fixed]).T.reshape(problem.world_size, -1),
             *(
-                np.array([getattr(c, tier) / unit for _, _, c in fixed]).T.reshape(
+                np.array([scale.down(getattr(c, tier)) for _, _, c in fixed]).T.reshape(
                     problem.world_size, -1
                 )
-                for tier, unit in zip(("hbm", "ddr"), units, strict=True)
+                for tier, scale in zip(("hbm", "ddr"), scales, strict=True)
             ),
         ]
         # Every row bounded by memory, with its bound at full memory (``solve`` scales them).
@@ -164,9 +175,9 @@ class LinearRelaxation:
                 choose.SetCoefficient(x, 1.0)
                 work.SetCoefficient(x, costs.work)
                 largest.SetCoefficient(x, costs.largest_shard)
-                memory = [costs.hbm / units[0], costs.ddr / units[1]]
-                for total, bytes_ in zip(totals, memory, strict=True):
-                    total.SetCoefficient(x, float(bytes_.sum()))
+                memory = [costs.hbm, costs.ddr]
+                for total, bytes_, scale in zip(totals, memory, scales, strict=True):
+                    total.SetCoefficient(x, float(scale.down(bytes_.sum())))
                 i = fixed_index.get((g, o))
                 if i is not None:
                     for tier_rows in rows:
@@ -176,14 +187,20 @@ class LinearRelaxation:
                         definition.SetCoefficient(x, -float(tier_shares[:, i].min()))
                 else:
                     stacked.SetCoefficient(x, costs.largest_shard)
-                    for row, bytes_ in zip(stacked_memory, memory, strict=True):
-                        row.SetCoefficient(x, float(bytes_.max()))
+                    for row, bytes_, scale in zip(stacked_memory, memory, scales, strict=True):
+                        row.SetCoefficient(x, float(scale.down(bytes_.max())))
         solver.Minimize(makespan)
 
     def solve(self, memory_fraction: float = 1.0) -> Relaxation | None:
         for row, capacity in self.capacity_rows:
             row.SetUb(capacity * memory_fraction)
+        limit_s = self.deadline.cap_s(math.inf)
+        if math.isfinite(limit_s):
+            self.solver.SetTimeLimit(max(1, int(limit_s * 1000)))
+        started = time.monotonic()
         status = self.solver.Solve()
+        if math.isfinite(limit_s):
+            self.deadline.note_stop(limit_s, time.monotonic() - started)
         if status == pywraplp.Solver.INFEASIBLE:
             raise RelaxationInfeasible
         if status != pywraplp.Solver.OPTIMAL:
@@ -192,6 +209,38 @@ class LinearRelaxation:
         counts = [[max(0.0, x.solution_value()) for x in row] for row in self.variables]
         bound = LowerBound(max(0.0, value * (1 - LP_SAFETY)), "lp_relaxation")
         return Relaxation(bound, counts)
+
+
+@dataclass(frozen=True)
+class _MemoryScale:
+    """One memory tier in the LP's units: ``unit`` bytes, the smaller of the largest rank
+    and twice the tier's *demand* (every table at its option with the most bytes there).
+
+    Coefficients are rounded down to multiples of ``MEMORY_RESOLUTION`` units, which only
+    loosens the memory rows: GLOP's presolve drops coefficients below about 1e-9 and once
+    "proved" infeasible a table with 16 DDR bytes per shard (1.2e-10 of 128 GiB) and every
+    table on ranks of 2**51 bytes. Capacities are capped at twice the demand, which no
+    memory row's left side can reach (a rank's fixed shares, the totals and the floor plus
+    a shard each add up to at most the demand), so the cap removes no solution, nor does
+    it with capacities shrunk to half or more (``solve(memory_fraction)``)."""
+
+    unit: float
+    capacities: np.ndarray  # per rank, in units
+
+    @classmethod
+    def of(cls, capacity: np.ndarray, groups: list[Group], problem: Problem, tier: str) -> Self:
+        demand = sum(
+            group.size * max(getattr(problem.costs(o), tier) for o in group.options)
+            for group in groups
+        )
+        ceiling = float(2 * demand)
+        unit = min(float(capacity.max(initial=0)), ceiling) or 1.0
+        return cls(unit, np.minimum(capacity.astype(float), ceiling) / unit)
+
+    def down(self, num_bytes: np.ndarray | int) -> np.ndarray:
+        """Bytes in units, rounded down to the resolution."""
+        units = np.asarray(num_bytes, dtype=float) / self.unit
+        return np.floor(units / MEMORY_RESOLUTION) * MEMORY_RESOLUTION
 
 
 def best_bound(bounds: list[LowerBound]) -> LowerBound:

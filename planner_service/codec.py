@@ -127,14 +127,33 @@ def seal_plan(
     solver: SolverReport,
 ) -> ShardingPlan:
     """Assemble a plan for ``request`` and stamp it with its content address."""
+    return seal_plan_data(
+        request=request,
+        planner_version=planner_version,
+        tables={name: sharding.model_dump(mode="json") for name, sharding in tables.items()},
+        rank_stats=[stats.model_dump(mode="json") for stats in rank_stats],
+        solver=solver.model_dump(mode="json"),
+    )
+
+
+def seal_plan_data(
+    *,
+    request: PlanRequest,
+    planner_version: str,
+    tables: dict[str, dict[str, Any]],
+    rank_stats: list[dict[str, Any]],
+    solver: dict[str, Any],
+) -> ShardingPlan:
+    """``seal_plan`` from the plan's parts as JSON data: a plan of many shards is validated
+    once, at the end, instead of once per object and again when sealed."""
     body = {
         "schema_version": SCHEMA_VERSION,
         "request_hash": request_hash(request),
         "planner_version": planner_version,
         "world_size": request.topology.world_size,
-        "tables": {name: tables[name].model_dump(mode="json") for name in sorted(tables)},
-        "rank_stats": [stats.model_dump(mode="json") for stats in rank_stats],
-        "solver": solver.model_dump(mode="json"),
+        "tables": {name: tables[name] for name in sorted(tables)},
+        "rank_stats": rank_stats,
+        "solver": solver,
     }
     body["plan_id"] = plan_id_of(body)
     return ShardingPlan.model_validate_json(canonical_bytes(body))

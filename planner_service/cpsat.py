@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from planner_service.bounds import proven_within
+from planner_service.deadline import Deadline, OutOfTime
 from planner_service.enumerator import Placement, ShardingOption
 from planner_service.problem import Choice, Group, Problem, loads_of
 from planner_service.types import ShardingType, gap
@@ -34,11 +35,11 @@ HBM_STEPS = 1000  # resolution of the peak-HBM tie-break
 NUM_WORKERS = 4  # interleaved subsolvers (LNS among them), run deterministically
 # The search budget is a fixed share of the request's time limit, never of the wall time
 # left, so the same request searches exactly as far in every process. Interleaved search
-# spends up to about 3x its deterministic budget in wall time on this machine (measured on
-# the public workloads), hence the small share; the wall-clock limit is only a safety net
-# far beyond it (hitting it would cost determinism).
+# spends up to about 3x its deterministic budget in wall time on an idle 2-core machine
+# (measured on the public workloads), hence the small share; the deadline (what is left
+# of the time limit in wall time) stops it on a loaded machine, at the cost of
+# determinism (the plan then says stop_reason time_limit).
 SEARCH_SHARE = 0.2
-WALL_SAFETY_FACTOR = 6.0
 RELATIVE_GAP_LIMIT = 1e-5  # stop once proven this close to optimal
 # The best bound known before the search (the packing bound, say) is the makespan's floor,
 # so CP-SAT stops once it reaches it; but interleaved search stops only between batches,
@@ -82,7 +83,10 @@ class _Model:
         hint: list[Choice] | None,
         scale: float,
         restrict: bool,
+        deadline: Deadline,
     ) -> None:
+        """Every group's variables and loads, capacities and links; ``OutOfTime`` if the
+        deadline passes while they are built."""
         self.problem = problem
         self.groups = groups
         self.scale = scale
@@ -101,7 +105,9 @@ class _Model:
         for g in self.linked.values():
             self.usage_terms[g] = [[] for _ in range(world)]
         for g, group in enumerate(groups):
+            deadline.check()
             self._add_group(g, group)
+        deadline.check()
         self._add_capacities()
         self._add_links()
 
@@ -374,12 +380,15 @@ def solve_cpsat(
     lower_bound: float = 0.0,
     gap_limit: float = 0.0,
     on_progress: ProgressCallback | None = None,
+    deadline: Deadline | None = None,
 ) -> CpSatResult:
     """Minimise the max rank cost, ties broken by the lower peak HBM (lexicographically:
     the HBM term, in thousandths of a rank's capacity, never outweighs one cost unit).
 
     Stops early once the best plan is proven within ``gap_limit`` by ``lower_bound`` (the
-    best bound known before the search) or by CP-SAT's own bound (``PROBE_SHARES``)."""
+    best bound known before the search) or by CP-SAT's own bound (``PROBE_SHARES``), and
+    at the deadline with the best plan found so far."""
+    deadline = deadline or Deadline.never()
     start = time.perf_counter()
     reference = _reference_makespan(problem, hint)
     scale = COST_RESOLUTION / reference if reference > 0 else 1.0
@@ -390,7 +399,11 @@ def solve_cpsat(
         if option.placement is not Placement.FIXED
     )
     restrict = hint is not None and size > MAX_PLACEMENT_VARS
-    built = _Model(problem, groups, hint, scale, restrict)
+    try:
+        built = _Model(problem, groups, hint, scale, restrict, deadline)
+    except OutOfTime:
+        wall = time.perf_counter() - start
+        return CpSatResult(None, "UNKNOWN", None, not restrict, 0, wall, 0, 0.0)
     makespan = built.makespan(
         math.floor(lower_bound * scale), _makespan_upper(problem, hint, scale)
     )
@@ -406,13 +419,15 @@ def solve_cpsat(
     status_name = "UNKNOWN"
     runs, spent = 0, 0.0
     for run, share in enumerate(shares):
+        if deadline.expired():
+            break
         start_from = best or hint
         if start_from is not None:
             built.model.clear_hints()
             built.add_hint(start_from)
         solver = deterministic_solver(budget * share, seed + run)
         solver.parameters.relative_gap_limit = max(RELATIVE_GAP_LIMIT, gap_limit)
-        status = solver.solve(built.model, callback)
+        status = solve_within(solver, built.model, deadline, callback=callback)
         runs, status_name = run + 1, solver.status_name(status)
         spent += solver.deterministic_time
         if status == cp_model.INFEASIBLE or status == cp_model.MODEL_INVALID:
@@ -437,16 +452,38 @@ def solve_cpsat(
 
 def deterministic_solver(time_limit_s: float, seed: int) -> cp_model.CpSolver:
     """A portfolio of workers interleaved deterministically, stopped by deterministic time:
-    the same request searches exactly as far, and answers the same, in every process."""
+    the same request searches exactly as far, and answers the same, in every process
+    (unless a wall-clock limit stops it first, see ``solve_within``)."""
     solver = cp_model.CpSolver()
     parameters = solver.parameters
     parameters.num_workers = NUM_WORKERS
     parameters.interleave_search = True
     parameters.random_seed = seed
     parameters.max_deterministic_time = max(time_limit_s, 0.01)
-    parameters.max_time_in_seconds = max(time_limit_s, 0.01) * WALL_SAFETY_FACTOR
     parameters.relative_gap_limit = RELATIVE_GAP_LIMIT
+    # CP-SAT's own SIGINT handler only ends the current run (the solve would go on to its
+    # next stage) and resets SIGINT afterwards; callers decide what Ctrl-C means.
+    parameters.catch_sigint_signal = False
     return solver
+
+
+def solve_within(
+    solver: cp_model.CpSolver,
+    model: cp_model.CpModel,
+    deadline: Deadline,
+    *,
+    share: float = 1.0,
+    callback: cp_model.CpSolverSolutionCallback | None = None,
+) -> cp_model.CpSolverStatus:
+    """Solve with at most ``share`` of what is left of the deadline as the wall-clock limit,
+    and record on the deadline whether that limit, not the work budget, stopped the run."""
+    limit_s = deadline.cap_s(math.inf, share)
+    if math.isfinite(limit_s):
+        solver.parameters.max_time_in_seconds = max(limit_s, 1e-3)
+    status = solver.solve(model, callback)
+    if math.isfinite(limit_s):
+        deadline.note_stop(limit_s, solver.wall_time)
+    return status
 
 
 def _reference_makespan(problem: Problem, hint: list[Choice] | None) -> float:

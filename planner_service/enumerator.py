@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import numpy as np
+
 from planner_service.capacity import Capacity, usable_capacity
 from planner_service.estimators import (
     OptionContext,
@@ -125,31 +127,49 @@ class TableOptions:
     options: tuple[ShardingOption, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class DeviceClasses:
-    """Ranks grouped by the bandwidths perf depends on; class 0 has the topology's defaults."""
+    """Ranks grouped by the bandwidths perf depends on; class 0 has the topology's defaults.
+
+    Only overridden ranks are listed (``overridden``: rank -> class), so building the
+    classes and asking for one rank's costs the overrides, not the world size; the
+    per-rank array is built once, for the solver, when first asked for."""
 
     specs: tuple[DeviceSpec, ...]
-    class_of_rank: tuple[int, ...]
+    overridden: dict[int, int]
+    world_size: int
 
     @classmethod
     def of(cls, topology: Topology) -> DeviceClasses:
-        default = topology.device(0).model_copy(
-            update={
-                "hbm_bw_bytes_per_s": topology.hbm_bw_bytes_per_s,
-                "ddr_bw_bytes_per_s": topology.ddr_bw_bytes_per_s,
-            }
+        default = DeviceSpec(
+            rank=0,
+            hbm_bytes=topology.hbm_bytes or 0,
+            ddr_bytes=topology.ddr_bytes,
+            hbm_bw_bytes_per_s=topology.hbm_bw_bytes_per_s,
+            ddr_bw_bytes_per_s=topology.ddr_bw_bytes_per_s,
         )
         specs, index = [default], {_bandwidth_key(default): 0}
-        class_of_rank = [0] * topology.world_size
+        overridden = {}
         for override in topology.rank_overrides:
-            device = topology.device(override.rank)
-            key = _bandwidth_key(device)
+            key = (
+                override.hbm_bw_bytes_per_s or default.hbm_bw_bytes_per_s,
+                override.ddr_bw_bytes_per_s or default.ddr_bw_bytes_per_s,
+            )
             if key not in index:
                 index[key] = len(specs)
-                specs.append(device)
-            class_of_rank[override.rank] = index[key]
-        return cls(tuple(specs), tuple(class_of_rank))
+                specs.append(default.model_copy(update=override.model_dump(exclude_none=True)))
+            overridden[override.rank] = index[key]
+        return cls(tuple(specs), overridden, topology.world_size)
+
+    def class_of(self, rank: int) -> int:
+        return self.overridden.get(rank, 0)
+
+    @functools.cached_property
+    def class_of_rank(self) -> np.ndarray:
+        """Every rank's class, in rank order."""
+        classes = np.zeros(self.world_size, dtype=np.int64)
+        classes[list(self.overridden)] = list(self.overridden.values())
+        return classes
 
 
 def _bandwidth_key(device: DeviceSpec) -> tuple[float, float]:

@@ -16,10 +16,12 @@ ranks of theirs. Deterministic: every tie is broken by index.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner_service.deadline import Deadline
 from planner_service.enumerator import Placement, ShardingOption
 from planner_service.problem import Choice, Loads, OptionCosts, Problem, loads_of
 from planner_service.types import ShardingType
@@ -60,20 +62,30 @@ class _Candidate:
 # workloads), so they run at the bound only.
 UNGUIDED_TARGET_FACTORS = (1.0, 1.03, 1.1)
 GUIDED_TARGET_FACTORS = (1.0,)
+DEADLINE_CHECK_EVERY = 16  # tables placed between looks at the clock
 
 
 def greedy_plan(
-    problem: Problem, lower_bound: float = 0.0, guides: list[list[list[int]]] | None = None
+    problem: Problem,
+    lower_bound: float = 0.0,
+    guides: list[list[list[int]]] | None = None,
+    deadline: Deadline | None = None,
 ) -> list[Choice] | None:
     """The best plan over several targets, unguided and with each guide (per table, the
     options to try first: the LP relaxation's rounded option mix, which knows which tables
-    memory should push into slower tiers), or None when no pass places every table."""
+    memory should push into slower tiers), or None when no pass places every table. Passes
+    stop at the deadline, keeping the best plan of the passes that finished."""
+    deadline = deadline or Deadline.never()
     best: tuple[tuple[float, int], list[Choice]] | None = None
     least = _least_memory(problem)
     for guide in [None, *(guides or [])]:
         factors = UNGUIDED_TARGET_FACTORS if guide is None else GUIDED_TARGET_FACTORS
         for factor in factors:
-            choices = _greedy(problem, lower_bound * factor, guide, least)
+            if best is not None and deadline.expired():
+                return best[1]
+            # The first plan may use the deadline's grace; better plans only its time.
+            stop = deadline.expired if best is not None else deadline.past_grace
+            choices = _greedy(problem, lower_bound * factor, guide, least, stop)
             if choices is None:
                 continue
             loads = loads_of(problem, choices)
@@ -90,15 +102,19 @@ def _greedy(
     target: float,
     preferred: list[list[int]] | None,
     least: tuple[list[int], list[int]],
+    out_of_time: Callable[[], bool],
 ) -> list[Choice] | None:
-    """One pass at ``target``; None when this pass cannot place some table. With
-    ``preferred``, a table tries only its preferred options first."""
+    """One pass at ``target``; None when this pass cannot place some table, or when it runs
+    out of time first. With ``preferred``, a table tries only its preferred options
+    first."""
     state = _empty_state(problem)
     groups = _GroupIndex(problem)
     choices: list[Choice | None] = [None] * len(problem.tables)
     least_hbm, least_bytes = least
     state.reserve_hbm, state.reserve_bytes = sum(least_hbm), sum(least_bytes)
-    for t in _order(problem, target, preferred):
+    for placed, t in enumerate(_order(problem, target, preferred)):
+        if placed % DEADLINE_CHECK_EVERY == 0 and out_of_time():
+            return None
         state.reserve_hbm -= least_hbm[t]
         state.reserve_bytes -= least_bytes[t]
         options = problem.tables[t].options
@@ -133,8 +149,8 @@ def _greedy(
 def _empty_state(problem: Problem) -> _State:
     world = problem.world_size
     state = _State(np.zeros(world), np.zeros(world, np.int64), np.zeros(world, np.int64))
-    state.free_hbm = int(problem.hbm_cap.sum())
-    state.free_bytes = state.free_hbm + int(problem.ddr_cap.sum())
+    state.free_hbm = problem.hbm_total
+    state.free_bytes = state.free_hbm + problem.ddr_total
     return state
 
 
@@ -162,21 +178,31 @@ def _order(problem: Problem, target: float, preferred: list[list[int]] | None) -
     of a rank's HBM or DDR: memory-heavy tables must be packed while there is room."""
     hbm_cap = float(problem.hbm_cap.max(initial=0)) or 1.0
     ddr_cap = float(problem.ddr_cap.max(initial=0)) or 1.0
+    # Tables of one shape share their options, so each shape's size is worked out once.
+    sizes: dict[tuple[int, tuple[int, ...]], tuple[bool, float, float]] = {}
 
-    def key(t: int) -> tuple[int, float, str]:
-        options = problem.tables[t].options
-        indices = list(preferred[t]) if preferred and preferred[t] else range(len(options))
+    def size(
+        options: tuple[ShardingOption, ...], indices: tuple[int, ...]
+    ) -> tuple[bool, float, float]:
         costs = [problem.costs(options[i]) for i in indices]
         spread = all(
             options[i].placement is not Placement.PER_SHARD
             and options[i].sharding_type is not ShardingType.TABLE_COLUMN_WISE
             for i in indices
         )
-        work = min(c.work for c in costs)
-        time_share = work / target if target > 0 else 0.0
         memory_share = min(
             max(float(c.hbm.max()) / hbm_cap, float(c.ddr.max()) / ddr_cap) for c in costs
         )
+        return spread, min(c.work for c in costs), memory_share
+
+    def key(t: int) -> tuple[int, float, str]:
+        options = problem.tables[t].options
+        indices = tuple(preferred[t]) if preferred and preferred[t] else tuple(range(len(options)))
+        known = sizes.get((id(options), indices))
+        if known is None:
+            known = sizes[id(options), indices] = size(options, indices)
+        spread, work, memory_share = known
+        time_share = work / target if target > 0 else 0.0
         return (
             0 if spread else 1,
             -max(time_share, memory_share, work * 1e-12),
@@ -403,19 +429,24 @@ def _commit(problem: Problem, state: _State, t: int, choice: Choice) -> None:
 MAX_IMPROVEMENT_ROUNDS = 200
 
 
-def improve(problem: Problem, choices: list[Choice]) -> list[Choice]:
+def improve(
+    problem: Problem, choices: list[Choice], deadline: Deadline | None = None
+) -> list[Choice]:
     """Local search on the most loaded rank. Re-insertion: take each table with a shard
     there, remove it, and put it back with its best option and placement (as the greedy
     would, against the current max as target). Swap: exchange a whole single-shard table
     there with a cheaper one elsewhere. Repartition: re-split the whole single-shard tables
     of that rank and another between the two; then the table-row-wise tables of its host
     and another host. A move is kept if the max drops, or stays and
-    fewer ranks sit at it. Deterministic; stops at a local optimum or after
-    ``MAX_IMPROVEMENT_ROUNDS`` moves."""
+    fewer ranks sit at it. Deterministic; stops at a local optimum, after
+    ``MAX_IMPROVEMENT_ROUNDS`` moves, or at the deadline."""
+    deadline = deadline or Deadline.never()
     current = list(choices)
     loads = loads_of(problem, current)
     groups = _GroupIndex(problem)
     for _ in range(MAX_IMPROVEMENT_ROUNDS):
+        if deadline.expired():
+            break
         moved = (
             _improve_once(problem, groups, current, loads)
             or _swap_once(problem, groups, current, loads)
@@ -665,6 +696,6 @@ def _state_without(
     state = _State(loads.perf - perf, loads.hbm - hbm, loads.ddr - ddr)
     state.max_perf = float(state.perf.max())
     state.placed = {t: ranks for t, ranks in placed.items() if t != skip}
-    state.free_hbm = int(problem.hbm_cap.sum() - state.hbm.sum())
-    state.free_bytes = state.free_hbm + int(problem.ddr_cap.sum() - state.ddr.sum())
+    state.free_hbm = problem.hbm_total - int(state.hbm.sum())
+    state.free_bytes = state.free_hbm + problem.ddr_total - int(state.ddr.sum())
     return state

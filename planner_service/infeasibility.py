@@ -14,8 +14,10 @@ import json
 from collections.abc import Callable, Iterable
 
 from planner_service.codec import canonical_bytes, parse_request
+from planner_service.deadline import Deadline
 from planner_service.enumerator import (
     FitResult,
+    ShardingOption,
     TableOptions,
     enumerate_options,
     fit_options,
@@ -41,13 +43,20 @@ VERIFY_GROWTH = 1.1
 
 
 def explain(
-    request: PlanRequest, table_problems: list[TableProblem], status: SolverStatus
+    request: PlanRequest,
+    table_problems: list[TableProblem],
+    status: SolverStatus,
+    deadline: Deadline | None = None,
+    fitted: FitResult | None = None,
 ) -> Infeasibility:
+    """The reasons, then the smallest fixes found before the deadline (a fix search cut
+    short says how far it got: ``min_world_size_searched_up_to``)."""
+    deadline = deadline or Deadline.never()
     reasons = [_table_reason(p) for p in table_problems]
-    reasons += _memory_reasons(request)
+    reasons += memory_reasons(request, fitted)
     if not reasons:
         reasons.append(_fallback_reason(request, status))
-    fixes = SmallestFixes(**_world_size_fix(request), **_caching_fix(request))
+    fixes = SmallestFixes(**_world_size_fix(request, deadline), **_caching_fix(request, deadline))
     return Infeasibility(status=status, reasons=reasons, fixes=fixes)
 
 
@@ -95,10 +104,13 @@ def _fallback_reason(request: PlanRequest, status: SolverStatus) -> Infeasibilit
 # --------------------------------------------------------------------------- memory
 
 
-def _memory_reasons(request: PlanRequest) -> list[InfeasibilityReason]:
-    """Totals that cannot fit whatever the placement: all ranks, and each pinned rank set."""
-    tables = enumerate_options(request)
-    fitted = fit_options(request, tables)
+def memory_reasons(
+    request: PlanRequest, fitted: FitResult | None = None
+) -> list[InfeasibilityReason]:
+    """Totals that cannot fit whatever the placement: all ranks, and each pinned rank set.
+    Exact integer sums, so any reason here proves that no plan exists. ``fitted``: the
+    request's fitted options, when the caller has them already."""
+    fitted = fitted or fit_options(request, enumerate_options(request))
     reasons = []
     everyone = list(range(request.topology.world_size))
     reason = _total_reason(fitted, fitted.tables, everyone, "all ranks")
@@ -141,8 +153,9 @@ def _total_reason(
         return None
     hbm_cap = sum(fitted.capacities[r].hbm_bytes for r in ranks)
     ddr_cap = sum(fitted.capacities[r].ddr_bytes for r in ranks)
-    least_total = sum(min(_bytes(o) for o in entry.options) for entry in entries)
-    least_hbm = sum(min(_tier(o, "hbm_bytes") for o in entry.options) for entry in entries)
+    least = _LeastBytes()
+    least_total = sum(least.total(entry) for entry in entries)
+    least_hbm = sum(least.hbm(entry) for entry in entries)
     names = [entry.table.name for entry in entries]
     if least_total > hbm_cap + ddr_cap:
         return InfeasibilityReason(
@@ -171,42 +184,70 @@ def _total_reason(
     return None
 
 
-def _bytes(option: object) -> int:
-    return _tier(option, "hbm_bytes") + _tier(option, "ddr_bytes")
+class _LeastBytes:
+    """Each table's least bytes over its options, in total and in HBM. Tables of one shape
+    share option objects, so each option's bytes are summed once."""
 
+    def __init__(self) -> None:
+        self._bytes: dict[int, tuple[int, int]] = {}
+        self._least: dict[int, tuple[int, int]] = {}
 
-def _tier(option: object, field: str) -> int:
-    return sum(getattr(shard.storage, field) for shard in option.shards)  # type: ignore[attr-defined]
+    def total(self, entry: TableOptions) -> int:
+        return self._least_of(entry)[1]
+
+    def hbm(self, entry: TableOptions) -> int:
+        return self._least_of(entry)[0]
+
+    def _least_of(self, entry: TableOptions) -> tuple[int, int]:
+        known = self._least.get(id(entry.options))
+        if known is None:
+            each = [self._of(option) for option in entry.options]
+            known = min(h for h, _ in each), min(h + d for h, d in each)
+            self._least[id(entry.options)] = known
+        return known
+
+    def _of(self, option: ShardingOption) -> tuple[int, int]:
+        known = self._bytes.get(id(option))
+        if known is None:
+            hbm = sum(shard.storage.hbm_bytes for shard in option.shards)
+            ddr = sum(shard.storage.ddr_bytes for shard in option.shards)
+            known = self._bytes[id(option)] = (hbm, ddr)
+        return known
 
 
 # --------------------------------------------------------------------------- fixes
 
 
-def plannable(request: PlanRequest) -> bool:
-    """Whether the warm start finds a plan for ``request``."""
-    prepared = prepare(request)
-    if prepared.problem is None or prepared.relaxation_infeasible:
+def plannable(request: PlanRequest, deadline: Deadline | None = None) -> bool:
+    """Whether the warm start finds a plan for ``request`` (before the deadline)."""
+    prepared = prepare(request, deadline)
+    if prepared.problem is None:
         return False
-    return warm_start(prepared) is not None
+    return warm_start(prepared, deadline) is not None
 
 
-def _relaxation_feasible(request: PlanRequest) -> bool:
-    prepared = prepare(request)
-    return prepared.problem is not None and not prepared.relaxation_infeasible
-
-
-def _world_size_fix(request: PlanRequest) -> dict[str, int | None]:
-    """The least world size (whole hosts) at which the warm start finds a plan."""
+def _world_size_fix(request: PlanRequest, deadline: Deadline) -> dict[str, int | None]:
+    """The least world size (whole hosts) at which the warm start finds a plan; with the
+    largest size ruled out so far when the search ends (at its limit or the deadline)."""
     topology = request.topology
     local = topology.num_local_ranks
     limit = min(MAX_WORLD_SIZE_SEARCH, topology.world_size * MAX_WORLD_SIZE_FACTOR)
     limit -= limit % local
-    necessary = _least_size(request, topology.world_size, limit, local, _relaxation_feasible)
+
+    def relaxation_feasible(candidate: PlanRequest) -> bool:
+        prepared = prepare(candidate, deadline)
+        return prepared.problem is not None and not prepared.relaxation_infeasible
+
+    necessary, ruled_out = _least_size(
+        request, topology.world_size, limit, local, relaxation_feasible, deadline
+    )
     if necessary is None:
-        return {"min_world_size": None, "min_world_size_searched_up_to": limit}
+        return {"min_world_size": None, "min_world_size_searched_up_to": ruled_out}
     size = necessary
     for _ in range(VERIFY_ATTEMPTS):
-        if plannable(_resized(request, size)):
+        if deadline.expired():
+            break
+        if plannable(_resized(request, size), deadline):
             return {"min_world_size": size, "min_world_size_searched_up_to": None}
         size = min(limit, _round_up(int(size * VERIFY_GROWTH) + 1, local))
     return {"min_world_size": None, "min_world_size_searched_up_to": size}
@@ -218,19 +259,23 @@ def _least_size(
     limit: int,
     local: int,
     feasible: Callable[[PlanRequest], bool],
-) -> int | None:
+    deadline: Deadline,
+) -> tuple[int | None, int]:
     """Least multiple of ``local`` in (start, limit] where ``feasible`` holds, assuming it
-    stays true once true: double, then bisect in whole hosts."""
+    stays true once true: double, then bisect in whole hosts. With it, the largest size
+    known infeasible (``limit`` when every size was, less when the deadline came first)."""
     low, high, size = start, None, start
     while size < limit:
+        if deadline.expired():
+            return None, low
         size = min(limit, size * 2)
         if feasible(_resized(request, size)):
             high = size
             break
         low = size
     if high is None:
-        return None
-    while high - low > local:
+        return None, low
+    while high - low > local and not deadline.expired():
         middle = _round_up((low + high) // 2, local)
         if middle >= high:
             break
@@ -238,7 +283,7 @@ def _least_size(
             high = middle
         else:
             low = middle
-    return high
+    return high, low
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -251,9 +296,9 @@ def _resized(request: PlanRequest, world_size: int) -> PlanRequest:
     return parse_request(canonical_bytes(data))
 
 
-def _caching_fix(request: PlanRequest) -> dict[str, object]:
+def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
     """Tables whose kernel constraints exclude fused_uvm_caching and that would fit with it."""
-    if request.topology.compute_device is ComputeDevice.CPU:
+    if request.topology.compute_device is ComputeDevice.CPU or deadline.expired():
         return {}
     data = json.loads(request.model_dump_json())
     relaxed_names = []
@@ -266,10 +311,12 @@ def _caching_fix(request: PlanRequest) -> dict[str, object]:
         return {}
     relaxed = parse_request(canonical_bytes(data))
     before = {p.table for p in fit_options(request, enumerate_options(request)).problems}
-    prepared = prepare(relaxed)
+    prepared = prepare(relaxed, deadline)
     choices = None
-    if prepared.problem is not None and not prepared.relaxation_infeasible:
-        choices = warm_start(prepared)
+    if prepared.problem is not None:
+        choices = warm_start(prepared, deadline)
+    if choices is None and deadline.expired():
+        return {}  # cut short: neither a fix nor proof that it does not fit
     if choices is not None and prepared.problem is not None:
         problem = prepared.problem
         chosen = [

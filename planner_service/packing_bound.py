@@ -46,7 +46,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner_service.bounds import LowerBound
-from planner_service.cpsat import COST_RESOLUTION, deterministic_solver
+from planner_service.cpsat import COST_RESOLUTION, deterministic_solver, solve_within
+from planner_service.deadline import Deadline, OutOfTime
 from planner_service.enumerator import Placement
 from planner_service.problem import Choice, Group, OptionCosts, Problem, loads_of
 from planner_service.types import ShardingType
@@ -57,6 +58,12 @@ from planner_service.types import ShardingType
 # runs found it every time, one run of the same total never; see docs/solver.md).
 PACKING_RUNS = (0.1, 0.1, 0.1)
 OPTION_MIX_SHARE = 0.02  # of the time limit, for option_mix_bound (it needs milliseconds)
+# The most of what is left of the deadline each stage may take in wall time, so that the
+# stages after it keep time to run: the option mix needs milliseconds, the packing
+# relaxation leaves at least half to the CP-SAT search.
+OPTION_MIX_WALL_SHARE = 0.1
+PACKING_WALL_SHARE = 0.5
+DEADLINE_CHECK_EVERY = 256  # configurations added to the model between looks at the clock
 RESOLUTION = COST_RESOLUTION  # integer units per warm-start makespan, as in the main model
 MAX_CONFIG_VARS = 20_000  # pool x configuration counts; beyond this the bound is skipped
 PER_HOST_MAX_HOSTS = 4  # up to this many hosts, each host is its own pool
@@ -112,12 +119,15 @@ def packing_bound(
     hint: list[Choice] | None = None,
     lower_bound: float = 0.0,
     gap_limit: float = 0.0,
+    deadline: Deadline | None = None,
 ) -> Packing | None:
     """Solve the relaxation with ``upper`` as the makespan's cap (a plan's makespan: only
     plans at least as good matter); ``hint``, a plan within the cap, is where the search
     starts. The search stops once its best solution is proven within ``gap_limit`` by its
-    own bound or by ``lower_bound`` (the best bound known before it). None when the
-    relaxation is too large to build."""
+    own bound or by ``lower_bound`` (the best bound known before it), and at
+    ``PACKING_WALL_SHARE`` of what is left of the deadline. None when the relaxation is too
+    large to build, or there is no time left to solve it."""
+    deadline = deadline or Deadline.never()
     if upper <= 0 or problem.num_hosts * problem.local_world_size != problem.world_size:
         return None
     scale = RESOLUTION / upper
@@ -147,20 +157,28 @@ def packing_bound(
     ):
         return None
     least = min(math.floor(lower_bound * scale), RESOLUTION)
-    model = _RelaxedModel(problem, groups, options, kinds, configs, scale, memory, least)
-    if per_host:
-        model.pools_per_host(host_sizes)
-    else:
-        model.pools_per_host_mix(host_sizes, host_mixes)
-    model.finish()
-    if hint is not None:
-        model.add_hint(hint)
+    stage = Deadline(deadline.cap_s(math.inf, PACKING_WALL_SHARE))
+    try:
+        model = _RelaxedModel(problem, groups, options, kinds, configs, scale, memory, least)
+        if per_host:
+            model.pools_per_host(host_sizes)
+        else:
+            model.pools_per_host_mix(host_sizes, host_mixes)
+        model.finish(stage)
+        if hint is not None:
+            stage.check()
+            model.add_hint(hint)
+    except OutOfTime:
+        deadline.reached = True
+        return Packing(None, None, 0.0)
     best: cp_model.CpSolver | None = None  # the run with the best solution
     proven, spent = 0.0, 0.0
     for run, share in enumerate(PACKING_RUNS):
+        if stage.expired():
+            break
         solver = _solver(time_limit_s * share, seed + run)
         solver.parameters.relative_gap_limit = max(solver.parameters.relative_gap_limit, gap_limit)
-        status = solver.solve(model.model)
+        status = solve_within(solver, model.model, stage)
         spent += solver.deterministic_time
         if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
             return None  # the warm start maps into the relaxation, so this cannot happen
@@ -173,12 +191,19 @@ def packing_bound(
             break
         if better:
             model.hint_solution(solver)  # where the next run starts
+    deadline.reached |= stage.reached
     bound = LowerBound(proven / scale, "packing") if proven > 0 else None
     return Packing(bound, model.decode(best) if best is not None else None, spent)
 
 
 def option_mix_bound(
-    problem: Problem, groups: list[Group], upper: float, *, time_limit_s: float, seed: int
+    problem: Problem,
+    groups: list[Group],
+    upper: float,
+    *,
+    time_limit_s: float,
+    seed: int,
+    deadline: Deadline | None = None,
 ) -> LowerBound | None:
     """The relaxation above without its placement: whole options per table, and load
     spread over ranks fractionally, except that every rank carries the load of the options
@@ -219,13 +244,13 @@ def option_mix_bound(
             halves = sum(n for kind, n in o.items.items() if 2 * kind[tier + 1] > MEMORY_UNITS)
             over_half[tier].append(halves * tables_on)
     model.add(world * makespan >= world * every_rank + sum(work))
-    for tier, capacity in enumerate((problem.hbm_cap, problem.ddr_cap)):
+    for tier, capacity in enumerate((problem.hbm_total, problem.ddr_total)):
         model.add(sum(memory[tier]) <= MEMORY_UNITS * world)
         model.add(sum(over_half[tier]) <= world)
-        model.add(sum(kib[tier]) <= int(capacity.sum()) // 1024)
+        model.add(sum(kib[tier]) <= capacity // 1024)
     model.minimize(makespan)
     solver = _solver(time_limit_s, seed)
-    status = solver.solve(model)
+    status = solve_within(solver, model, deadline or Deadline.never(), share=OPTION_MIX_WALL_SHARE)
     if status == cp_model.MODEL_INVALID:  # pragma: no cover - a bug, not an input
         return None
     if status == cp_model.INFEASIBLE:  # no plan within ``upper``: a plan there is optimal
@@ -421,14 +446,18 @@ class _RelaxedModel:
         for (load, _), n in self.host_mixes:
             self.pools.append(_Pool(local * n, load, load, local * load * n))
 
-    def finish(self) -> None:
+    def finish(self, deadline: Deadline) -> None:
+        """The configurations' slots in every pool, the supply rows and the objective;
+        ``OutOfTime`` if the deadline passes while they are built."""
         model, configs = self.model, self.configs
         world = self.problem.world_size
         placed: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in self.kinds]
         work = []
         for pool in self.pools:
             slots = {}
-            for config in configs:
+            for c, config in enumerate(configs):
+                if c % DEADLINE_CHECK_EVERY == 0:
+                    deadline.check()
                 load, counts = config
                 if pool.base_least + load > RESOLUTION:
                     continue

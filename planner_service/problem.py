@@ -91,6 +91,9 @@ class Problem:
         self.num_hosts = self.topology.num_hosts
         self.hbm_cap = np.array([c.hbm_bytes for c in self.capacities], dtype=np.int64)
         self.ddr_cap = np.array([c.ddr_bytes for c in self.capacities], dtype=np.int64)
+        # All ranks together, as Python ints: 2**53 bytes on 1,024+ ranks overflow int64.
+        self.hbm_total = sum(c.hbm_bytes for c in self.capacities)
+        self.ddr_total = sum(c.ddr_bytes for c in self.capacities)
         self.class_of_rank = np.asarray(self.classes.class_of_rank, dtype=np.int64)
         constraints = self.request.constraints
         self.allowed: list[tuple[int, ...]] = [

@@ -14,14 +14,18 @@ from __future__ import annotations
 import math
 from collections import Counter
 from enum import StrEnum
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     Strict,
+    ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -44,7 +48,7 @@ DEFAULT_HBM_HEADROOM_FRACTION = 0.15
 DEFAULT_TIME_LIMIT_S = 10.0
 DEFAULT_GAP_LIMIT = 0.02
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: solver.stop_reason
 # "major.minor", each at most 9 ASCII digits: read without int() on unbounded text.
 SCHEMA_VERSION_PATTERN = r"^[0-9]{1,9}\.[0-9]{1,9}$"
 
@@ -156,6 +160,17 @@ class SolverStatus(StrEnum):
     FEASIBLE = "feasible"
     INFEASIBLE = "infeasible"
     NO_SOLUTION_IN_TIME = "no_solution_in_time"
+
+
+class StopReason(StrEnum):
+    """What ended the search. The first three are reproducible (the same request gives the
+    same plan in every process); ``time_limit`` means the wall clock cut a stage short, so
+    another run, on a less loaded machine say, may get further."""
+
+    OPTIMAL = "optimal"  # proven optimal
+    GAP_LIMIT = "gap_limit"  # proven within options.gap_limit
+    WORK_BUDGET = "work_budget"  # the deterministic search budget was spent
+    TIME_LIMIT = "time_limit"  # options.time_limit_s of wall clock ran out
 
 
 # Sharding types whose shards all live on the ranks of a single host.
@@ -398,6 +413,27 @@ class ParameterConstraints(_Value):
     cache_load_factor: LoadFactor | None = None
 
 
+def _each_table_once(group: list[str], info: ValidationInfo) -> list[str]:
+    """A table twice in a colocate or separate group is a mistake (and in a separate group,
+    one no plan can honour: a table always shares its ranks with itself)."""
+    seen: set[str] = set()
+    for name in group:  # a set, not group[:i]: a group may list 100,000 tables
+        if name in seen:
+            raise _error(
+                "duplicate_table",
+                "names table {name!r} twice; list each table of a {field} group once",
+                name=name,
+                field=info.field_name,
+                at="",
+                value=name,
+            )
+        seen.add(name)
+    return group
+
+
+TableGroup = Annotated[list[Name], Field(min_length=2), AfterValidator(_each_table_once)]
+
+
 class Constraints(_Value):
     """Per-table constraints plus model-wide ones.
 
@@ -409,8 +445,8 @@ class Constraints(_Value):
     tables: dict[Name, ParameterConstraints] = Field(default_factory=dict)
     hbm_headroom_fraction: Fraction = DEFAULT_HBM_HEADROOM_FRACTION
     dense_bytes_per_rank: MemoryBytes = 0
-    colocate: list[Annotated[list[Name], Field(min_length=2)]] = Field(default_factory=list)
-    separate: list[Annotated[list[Name], Field(min_length=2)]] = Field(default_factory=list)
+    colocate: list[TableGroup] = Field(default_factory=list)
+    separate: list[TableGroup] = Field(default_factory=list)
 
     def for_table(self, name: str) -> ParameterConstraints:
         return self.tables.get(name) or _NO_CONSTRAINTS
@@ -597,7 +633,9 @@ class SolverReport(_Value):
     ``objective`` is the max over ranks of summed shard ``perf.total`` (ms);
     ``lower_bound`` the best proven bound (``lower_bound_source`` says which);
     ``gap`` = (objective - lower_bound) / objective; ``critical_path`` the sum over perf
-    components of their max over ranks (ranks wait for each other at every collective).
+    components of their max over ranks (ranks wait for each other at every collective);
+    ``stop_reason`` what ended the search (absent from plans of schema 1.0, which predate
+    it, and then left out of their canonical form so their ids still verify).
     The solve's wall time is not part of the plan (it would make equal plans differ
     byte-for-byte); it travels beside the plan.
     """
@@ -608,6 +646,14 @@ class SolverReport(_Value):
     gap: NonNegativeFloat
     lower_bound_source: str | None = None
     critical_path: NonNegativeFloat = 0.0
+    stop_reason: StopReason | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_stop_reason(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("stop_reason") is None:
+            data.pop("stop_reason", None)
+        return data
 
 
 class ShardingPlan(_Value):
@@ -639,6 +685,7 @@ def gap(objective: float, lower_bound: float) -> float:
 
 class ViolationCode(StrEnum):
     PLAN_ID_MISMATCH = "plan_id_mismatch"
+    REQUEST_HASH_MISMATCH = "request_hash_mismatch"
     WORLD_SIZE_MISMATCH = "world_size_mismatch"
     TABLE_MISSING = "table_missing"
     TABLE_UNKNOWN = "table_unknown"

@@ -9,11 +9,11 @@ every problem at once rather than fixing them one by one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
-from planner_service.capacity import usable_capacity
-from planner_service.codec import plan_id_of
-from planner_service.shards import COLUMN_ALIGNMENT, row_block_sizes, row_wise_shards
+from planner_service.capacity import rank_capacities
+from planner_service.codec import plan_id_of, request_hash
+from planner_service.shards import COLUMN_ALIGNMENT, row_block_size, row_wise_shards
 from planner_service.types import (
     COLUMN_SHARDING_TYPES,
     HOST_LOCAL_SHARDING_TYPES,
@@ -23,6 +23,7 @@ from planner_service.types import (
     ParameterConstraints,
     ParameterSharding,
     PlanRequest,
+    RankStats,
     ShardingPlan,
     ShardingType,
     SolverStatus,
@@ -32,20 +33,30 @@ from planner_service.types import (
     ViolationCode,
     gap,
 )
+from planner_service.usage import PERF_FIELDS, RankLoad, RankUsage, rank_usage
 
 _ROWS, _COLUMNS = 0, 1
 _GAP_TOLERANCE = 1e-9
+_BRIEF = 16  # values shown of a long list of ranks or sizes
+_PERF_TOLERANCE = 1e-9  # relative: sums of the same shard times in another order
 
 
 def validate_plan(request: PlanRequest, plan: ShardingPlan) -> list[Violation]:
-    """Every way ``plan`` breaks ``request``; an empty list means the plan is valid."""
+    """Every way ``plan`` breaks ``request``; an empty list means the plan is valid.
+
+    What the plan says about itself that can be recomputed (each rank's bytes and times,
+    the objective, the critical path) is recomputed from its shards and the request, and
+    capacities are checked on the recomputed bytes. The cost follows the size of the
+    request and the plan (tables, shards, overrides), not the world size."""
+    usage = rank_usage(request, plan.tables)
     checks: list[Iterable[Violation]] = [
         _check_identity(request, plan),
         _check_table_names(request, plan),
         _check_tables(request, plan),
-        _check_rank_stats(request, plan),
+        _check_rank_stats(request, plan, usage),
+        _check_capacities(request, usage),
         _check_groups(request, plan),
-        _check_solver_report(plan),
+        _check_solver_report(plan, usage),
     ]
     return [violation for check in checks for violation in check]
 
@@ -66,6 +77,13 @@ def _check_identity(request: PlanRequest, plan: ShardingPlan) -> Iterator[Violat
             ViolationCode.PLAN_ID_MISMATCH,
             f"plan_id {plan.plan_id} does not match the plan's content ({expected_id}); "
             "the plan was edited after it was sealed",
+        )
+    expected_hash = request_hash(request)
+    if plan.request_hash != expected_hash:
+        yield _violation(
+            ViolationCode.REQUEST_HASH_MISMATCH,
+            f"the plan was made for the request with hash {plan.request_hash}, but this "
+            f"request hashes to {expected_hash}; plan this request instead",
         )
     if plan.world_size != request.topology.world_size:
         yield _violation(
@@ -91,31 +109,61 @@ def _check_table_names(request: PlanRequest, plan: ShardingPlan) -> Iterator[Vio
         )
 
 
-def _check_rank_stats(request: PlanRequest, plan: ShardingPlan) -> Iterator[Violation]:
+def _check_rank_stats(
+    request: PlanRequest, plan: ShardingPlan, usage: RankUsage
+) -> Iterator[Violation]:
     world = request.topology.world_size
     ranks = [stats.rank for stats in plan.rank_stats]
-    if sorted(ranks) != list(range(world)):
+    if len(ranks) != world or sorted(ranks) != list(range(world)):
         yield _violation(
             ViolationCode.RANK_STATS,
             f"rank_stats must list every rank 0..{world - 1} once; got ranks {_brief(ranks)}",
         )
-    capacities = usable_capacity(request.topology, request.constraints)
     for stats in plan.rank_stats:
         if stats.rank >= world:
             continue
-        capacity = capacities[stats.rank]
-        for tier, used, usable in (
-            ("HBM", stats.hbm_bytes, capacity.hbm_bytes),
-            ("DDR", stats.ddr_bytes, capacity.ddr_bytes),
+        differences = _stats_differences(stats, usage.of(stats.rank))
+        if differences:
+            yield _violation(
+                ViolationCode.RANK_STATS,
+                f"rank {stats.rank} reports {'; '.join(differences)}: rank_stats must be "
+                "what the rank's shards add up to, recomputed from the request",
+                rank=stats.rank,
+            )
+
+
+def _stats_differences(stats: RankStats, load: RankLoad) -> list[str]:
+    differences = [
+        f"{name} {reported:,} (the shards use {recomputed:,})"
+        for name, reported, recomputed in (
+            ("hbm_bytes", stats.hbm_bytes, load.hbm_bytes),
+            ("ddr_bytes", stats.ddr_bytes, load.ddr_bytes),
+        )
+        if reported != recomputed
+    ]
+    for name, recomputed in zip(PERF_FIELDS, load.perf, strict=True):
+        reported = getattr(stats.perf, name)
+        if not _close(reported, recomputed):
+            differences.append(f"perf.{name} {reported} (the shards add up to {recomputed})")
+    return differences
+
+
+def _check_capacities(request: PlanRequest, usage: RankUsage) -> Iterator[Violation]:
+    """Capacities on the recomputed bytes; ranks without shards use nothing."""
+    capacities = rank_capacities(request.topology, request.constraints)
+    for rank in sorted(usage.loads):
+        load, capacity = usage.loads[rank], capacities.of(rank)
+        for code, tier, used, usable in (
+            (ViolationCode.HBM_CAPACITY, "HBM", load.hbm_bytes, capacity.hbm_bytes),
+            (ViolationCode.DDR_CAPACITY, "DDR", load.ddr_bytes, capacity.ddr_bytes),
         ):
             if used > usable:
-                code = ViolationCode.HBM_CAPACITY if tier == "HBM" else ViolationCode.DDR_CAPACITY
                 yield _violation(
                     code,
-                    f"rank {stats.rank} uses {_gib(used)} of {tier} but only {_gib(usable)} is "
+                    f"rank {rank} uses {_gib(used)} of {tier} but only {_gib(usable)} is "
                     f"available after reserving {_gib(capacity.reserved_bytes)} "
                     f"(over by {used - usable:,} bytes)",
-                    rank=stats.rank,
+                    rank=rank,
                 )
 
 
@@ -147,8 +195,20 @@ def _check_groups(request: PlanRequest, plan: ShardingPlan) -> Iterator[Violatio
                     )
 
 
-def _check_solver_report(plan: ShardingPlan) -> Iterator[Violation]:
+def _check_solver_report(plan: ShardingPlan, usage: RankUsage) -> Iterator[Violation]:
     report = plan.solver
+    if not _close(report.objective, usage.objective):
+        yield _violation(
+            ViolationCode.SOLVER_REPORT,
+            f"objective {report.objective} is not the most loaded rank's recomputed total "
+            f"{usage.objective}",
+        )
+    if not _close(report.critical_path, usage.critical_path):
+        yield _violation(
+            ViolationCode.SOLVER_REPORT,
+            f"critical_path {report.critical_path} is not the recomputed {usage.critical_path} "
+            "(the sum over perf components of their max over ranks)",
+        )
     if report.status not in (SolverStatus.OPTIMAL, SolverStatus.FEASIBLE):
         yield _violation(
             ViolationCode.SOLVER_REPORT,
@@ -282,7 +342,8 @@ class _TableContext:
             if (shard.offsets, shard.sizes) != (offsets, sizes):
                 yield self._shape_violation(i, offsets, sizes)
         ranks = sorted(shard.rank for shard in self.sharding.shards)
-        if ranks != list(range(self.topology.world_size)):
+        world = self.topology.world_size
+        if len(ranks) != world or ranks != list(range(world)):
             yield self._v(
                 ViolationCode.SHARD_LAYOUT,
                 "data_parallel needs one full replica on every rank "
@@ -344,16 +405,18 @@ class _TableContext:
     def _row_blocks(self) -> Iterator[Violation]:
         """Row shards must follow the block layout the runtime bucketises ids by."""
         if self.sharding.sharding_type is ShardingType.ROW_WISE:
-            ranks = list(range(self.topology.world_size))
+            ranks = range(self.topology.world_size)
         else:
-            host = self.topology.host_of(self.sharding.shards[0].rank)
-            ranks = list(self.topology.host_ranks(host))
-        expected = row_wise_shards(self.table.num_embeddings, self.table.embedding_dim, ranks)
-        if self.sharding.shards != expected:
-            blocks = row_block_sizes(self.table.num_embeddings, len(ranks))
+            ranks = self.topology.host_ranks(self.topology.host_of(self.sharding.shards[0].rank))
+        shards, rows = self.sharding.shards, self.table.num_embeddings
+        # The count first: the expected layout is as long as the ranks, not the plan.
+        if len(shards) != len(ranks) or shards != row_wise_shards(
+            rows, self.table.embedding_dim, ranks
+        ):
             yield self._v(
                 ViolationCode.SHARD_LAYOUT,
-                f"{self.sharding.sharding_type.value} must put row blocks {_brief(blocks)} on "
+                f"{self.sharding.sharding_type.value} must put row blocks "
+                f"{_brief_row_blocks(rows, len(ranks))} on "
                 f"ranks {_brief(ranks)} in order; got rows "
                 f"{_brief([s.sizes[0] for s in self.sharding.shards])} on ranks "
                 f"{_brief([s.rank for s in self.sharding.shards])}",
@@ -448,11 +511,27 @@ class _TableContext:
             )
 
 
+def _close(reported: float, recomputed: float) -> bool:
+    return math.isclose(reported, recomputed, rel_tol=_PERF_TOLERANCE, abs_tol=1e-15)
+
+
 def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.3f} GiB ({num_bytes:,} bytes)"
 
 
-def _brief(values: list[int], limit: int = 16) -> str:
-    if len(values) <= limit:
-        return str(values)
-    return f"[{', '.join(map(str, values[:limit]))}, ... ({len(values)} in all)]"
+def _brief(values: Sequence[int], limit: int = _BRIEF) -> str:
+    return _brief_of(list(values[:limit]), len(values))
+
+
+def _brief_of(first: list[int], count: int) -> str:
+    """``first``, the first values of ``count``, as a list, with how many were left out."""
+    if len(first) >= count:
+        return str(first)
+    return f"[{', '.join(map(str, first))}, ... ({count} in all)]"
+
+
+def _brief_row_blocks(num_rows: int, num_blocks: int) -> str:
+    """``row_block_sizes`` in brief, without listing every block."""
+    block = row_block_size(num_rows, num_blocks)
+    first = [min(block, max(0, num_rows - i * block)) for i in range(min(num_blocks, _BRIEF))]
+    return _brief_of(first, num_blocks)

@@ -14,7 +14,8 @@ from planner_service.bounds import (
     best_bound,
     simple_bounds,
 )
-from planner_service.enumerator import DeviceClasses, enumerate_options, fit_options
+from planner_service.deadline import Deadline
+from planner_service.enumerator import DeviceClasses, FitResult, enumerate_options, fit_options
 from planner_service.heuristic import greedy_plan, improve
 from planner_service.problem import Choice, Group, Problem, group_tables, without_equivalents
 from planner_service.types import PlanRequest, TableProblem
@@ -25,8 +26,8 @@ GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack w
 @dataclass
 class Prepared:
     """A request ready to solve. ``table_problems`` lists tables that fit nowhere (then
-    there is no problem to solve); ``relaxation_infeasible`` means even the LP has no
-    solution, which proves there is no plan."""
+    there is no problem to solve); ``relaxation_infeasible`` means GLOP found no solution
+    to the LP, which in floating point is no proof that there is no plan."""
 
     table_problems: list[TableProblem]
     problem: Problem | None = None
@@ -35,6 +36,7 @@ class Prepared:
     relaxation: Relaxation | None = None
     relaxation_infeasible: bool = False
     linear: LinearRelaxation | None = None  # the LP, to re-solve with less memory
+    fitted: FitResult | None = None  # the fitted options, for explaining infeasibility
 
     @property
     def lower_bound(self) -> LowerBound:
@@ -42,31 +44,40 @@ class Prepared:
         return best_bound(self.bounds)
 
 
-def prepare(request: PlanRequest) -> Prepared:
+def prepare(request: PlanRequest, deadline: Deadline | None = None) -> Prepared:
+    """Enumerate and fit the options, build the problem and bound it. Without time left
+    for the LP, the problem comes with the simple bounds only."""
+    deadline = deadline or Deadline.never()
     fitted = fit_options(request, enumerate_options(request))
     if fitted.problems:
-        return Prepared(fitted.problems)
+        return Prepared(fitted.problems, fitted=fitted)
     tables = without_equivalents(fitted.tables, request.topology)
     problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
     groups = group_tables(problem)
     bounds = simple_bounds(problem)
-    linear = LinearRelaxation(problem, groups)
+    if deadline.expired():
+        return Prepared([], problem, groups, bounds, fitted=fitted)
+    linear = LinearRelaxation(problem, groups, deadline)
     try:
         relaxation = linear.solve()
     except RelaxationInfeasible:
-        return Prepared([], problem, groups, bounds, None, relaxation_infeasible=True)
+        return Prepared(
+            [], problem, groups, bounds, None, relaxation_infeasible=True, fitted=fitted
+        )
     if relaxation is not None:
         bounds.append(relaxation.bound)
-    return Prepared([], problem, groups, bounds, relaxation, linear=linear)
+    return Prepared([], problem, groups, bounds, relaxation, linear=linear, fitted=fitted)
 
 
-def warm_start(prepared: Prepared) -> list[Choice] | None:
-    """The heuristic's best plan, improved by local search; None if it places no plan."""
+def warm_start(prepared: Prepared, deadline: Deadline | None = None) -> list[Choice] | None:
+    """The heuristic's best plan, improved by local search; None if it places no plan
+    (before the deadline)."""
     assert prepared.problem is not None and prepared.groups is not None
+    deadline = deadline or Deadline.never()
     problem, groups = prepared.problem, prepared.groups
-    guides = _guides(prepared.relaxation, prepared.linear, groups, len(problem.tables))
-    choices = greedy_plan(problem, prepared.lower_bound.value, guides)
-    return improve(problem, choices) if choices is not None else None
+    guides = _guides(prepared.relaxation, prepared.linear, groups, len(problem.tables), deadline)
+    choices = greedy_plan(problem, prepared.lower_bound.value, guides, deadline)
+    return improve(problem, choices, deadline) if choices is not None else None
 
 
 def _guides(
@@ -74,12 +85,15 @@ def _guides(
     linear: LinearRelaxation | None,
     groups: list[Group],
     num_tables: int,
+    deadline: Deadline,
 ) -> list[list[list[int]]]:
     """Per-table preferred options from the LP's option mix at full and reduced memory."""
     if relaxation is None or linear is None:
         return []
     mixes = [relaxation]
     for fraction in GUIDE_MEMORY_FRACTIONS:
+        if deadline.expired():
+            break
         try:
             mix = linear.solve(memory_fraction=fraction)
         except RelaxationInfeasible:

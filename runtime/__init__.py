@@ -1,6 +1,7 @@
 """shardplan's execution runtime: apply a plan to pooled embedding tables with FBGEMM's
 table-batched kernels and torch.distributed collectives (see docs/runtime.md)."""
 
+from runtime.comm import SubgroupTimeoutError
 from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from runtime.plan import (
     ModulePlan,
@@ -32,6 +33,7 @@ __all__ = [
     "PlanMismatchError",
     "ShardedEmbeddingBagCollection",
     "ShardedWeight",
+    "SubgroupTimeoutError",
     "apply_sharding_plan",
     "check_plan",
     "column_wise",

@@ -8,38 +8,72 @@ process group at all.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 
-class Group:
-    """A process group (or none, for one rank) and this process's rank in it."""
+class SubgroupTimeoutError(RuntimeError):
+    """The members of a subgroup did not all create it before the deadline."""
 
-    def __init__(self, pg: dist.ProcessGroup | None) -> None:
+
+class Group:
+    """A process group (or none, for one rank), this process's rank in it, and how long
+    creating a subgroup of it may wait for the other members."""
+
+    def __init__(self, pg: dist.ProcessGroup | None, timeout: timedelta | None = None) -> None:
         self.pg = pg
         self.world_size = dist.get_world_size(pg) if pg is not None else 1
         self.rank = dist.get_rank(pg) if pg is not None else 0
+        self.timeout = timeout if timeout is not None else _timeout_of(pg)
 
-    def subgroup(self, ranks: list[int]) -> Group:
-        """The group of ``ranks`` (ranks of this group, this rank among them). Only its
-        members call this; the subgroup is created once per process and reused."""
-        if self.rank not in ranks:
-            raise ValueError(f"rank {self.rank} is not in the subgroup {ranks}")
-        if len(ranks) == 1:
+    def subgroup_of(self, family: list[list[int]]) -> Group:
+        """This rank's group in ``family``, a partition of this group's ranks; every rank of
+        the group calls this with the same families in the same order.
+
+        Why whole partitions: torch names a subgroup made with local synchronization after its
+        ranks and the number of process groups the calling process already has, so the
+        members rendezvous only if each has created as many before. A rank belongs to one
+        group of a partition into groups of one size, so after each family every rank has
+        created the same number (one, or none where the groups are single ranks or the whole
+        group), whichever groups the plan then uses. A family is created once per process and
+        parent group, then reused."""
+        flat = sorted(r for ranks in family for r in ranks)
+        if flat != list(range(self.world_size)) or len({len(ranks) for ranks in family}) != 1:
+            raise ValueError(
+                f"subgroups {family} must be of one size and hold each of the "
+                f"{self.world_size} ranks exactly once"
+            )
+        mine = next(ranks for ranks in family if self.rank in ranks)
+        if len(mine) == 1:
             return Group(None)
-        if sorted(ranks) == list(range(self.world_size)):
+        if len(mine) == self.world_size:
             return self
         assert self.pg is not None
-        members = tuple(sorted(dist.get_global_rank(self.pg, r) for r in ranks))
-        # Keyed by the default group too: a process that re-initialises torch.distributed
-        # gets new subgroups, not ones from the destroyed group.
-        key = (id(dist.group.WORLD), members)
+        members = tuple(sorted(dist.get_global_rank(self.pg, r) for r in mine))
+        key = (self.pg, members)  # the cache holds the parent: its id is never reused
         if key not in _SUBGROUPS:
-            # Only the members rendezvous, so hosts create their groups independently.
-            _SUBGROUPS[key] = dist.new_group(list(members), use_local_synchronization=True)
-        return Group(_SUBGROUPS[key])
+            _SUBGROUPS[key] = self._create(members)
+        return Group(_SUBGROUPS[key], self.timeout)
+
+    def _create(self, members: tuple[int, ...]) -> dist.ProcessGroup:
+        """The process group of ``members`` (global ranks); only they take part. Past the
+        deadline, an error naming them instead of a hang."""
+        try:
+            return dist.new_group(
+                list(members), timeout=self.timeout, use_local_synchronization=True
+            )
+        except dist.DistError as error:  # the store's wait, or gloo's connect, timed out
+            me = dist.get_rank()
+            raise SubgroupTimeoutError(
+                f"rank {me} waited {self.timeout.total_seconds():g} s for ranks "
+                f"{list(members)} to create their subgroup and they did not all join: every "
+                "rank must create the same subgroups in the same order (a rank that sharded "
+                "another plan, or created other process groups with "
+                f"use_local_synchronization, names its groups differently). torch: {error}"
+            ) from error
 
     def all_to_all(
         self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]
@@ -60,7 +94,21 @@ class Group:
         return gathered
 
 
-_SUBGROUPS: dict[tuple[int, tuple[int, ...]], dist.ProcessGroup] = {}
+_SUBGROUPS: dict[tuple[dist.ProcessGroup, tuple[int, ...]], dist.ProcessGroup] = {}
+
+
+def _timeout_of(pg: dist.ProcessGroup | None) -> timedelta:
+    """How long ``pg``'s collectives wait (``init_process_group``'s or ``new_group``'s
+    ``timeout``), so creating its subgroups waits no longer; torch's default where the
+    backend does not say."""
+    for device in getattr(pg, "_device_types", []):
+        try:
+            timeout = pg._get_backend(device).options._timeout  # type: ignore[union-attr]
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(timeout, timedelta):
+            return timeout
+    return dist.default_pg_timeout
 
 
 class _AllToAll(torch.autograd.Function):
@@ -84,7 +132,7 @@ def all_to_all_with_grad(
 ) -> torch.Tensor:
     if group.world_size == 1:
         return send
-    result: torch.Tensor = _AllToAll.apply(send, group, send_splits, recv_splits)
+    result: torch.Tensor = _AllToAll.apply(_in_graph(send), group, send_splits, recv_splits)
     return result
 
 
@@ -126,5 +174,14 @@ def reduce_scatter_with_grad(x: torch.Tensor, group: Group, row_splits: list[int
     chunk summed over the group (gradient: every member's output gradient, concatenated)."""
     if group.world_size == 1:
         return x
-    result: torch.Tensor = _ReduceScatter.apply(x, group, row_splits)
+    result: torch.Tensor = _ReduceScatter.apply(_in_graph(x), group, row_splits)
     return result
+
+
+def _in_graph(x: torch.Tensor) -> torch.Tensor:
+    """``x``, recorded by autograd even where it carries no gradient (a rank that only
+    receives sends an empty block): a collective's backward is a collective too, so every
+    member must run it when one does, or the others wait for this rank."""
+    if x.requires_grad or not torch.is_grad_enabled():
+        return x
+    return x.detach().requires_grad_()

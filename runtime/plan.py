@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from planner_service.codec import parse_plan
+from planner_service.codec import parse_plan, plan_id_of
 from planner_service.shards import COLUMN_ALIGNMENT, column_wise_shards, row_wise_shards
 from planner_service.types import (
     ComputeKernel,
@@ -43,6 +43,8 @@ class ModulePlan:
 
     @staticmethod
     def of(plan: ModulePlan | ShardingPlan | bytes | str | Mapping[str, object]) -> ModulePlan:
+        """The runtime's view of a plan; a planner plan (object, JSON or its data) must be
+        the content its ``plan_id`` names (``check_plan_id``)."""
         if isinstance(plan, ModulePlan):
             return plan
         if isinstance(plan, bytes | str):
@@ -51,7 +53,25 @@ class ModulePlan:
             plan = ShardingPlan.model_validate(plan)
         if not isinstance(plan, ShardingPlan):
             raise TypeError(f"plan must be a ShardingPlan, its JSON or a ModulePlan; got {plan!r}")
+        check_plan_id(plan)
         return ModulePlan(plan.world_size, dict(plan.tables), plan.plan_id)
+
+
+def check_plan_id(plan: ShardingPlan) -> None:
+    """Refuse a plan whose content is not what its ``plan_id`` addresses.
+
+    Training workers fetch plans by id or alias and log the id as the identity of the
+    layout they run; a plan edited after it was sealed (a hand-tuned kernel, a re-split
+    table, a damaged copy) would otherwise run under the id of a plan that was validated.
+    This is the check ``shardplan validate`` makes, on the same canonical content."""
+    actual = plan_id_of(plan.model_dump(mode="json"))
+    if actual != plan.plan_id:
+        raise PlanMismatchError(
+            f"the plan says plan_id {plan.plan_id} but its content hashes to {actual}: it was "
+            "changed after the planner sealed it; fetch it again (GET /v1/plans/{plan_id}), or "
+            "apply a deliberate change as a ModulePlan (construct_module_plan), which claims no "
+            "plan_id"
+        )
 
 
 # --------------------------------------------------------------------------- helpers

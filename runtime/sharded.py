@@ -173,6 +173,24 @@ def build_layouts(
     return layouts
 
 
+def subgroup_families(plan: ModulePlan) -> list[list[list[int]]]:
+    """The subgroups the table-row-wise exchange runs on, each family a partition of the
+    ranks: the hosts, then the ranks with one local index (one per host).
+
+    A function of the plan alone, run by every rank: all hosts' groups whenever the plan has
+    a table-row-wise table, on whichever hosts, so every rank creates the same subgroups in
+    the same order (``Group.subgroup_of`` says why that matters). A host without such
+    tables creates its group and leaves it unused."""
+    local = host_size(plan)
+    if local is None:
+        return []
+    hosts = plan.world_size // local
+    return [
+        [list(range(h * local, (h + 1) * local)) for h in range(hosts)],
+        [[h * local + i for h in range(hosts)] for i in range(local)],
+    ]
+
+
 # --------------------------------------------------------------------------- state
 
 
@@ -371,11 +389,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._cross_ranks = [g * local + i for g in range(hosts)]  # local rank i of each host
         # Senders grouped by local rank: host member j reduces the batches of local rank j.
         self._by_local_rank = [g * local + j for j in range(local) for g in range(hosts)]
+        subgroups = [self.group.subgroup_of(family) for family in subgroup_families(plan)]
         self._host_group = self._cross_group = None
         if any(self._twrw_columns):
-            if self._twrw_columns[h]:
-                self._host_group = self.group.subgroup(self._host_ranks)
-            self._cross_group = self.group.subgroup(self._cross_ranks)
+            host_group, self._cross_group = subgroups
+            if self._twrw_columns[h]:  # a host without such tables only receives
+                self._host_group = host_group
 
         self._targets = torch.tensor(targets, dtype=torch.int64).to(device)
         self._ghosts = torch.tensor(ghosts, dtype=torch.bool).to(device)

@@ -10,6 +10,7 @@ from planner_service.shards import column_wise_shards, row_wise_shards
 from planner_service.types import (
     ComputeKernel,
     ParameterSharding,
+    Perf,
     PlanRequest,
     RankStats,
     Shard,
@@ -18,6 +19,7 @@ from planner_service.types import (
     SolverReport,
     SolverStatus,
 )
+from planner_service.usage import PERF_FIELDS, rank_usage
 
 
 def request(tables: list[dict[str, Any]], world_size: int = 4, **fields: Any) -> PlanRequest:
@@ -92,13 +94,32 @@ def plan(
     hbm_bytes: list[int] | None = None,
     ddr_bytes: list[int] | None = None,
     report: SolverReport | None = None,
+    stats_ranks: list[int] | None = None,
 ) -> ShardingPlan:
-    world = req.topology.world_size
-    hbm = hbm_bytes or [0] * world
-    ddr = ddr_bytes or [0] * world
-    stats = [RankStats(rank=r, hbm_bytes=hbm[r], ddr_bytes=ddr[r]) for r in range(world)]
+    """A sealed plan whose rank_stats and report say what its shards really put on each
+    rank (recomputed as the validator does), unless given: ``hbm_bytes`` and ``ddr_bytes``
+    replace the bytes, ``report`` the solver report. ``stats_ranks``: the ranks rank_stats
+    lists (every rank by default)."""
+    usage = rank_usage(req, tables)
+    ranks = range(req.topology.world_size) if stats_ranks is None else stats_ranks
+    loads = [usage.of(rank) for rank in ranks]
+    hbm = hbm_bytes or [load.hbm_bytes for load in loads]
+    ddr = ddr_bytes or [load.ddr_bytes for load in loads]
+    stats = [
+        RankStats(
+            rank=rank,
+            hbm_bytes=hbm[i],
+            ddr_bytes=ddr[i],
+            perf=Perf(**dict(zip(PERF_FIELDS, load.perf, strict=True))),
+        )
+        for i, (rank, load) in enumerate(zip(ranks, loads, strict=True))
+    ]
     report = report or SolverReport(
-        status=SolverStatus.OPTIMAL, objective=1.0, lower_bound=1.0, gap=0.0
+        status=SolverStatus.OPTIMAL,
+        objective=usage.objective,
+        lower_bound=usage.objective,
+        gap=0.0,
+        critical_path=usage.critical_path,
     )
     return seal_plan(
         request=req, planner_version="test", tables=tables, rank_stats=stats, solver=report

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from planner_service.shards import row_block_size
 from planner_service.types import ParameterSharding, PoolingType, ShardingType
@@ -22,6 +25,7 @@ from runtime import (
     EmbeddingBagConfig,
     KeyedJaggedTensor,
     ModulePlan,
+    SubgroupTimeoutError,
     column_wise,
     construct_module_plan,
     data_parallel,
@@ -31,6 +35,8 @@ from runtime import (
     table_row_wise,
     table_wise,
 )
+from runtime.comm import Group
+from tests.distributed import COLLECTIVE_TIMEOUT_S
 
 ATOL = 1e-5
 LEARNING_RATE = 0.1
@@ -235,7 +241,9 @@ def _targets(total: int, width: int, step: int) -> torch.Tensor:
     return torch.randn(total, width, generator=torch.Generator().manual_seed(SEED * 7 + step))
 
 
-def check_scenario(rank: int, world: int, scenario: Scenario, optimizer: str) -> None:
+def check_scenario(
+    rank: int, world: int, scenario: Scenario, optimizer: str, pg: ProcessGroup | None = None
+) -> None:
     batches = [3 + r for r in range(world)]
     start = sum(batches[:rank])
     rows = slice(start, start + batches[rank])
@@ -243,6 +251,7 @@ def check_scenario(rank: int, world: int, scenario: Scenario, optimizer: str) ->
     sharded = shard_modules(
         reference,
         plan=scenario.plan,
+        pg=pg,
         fused_params={
             "optimizer": optimizer,
             "learning_rate": LEARNING_RATE,
@@ -281,6 +290,60 @@ def equivalence(rank: int, world: int, optimizer: str, names: list[str] | None =
     for scenario in scenarios(world):
         if names is None or scenario.name in names:
             check_scenario(rank, world, scenario, optimizer)
+
+
+def host_patterns(world: int) -> list[Scenario]:
+    """Hosts of two ranks; table-row-wise tables on one host, on some, on all and on none,
+    beside table-wise, row-wise, column-wise (ranks 2 and 3) and data-parallel tables. The
+    host-local exchange needs subgroups of hosts and of local indices whichever hosts hold
+    such tables, so every rank must create the same ones."""
+    local, hosts = 2, world // 2
+    patterns = {
+        "one host": [0],
+        "some hosts": list(range(1, hosts)),
+        "all hosts": list(range(hosts)),
+        "no host": [],
+    }
+    result = []
+    for name, on in patterns.items():
+        builders: dict[str, Callable[..., ParameterSharding]] = {
+            "tw": table_wise(0),
+            "rw": row_wise(),
+            "cw": column_wise([2, 3]),
+            "dp": data_parallel(),
+        }
+        builders |= {f"twrw_h{h}": table_row_wise(h) for h in on}
+        shapes = {"tw": (7, 4), "rw": (11, 4), "cw": (6, 8), "dp": (3, 4)}
+        shapes |= {f"twrw_h{h}": (9 + h, 4) for h in on}
+        tables = [EmbeddingBagConfig(t, rows, dim) for t, (rows, dim) in shapes.items()]
+        plan = construct_module_plan(tables, builders, world_size=world, local_world_size=local)
+        result.append(Scenario(name, tables, plan))
+    return result
+
+
+def table_row_wise_on_hosts(rank: int, world: int) -> None:
+    """Every host pattern matches the unsharded module, outputs and training steps. Each
+    runs on a fresh process group over all ranks, so its subgroups are created afresh."""
+    for scenario in host_patterns(world):
+        pg = dist.new_group(list(range(world)), timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        check_scenario(rank, world, scenario, "sgd", pg)
+
+
+def subgroup_deadline(rank: int, world: int) -> None:
+    """Ranks 2 and 3 skip the host subgroups (as a rank sharding another plan would), so
+    their count of process groups, which torch names subgroups by, falls behind: creating
+    the cross-host subgroups fails on every rank, naming its members, instead of hanging."""
+    assert world == 4
+    group = Group(dist.group.WORLD, timeout=timedelta(seconds=2))
+    if rank < 2:
+        group.subgroup_of([[0, 1], [2, 3]])
+    members = [rank % 2, rank % 2 + 2]
+    try:
+        group.subgroup_of([[0, 2], [1, 3]])
+    except SubgroupTimeoutError as error:
+        assert f"rank {rank} waited 2 s for ranks {members}" in str(error), str(error)
+    else:
+        raise AssertionError(f"rank {rank} created subgroup {members} its peer names otherwise")
 
 
 def exchange_layout(rank: int, world: int) -> None:

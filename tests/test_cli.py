@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +14,9 @@ from planner_service.codec import plan_bytes
 from planner_service.types import ShardingPlan
 from tests import builders
 from tests.builders import request, table
+from tests.servers import free_port
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.fixture
@@ -48,10 +55,24 @@ def test_validate_invalid_plan_one_line_per_violation(run_cli, files, tmp_path):
         "plan_id_mismatch",
         "rank_out_of_range",
         "ranks_mismatch",
-        "hbm_capacity",
+        "rank_stats",
     ]
     assert "table 'a': shard 1 is on rank 5, but ranks are 0..1" in lines[1]
+    assert "rank 0 reports hbm_bytes 1,000,000,000,000,000 (the shards use" in lines[3]
     assert "invalid: 4 violation(s)" in result.stderr
+
+
+def test_validate_refuses_a_plan_made_for_another_batch_size(run_cli, files, tmp_path):
+    """A plan solved for batch_size 512 was "valid" for a request with batch_size 4096."""
+    request_path, plan_path, plan = files
+    document = json.loads(request_path.read_text())
+    document["batch_size"] = 4096
+    bigger = tmp_path / "bigger.json"
+    bigger.write_text(json.dumps(document))
+    result = run_cli("validate", bigger, plan_path)
+    assert result.returncode == 1
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("request_hash_mismatch: ") and plan.request_hash in first
 
 
 @pytest.mark.parametrize(
@@ -209,3 +230,178 @@ def test_progress_line_for_long_solves(monkeypatch, capsys):
         time.sleep(0.2)
     err = capsys.readouterr().err
     assert "planning: 0 s, cp-sat, best 1.25 ms, bound 1 ms" in err
+
+
+def _shardplan(exe, *args, stdin: str | None = None, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [str(exe), *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+
+
+# --------------------------------------------------------------------------- output paths
+
+
+@pytest.mark.parametrize("where", ["missing directory", "a directory", "under a file"])
+def test_plan_refuses_an_unwritable_output_before_solving(run_cli, tmp_path, where):
+    path = _write_request(tmp_path, json.loads((EXAMPLES / "request.json").read_text()))
+    out = {
+        "missing directory": tmp_path / "no" / "such" / "plan.json",
+        "a directory": tmp_path,
+        "under a file": tmp_path / "request.json" / "plan.json",
+    }[where]
+    result = run_cli("plan", path, "-o", out)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"{out}: --output: cannot write: "), result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""  # refused before solving: no plan, no solver status line
+    assert "objective" not in result.stderr
+    assert not out.is_file()
+
+
+def test_serve_refuses_a_sqlite_store_it_cannot_create(shardplan_exe, tmp_path):
+    (tmp_path / "file").write_text("")
+    db = tmp_path / "file" / "plans.db"
+    result = _shardplan(shardplan_exe, "serve", "--port", free_port(), "--db", db)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"{db}: --db: cannot write: {db.parent} is not a directory (create it, or choose "
+        "another path)\n"
+    )
+
+
+def test_plan_output_overwrites_an_existing_file(run_cli, tmp_path):
+    path = _write_request(tmp_path, json.loads((EXAMPLES / "request.json").read_text()))
+    out = tmp_path / "plan.json"
+    out.write_text("old")
+    result = run_cli("plan", path, "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == result.stdout
+
+
+# --------------------------------------------------------------------------- stdin
+
+
+def test_dash_reads_the_request_or_the_plan_from_stdin(shardplan_exe, files):
+    request_path, plan_path, plan = files
+    request_text, plan_text = request_path.read_text(), plan_path.read_text()
+    from_file = _shardplan(shardplan_exe, "plan", request_path)
+    from_stdin = _shardplan(shardplan_exe, "plan", "-", stdin=request_text)
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert from_stdin.stdout == from_file.stdout
+    options = _shardplan(shardplan_exe, "options", "-", stdin=request_text)
+    assert options.returncode == 0, options.stderr
+    assert options.stdout == _shardplan(shardplan_exe, "options", request_path).stdout
+    valid = f"valid: plan {plan.plan_id[:12]} places 2 table(s) on 2 rank(s)\n"
+    for args, text in [(("-", plan_path), request_text), ((request_path, "-"), plan_text)]:
+        result = _shardplan(shardplan_exe, "validate", *args, stdin=text)
+        assert (result.returncode, result.stdout) == (0, valid), result.stderr
+
+
+def test_dash_stdin_errors_name_stdin(shardplan_exe, files):
+    request_path, _, _ = files
+    both = _shardplan(shardplan_exe, "validate", "-", "-", stdin=request_path.read_text())
+    assert both.returncode == 2
+    assert "only one of request and plan can be - (stdin)" in both.stderr
+    bad = _shardplan(shardplan_exe, "plan", "-", stdin="{not json")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("<stdin>: (document): not valid JSON"), bad.stderr
+    assert "Traceback" not in both.stderr + bad.stderr
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def test_examples_plan_is_what_plan_makes_for_examples_request(run_cli):
+    """examples/plan.json is `shardplan plan examples/request.json`, indented: regenerate
+    it with `make examples` when the planner's output changes."""
+    result = run_cli("plan", EXAMPLES / "request.json")
+    assert result.returncode == 0, result.stderr
+    made = json.loads(result.stdout)
+    committed = (EXAMPLES / "plan.json").read_text()
+    assert made["plan_id"] == json.loads(committed)["plan_id"], "run `make examples`"
+    assert json.dumps(made, indent=2, ensure_ascii=False) + "\n" == committed, "make examples"
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def _slow_request(tmp_path) -> str:
+    """300 tables on 64 ranks with gap_limit 0: CP-SAT cannot close the gap (0.03% left
+    when measured), so the solve runs to its 30 s limit."""
+    tables = [
+        {
+            "name": f"t{i:03d}",
+            "num_embeddings": 10_000 * (1 + (i * 7919) % 997),
+            "embedding_dim": (32, 64, 128, 256)[i % 4],
+            "pooling_factors": [1.0 + (i * 31) % 17],
+        }
+        for i in range(300)
+    ]
+    return _write_request(
+        tmp_path,
+        {
+            "topology": {"world_size": 64, "local_world_size": 8},
+            "tables": tables,
+            "options": {"time_limit_s": 30, "gap_limit": 0},
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "marker",
+    ["planning:", "best "],  # the first progress line; the search (CP-SAT's C++) has begun
+)
+def test_ctrl_c_stops_a_solve_with_exit_130(shardplan_exe, tmp_path, marker):
+    out = tmp_path / "stdout"
+    with (
+        out.open("w") as stdout,
+        subprocess.Popen(
+            [str(shardplan_exe), "plan", _slow_request(tmp_path)],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process,
+    ):
+        assert process.stderr is not None
+        try:
+            lines = []
+            for line in process.stderr:  # a progress line every 2 s
+                lines.append(line)
+                if line.startswith("planning:") and marker in line:
+                    break
+            assert process.poll() is None, f"finished before {marker!r}: {lines}"
+            process.send_signal(signal.SIGINT)
+            returncode = process.wait(timeout=20)  # generous: fails only on a hang
+            lines += process.stderr.readlines()
+        finally:
+            process.kill()
+    messages = [line for line in lines if not line.startswith("planning:")]
+    assert (returncode, messages) == (130, ["shardplan: interrupted\n"])
+    assert out.read_text() == ""
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def test_serve_refuses_protected_reads_without_tokens(shardplan_exe, tmp_path):
+    command = [str(shardplan_exe), "serve", "--port", str(free_port())]
+    env = {**os.environ, "SHARDPLAN_PROTECT_READS": "1", "SHARDPLAN_API_TOKENS": ""}
+    env["SHARDPLAN_DATABASE_URL"] = str(tmp_path / "plans.db")
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            _, err = process.communicate(timeout=60)  # generous: a server that starts never ends
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 2, err
+    assert "SHARDPLAN_PROTECT_READS" in err and "set SHARDPLAN_API_TOKENS" in err
+    assert "Traceback" not in err and "serving on" not in err

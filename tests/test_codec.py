@@ -39,6 +39,7 @@ from tests import builders
 from tests.builders import request, table
 
 MiB = 1024**2
+GIB = 1024**3
 
 
 def _two_table_plan() -> tuple:
@@ -67,6 +68,77 @@ def test_request_hash_ignores_memory_jitter_and_table_order():
         batch_size=512,
     )
     assert request_hash(base) == request_hash(explicit_defaults)
+
+
+_GROUPS = {"colocate": [["a", "b"], ["c", "d"]], "separate": [["a", "c"], ["b", "d"]]}
+_OVERRIDES = [
+    {"rank": 0, "hbm_bytes": 16 * GIB, "ddr_bytes": 64 * GIB},
+    {"rank": 1, "hbm_bytes": 8 * GIB, "hbm_bw_bytes_per_s": 1e11},
+]
+
+
+def _hashed(groups=None, overrides=None, **memory) -> str:
+    """The hash of a four-table request on two ranks with link groups and overrides."""
+    topology = {
+        "hbm_bytes": memory.get("hbm_bytes", 80 * GIB),
+        "ddr_bytes": memory.get("ddr_bytes", 512 * GIB),
+        "rank_overrides": _OVERRIDES if overrides is None else overrides,
+    }
+    constraints = {
+        **(_GROUPS if groups is None else groups),
+        "dense_bytes_per_rank": memory.get("dense_bytes_per_rank", 2 * GIB),
+    }
+    tables = [table(name) for name in "abcd"]
+    return request_hash(request(tables, world_size=2, topology=topology, constraints=constraints))
+
+
+def _jitter(record: dict, field: str, num_bytes: int) -> dict:
+    return {**record, field: record[field] + num_bytes}
+
+
+@pytest.mark.parametrize(
+    ("name", "same"),
+    [
+        ("groups in another order", {"groups": {k: v[::-1] for k, v in _GROUPS.items()}}),
+        (
+            "tables in a group in another order",
+            {"groups": {k: [g[::-1] for g in v] for k, v in _GROUPS.items()}},
+        ),
+        ("overrides in another order", {"overrides": _OVERRIDES[::-1]}),
+        ("hbm_bytes 4 KiB over", {"hbm_bytes": 80 * GIB + 4096}),
+        ("hbm_bytes 4 KiB under (rounded to the nearest MiB)", {"hbm_bytes": 80 * GIB - 4096}),
+        ("ddr_bytes 4 KiB over", {"ddr_bytes": 512 * GIB + 4096}),
+        ("ddr_bytes 4 KiB under", {"ddr_bytes": 512 * GIB - 4096}),
+        ("dense_bytes_per_rank 4 KiB under", {"dense_bytes_per_rank": 2 * GIB - 4096}),
+        (
+            "an override's hbm_bytes 4 KiB under",
+            {"overrides": [_jitter(_OVERRIDES[0], "hbm_bytes", -4096), _OVERRIDES[1]]},
+        ),
+        (
+            "an override's ddr_bytes 4 KiB over",
+            {"overrides": [_jitter(_OVERRIDES[0], "ddr_bytes", 4096), _OVERRIDES[1]]},
+        ),
+    ],
+)
+def test_request_hash_normalises_order_and_memory_jitter(name, same):
+    assert _hashed(**same) == _hashed(), name
+
+
+@pytest.mark.parametrize(
+    ("name", "different"),
+    [
+        ("another group", {"groups": {"colocate": [["a", "c"]], "separate": [["b", "d"]]}}),
+        ("ddr_bytes 1 MiB more", {"ddr_bytes": 512 * GIB + MiB}),
+        ("dense_bytes_per_rank 1 MiB more", {"dense_bytes_per_rank": 2 * GIB + MiB}),
+        (
+            "an override's hbm_bytes 1 MiB less",
+            {"overrides": [_jitter(_OVERRIDES[0], "hbm_bytes", -MiB), _OVERRIDES[1]]},
+        ),
+        ("an override fewer", {"overrides": _OVERRIDES[:1]}),
+    ],
+)
+def test_request_hash_changes_with_groups_and_whole_mebibytes(name, different):
+    assert _hashed(**different) != _hashed(), name
 
 
 @pytest.mark.parametrize(
@@ -100,11 +172,11 @@ def test_plan_id_is_hash_of_body_and_detects_edits():
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        ("2.0", "reads plan schema 1.x up to 1.0; upgrade shardplan"),
+        ("2.0", "reads plan schema 1.x up to 1.1; upgrade shardplan"),
         ("0.9", "re-plan"),
         ("1.7", "upgrade shardplan"),
-        ("one", 'must be a string like "1.0"'),
-        (3, 'must be a string like "1.0"'),
+        ("one", 'must be a string like "1.1"'),
+        (3, 'must be a string like "1.1"'),
     ],
 )
 def test_unknown_schema_versions_are_refused(version, message):
@@ -125,7 +197,7 @@ def test_schema_versions_are_read_without_unbounded_int(version):
         parse_plan(json.dumps(document))
     (problem,) = caught.value.problems
     assert problem.path == "schema_version"
-    assert problem.message == 'must be a string like "1.0"'
+    assert problem.message == f'must be a string like "{SCHEMA_VERSION}"'
 
 
 def test_current_schema_version_reads():

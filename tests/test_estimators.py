@@ -145,6 +145,41 @@ def test_multi_host_collectives_use_inter_host_bandwidth():
     assert twrw.fwd_comms < rw.fwd_comms  # reduce-scatter inside the host, a2a across
 
 
+INTRA, INTER = 600 * 2**30 / 1000, 12.5 * 2**30 / 1000  # bytes per ms
+HBM = 897 * 2**30 / 1000
+
+
+def test_table_row_wise_reduces_inside_the_host_then_exchanges_across_hosts():
+    """Two hosts of two ranks, 512 bags of 16 fp32 columns per rank: each host reduce-
+    scatters the global batch's bags inside itself (intra-host bandwidth), then sends its
+    reduced bags to the other host (an all-to-all over the hosts, inter-host); backward
+    gathers and exchanges the same amounts, plus the batched copy."""
+    twrw = _perf(
+        _pick(_options([table("t")], world_size=4, topology={"local_world_size": 2}), TWRW, FUSED)
+    )
+    inside = 512 * 4 * 16 * 4 / INTRA
+    across = 512 * 2 * 16 * 4 / INTER
+    assert twrw.fwd_comms == pytest.approx(inside + across, rel=EXACT)
+    batched_copy = 512 * 4 * 16 * 4 * 2.455 / HBM
+    assert twrw.bwd_comms == pytest.approx(inside + across + batched_copy, rel=EXACT)
+    one_host = _perf(_pick(_options([table("t")], world_size=2), TWRW, FUSED))
+    assert one_host.fwd_comms == pytest.approx(512 * 2 * 16 * 4 / INTRA, rel=EXACT)
+
+
+@pytest.mark.parametrize(("world", "doubled"), [(4, 1), (6, 2), (8, 2)])
+def test_data_parallel_all_reduce_doubles_beyond_two_hosts(world, doubled):
+    """A replica's gradient (100 x 16 fp32) is all-reduced over the NICs of a host's two
+    ranks, as a ring over min(hosts, 2) nodes, and TorchRec counts twice that beyond two
+    hosts; the optimizer's elementwise kernels add 9.22 passes at dense bandwidth."""
+    dp = _perf(
+        _pick(_options([table("t")], world_size=world, topology={"local_world_size": 2}), DP, DENSE)
+    )
+    gradient = 100 * 16 * 4
+    all_reduce = gradient * (2 * 2 - 1) / 2 / (INTER * 2) * doubled
+    optimizer = gradient * 9.22 / (0.5 * HBM)
+    assert dp.bwd_comms == pytest.approx(all_reduce + optimizer, rel=EXACT)
+
+
 def test_table_load_counts_features_and_variable_batches():
     t = table("t", feature_names=["a", "b"], pooling_factors=[0.5, 3.0], batch_sizes=[100, 200])
     load = TableLoad.of(request([t]).tables[0], batch_size=512)

@@ -3,16 +3,21 @@ sharded module on a single rank (no process group), all with real FBGEMM kernels
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
+
 import pytest
 import torch
 
-from planner_service.codec import plan_bytes
+from planner_service.codec import parse_plan, plan_bytes, plan_id_of
 from planner_service.shards import row_wise_shards
 from planner_service.solver import solve
 from planner_service.types import (
     ParameterSharding,
     PlanRequest,
     PoolingType,
+    ShardingPlan,
     ShardingType,
     Table,
 )
@@ -31,6 +36,8 @@ from runtime import (
     shard_modules,
     table_wise,
 )
+from runtime.sharded import subgroup_families
+from tests import runtime_cases
 
 # --------------------------------------------------------------------------- sparse
 
@@ -220,6 +227,17 @@ def test_fused_params_errors(fused_params, message):
         )
 
 
+def test_subgroups_are_the_same_whichever_hosts_hold_table_row_wise_tables():
+    families = {s.name: subgroup_families(s.plan) for s in runtime_cases.host_patterns(6)}
+    hosts_then_local_indices = [[[0, 1], [2, 3], [4, 5]], [[0, 2, 4], [1, 3, 5]]]
+    assert families == {
+        "one host": hosts_then_local_indices,
+        "some hosts": hosts_then_local_indices,
+        "all hosts": hosts_then_local_indices,
+        "no host": [],
+    }
+
+
 # --------------------------------------------------------------------------- one rank
 
 
@@ -277,3 +295,103 @@ def test_a_plan_from_the_solver_applies_as_json():
         ["a", "b"], torch.tensor([0, 7, 11]), torch.tensor([2, 1])
     )
     assert torch.allclose(sharded(kjt).values(), module(kjt).values(), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- plan integrity
+
+INTEGRITY_TABLES = [EmbeddingBagConfig("a", 8, 4), EmbeddingBagConfig("wide", 16, 128)]
+
+
+@pytest.fixture(scope="module")
+def sealed() -> bytes:
+    """A plan as the service serves it: solved and sealed for ``INTEGRITY_TABLES``."""
+    request = PlanRequest.model_validate(
+        {
+            "topology": {"world_size": 1, "compute_device": "cpu", "hbm_bytes": 2**30},
+            "tables": [
+                {
+                    "name": t.name,
+                    "num_embeddings": t.num_embeddings,
+                    "embedding_dim": t.embedding_dim,
+                }
+                for t in INTEGRITY_TABLES
+            ],
+            "options": {"time_limit_s": 0.01},
+        }
+    )
+    outcome = solve(request)
+    assert outcome.plan is not None
+    assert outcome.plan.tables["wide"].sharding_type is ShardingType.TABLE_WISE
+    return plan_bytes(outcome.plan)
+
+
+def _one_byte(field: str) -> Callable[[bytes], bytes]:
+    """Add one to the last digit of the first number after ``"field":``."""
+
+    def edit(data: bytes) -> bytes:
+        match = re.search(rb'"' + field.encode() + rb'":[0-9.e+-]*?([0-8])[,}]', data)
+        assert match is not None, field
+        at = match.start(1)
+        return data[:at] + bytes([data[at] + 1]) + data[at + 1 :]
+
+    return edit
+
+
+def _edit_json(change: Callable[[dict], None]) -> Callable[[bytes], bytes]:
+    def edit(data: bytes) -> bytes:
+        document = json.loads(data)
+        change(document)
+        return json.dumps(document).encode()
+
+    return edit
+
+
+def _kernel_to_dense(document: dict) -> None:
+    document["tables"]["wide"]["compute_kernel"] = "dense"
+
+
+def _split_columns(document: dict) -> None:
+    """The table-wise 16 x 128 table as two column shards of 64 on the same rank."""
+    halves = [{"offsets": [0, c], "sizes": [16, 64], "rank": 0} for c in (0, 64)]
+    document["tables"]["wide"].update(sharding_type="column_wise", ranks=[0, 0], shards=halves)
+
+
+EDITS = {
+    "solver.objective": _one_byte("objective"),
+    "rank_stats": _one_byte("ddr_bytes"),
+    "kernel fused -> dense": _edit_json(_kernel_to_dense),
+    "column shard 64 + 64": _edit_json(_split_columns),
+}
+FORMS: dict[str, Callable[[bytes], object]] = {
+    "bytes": lambda data: data,
+    "str": lambda data: data.decode(),
+    "dict": json.loads,
+    "ShardingPlan": ShardingPlan.model_validate_json,
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("edit", EDITS)
+def test_an_edited_plan_is_refused_naming_both_ids(sealed, edit, form):
+    tampered = EDITS[edit](sealed)
+    claimed = parse_plan(sealed).plan_id
+    actual = plan_id_of(json.loads(tampered))
+    assert actual != claimed and parse_plan(tampered).plan_id == claimed
+    module = EmbeddingBagCollection(INTEGRITY_TABLES, device="meta")
+    with pytest.raises(PlanMismatchError, match=f"plan_id {claimed}.*{actual}"):
+        shard_modules(module, plan=FORMS[form](tampered))
+
+
+def test_a_plan_object_with_a_wrong_plan_id_is_refused(sealed):
+    plan = parse_plan(sealed)
+    wrong = plan.model_copy(update={"plan_id": "0" * 64})
+    module = EmbeddingBagCollection(INTEGRITY_TABLES, device="meta")
+    with pytest.raises(PlanMismatchError, match=f"plan_id {'0' * 64}.*{plan.plan_id}"):
+        shard_modules(module, plan=wrong)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_sealed_plan_is_accepted_in_every_form(sealed, form):
+    module = EmbeddingBagCollection(INTEGRITY_TABLES, device="meta")
+    sharded = shard_modules(module, plan=FORMS[form](sealed))
+    assert sharded.plan_id == parse_plan(sealed).plan_id

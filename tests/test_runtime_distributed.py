@@ -30,6 +30,15 @@ def test_table_row_wise_reduces_inside_the_host_then_crosses_hosts():
     run_ranks(runtime_cases.exchange_layout, 4)
 
 
+@pytest.mark.parametrize("world_size", [4, 6])
+def test_table_row_wise_on_one_some_all_or_no_hosts_matches_the_unsharded_module(world_size):
+    run_ranks(runtime_cases.table_row_wise_on_hosts, world_size)
+
+
+def test_subgroup_creation_that_cannot_complete_fails_naming_the_ranks():
+    run_ranks(runtime_cases.subgroup_deadline, 4)
+
+
 def test_plan_for_another_world_size_is_refused_on_every_rank():
     run_ranks(runtime_cases.plan_mismatch, 2)
 

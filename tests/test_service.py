@@ -146,6 +146,15 @@ def test_invalid_requests_name_the_field(client):
     assert empty.status_code == 422
 
 
+def test_a_table_twice_in_a_separate_group_is_422(client):
+    document = small_request("dup")
+    document["constraints"] = {"separate": [["dup1", "dup1"]]}
+    response = client.post("/v1/plans", json=document)
+    assert response.status_code == 422
+    [error] = response.json()["errors"]
+    assert error["path"] == "constraints.separate[0]" and "'dup1' twice" in error["message"]
+
+
 def test_service_limits_are_422_naming_field_value_and_limit(client):
     too_many = small_request("many")
     too_many["tables"] = [table(f"t{i}") for i in range(51)]
@@ -294,7 +303,14 @@ def test_validate_valid_and_invalid(client):
     bad = client.post("/v1/validate", json={"request": req, "plan": plan}).json()
     assert bad["valid"] is False
     codes = [v["code"] for v in bad["violations"]]
-    assert codes == ["plan_id_mismatch", "rank_out_of_range", "ranks_mismatch"]
+    assert codes == [
+        "plan_id_mismatch",
+        "rank_out_of_range",
+        "ranks_mismatch",
+        "rank_stats",  # rank 0 lost a's shard (and the objective, the critical path)
+        "solver_report",
+        "solver_report",
+    ]
     assert bad["violations"][1]["table"] == "a" and bad["violations"][1]["rank"] == 7
 
 
@@ -447,6 +463,9 @@ def test_full_pool_is_503_with_retry_after_and_identical_requests_share_a_solve(
 
         first = threading.Thread(target=post, args=("first", slow_request(1)))
         twin = threading.Thread(target=post, args=("twin", slow_request(1)))
+        # A warm solver process, so that the first solve starts as soon as it is admitted.
+        assert http.post("/v1/plans", json=small_request("warm")).status_code in (200, 201)
+        posted = time.monotonic()
         first.start()
         deadline = time.monotonic() + 30
         while "shardplan_solve_queue_depth 1.0" not in http.get("/metrics").text:
@@ -455,8 +474,13 @@ def test_full_pool_is_503_with_retry_after_and_identical_requests_share_a_solve(
         twin.start()  # the identical request joins the solve in flight: not turned away
         busy = http.post("/v1/plans", json=slow_request(2))
         assert busy.status_code == 503
-        assert int(busy.headers["retry-after"]) >= 1
+        # Not before the running solve's time limit is spent, nor after its hard deadline
+        # (time limit + the default 10 s grace).
+        retry_after_s = int(busy.headers["retry-after"])
+        time_limit_s = slow_request(1)["options"]["time_limit_s"]
+        assert time_limit_s - (time.monotonic() - posted) <= retry_after_s <= time_limit_s + 10
         assert "queue of 0 is full" in busy.json()["detail"]
+        assert f"retry in {retry_after_s} s" in busy.json()["detail"]
         first.join(timeout=120)
         twin.join(timeout=120)
         assert results["first"].status_code == 201

@@ -180,6 +180,18 @@ def test_bad_input_names_field_value_and_fix(document, expected):
     assert expected in _problem_text(document)
 
 
+@pytest.mark.parametrize("field", ["colocate", "separate"])
+def test_a_table_twice_in_one_group_is_refused_at_the_group(field):
+    """``separate: [["a", "a"]]`` was accepted, and the plan stored for it failed our own
+    validator (a table always shares its ranks with itself)."""
+    document = _doc(tables=[table("a"), table("b")], constraints={field: [["b", "a"], ["a", "a"]]})
+    with pytest.raises(InputError) as caught:
+        parse_request(json.dumps(document))
+    [problem] = caught.value.problems
+    assert problem.path == f"constraints.{field}[1]"
+    assert problem.message == f"names table 'a' twice; list each table of a {field} group once"
+
+
 def test_every_problem_is_reported_at_once():
     text = _problem_text(_doc(tables=[table("a", rows=0, dim=0)], batch_size=-1))
     assert "tables[0].num_embeddings = 0" in text

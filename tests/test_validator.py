@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
-from planner_service.codec import seal_plan
+from planner_service.codec import request_hash, seal_plan
+from planner_service.enumerator import enumerate_options
 from planner_service.types import (
+    MAX_WORLD_SIZE,
     ComputeKernel,
     ParameterSharding,
     Shard,
     ShardingType,
-    SolverReport,
-    SolverStatus,
     ViolationCode,
 )
 from planner_service.validator import validate_plan
 from tests import builders
 from tests.builders import request, table
 
+GIB = 2**30
 CW = ShardingType.COLUMN_WISE
 TWCW = ShardingType.TABLE_COLUMN_WISE
 
@@ -208,37 +211,40 @@ def test_ranks_field_must_match_shards():
     )
 
 
-def test_capacity_uses_plan_stats_after_headroom_and_dense_reservation():
-    gib = 1024**3
-    req = request(
-        [table("t")],
-        world_size=2,
-        topology={"hbm_bytes": 10 * gib, "ddr_bytes": 20 * gib},
-        constraints={"hbm_headroom_fraction": 0.1, "dense_bytes_per_rank": gib},
-    )
-    tables = {"t": builders.table_wise(req, "t", 0)}
-    usable = 9 * gib - gib
-    assert validate_plan(req, builders.plan(req, tables, hbm_bytes=[usable, 0])) == []
-    violations = validate_plan(
-        req, builders.plan(req, tables, hbm_bytes=[usable + 1, 0], ddr_bytes=[0, 20 * gib + 5])
-    )
-    assert [(v.code, v.rank) for v in violations] == [
-        (ViolationCode.HBM_CAPACITY, 0),
-        (ViolationCode.DDR_CAPACITY, 1),
-    ]
-    assert "over by 1 bytes" in violations[0].message
-    assert "after reserving 2.000 GiB" in violations[0].message
+def test_capacity_is_what_is_left_after_headroom_and_dense_reservation():
+    """With half of HBM as headroom and 1 GiB of dense bytes reserved, a table fills what
+    is left exactly on ``hbm_bytes = 2 * (table + 1 GiB)``, and overflows it by a byte on
+    two bytes less."""
+    probe = request([table("t", rows=10**6)], world_size=2)
+    used = builders.plan(probe, {"t": builders.table_wise(probe, "t", 0)}).rank_stats[0].hbm_bytes
+
+    def violations(hbm_bytes: int) -> list:
+        req = request(
+            [table("t", rows=10**6)],
+            world_size=2,
+            topology={"hbm_bytes": hbm_bytes},
+            constraints={"hbm_headroom_fraction": 0.5, "dense_bytes_per_rank": GIB},
+        )
+        return validate_plan(req, builders.plan(req, {"t": builders.table_wise(req, "t", 0)}))
+
+    assert violations(2 * (used + GIB)) == []
+    [over] = violations(2 * (used + GIB) - 2)
+    assert (over.code, over.rank) == (ViolationCode.HBM_CAPACITY, 0)
+    assert f"GiB ({used + 2 * GIB - 1:,} bytes) (over by 1 bytes)" in over.message
 
 
 def test_heterogeneous_capacity():
     req = request(
-        [table("t")],
+        [table("a"), table("b")],
         world_size=2,
-        topology={"hbm_bytes": 1000, "rank_overrides": [{"rank": 1, "hbm_bytes": 100}]},
+        topology={"hbm_bytes": 10**6, "rank_overrides": [{"rank": 1, "hbm_bytes": 100}]},
         constraints={"hbm_headroom_fraction": 0.0},
     )
-    plan = builders.plan(req, {"t": builders.table_wise(req, "t", 0)}, hbm_bytes=[500, 500])
-    assert [(v.code, v.rank) for v in validate_plan(req, plan)] == [(ViolationCode.HBM_CAPACITY, 1)]
+    on_0 = {"a": builders.table_wise(req, "a", 0), "b": builders.table_wise(req, "b", 0)}
+    assert validate_plan(req, builders.plan(req, on_0)) == []
+    on_both = {**on_0, "b": builders.table_wise(req, "b", 1)}
+    violations = validate_plan(req, builders.plan(req, on_both))
+    assert [(v.code, v.rank) for v in violations] == [(ViolationCode.HBM_CAPACITY, 1)]
 
 
 def test_constraints_are_enforced_and_all_reported():
@@ -284,11 +290,10 @@ def test_constraints_are_enforced_and_all_reported():
 
 def test_tampered_plan_and_bad_report():
     req, tables = _mixed()
-    plan = builders.plan(
-        req,
-        tables,
-        report=SolverReport(status=SolverStatus.FEASIBLE, objective=1.0, lower_bound=2.0, gap=0.5),
-    )
+    honest = builders.plan(req, tables).solver
+    objective = honest.objective
+    report = honest.model_copy(update={"lower_bound": 2 * objective, "gap": 0.5})
+    plan = builders.plan(req, tables, report=report)
     codes = _codes(req, plan)
     assert codes.count(ViolationCode.SOLVER_REPORT) == 2
     tampered = plan.model_copy(update={"world_size": 8})
@@ -325,3 +330,146 @@ def test_many_violations_at_once():
     violations = validate_plan(req, builders.plan(req, tables))
     assert {v.table for v in violations} == {"tw", "rw"}
     assert len(violations) >= 4
+
+
+# --------------------------------------------------------------------------- recomputed
+
+
+def _enumerated_storage(req, name, kind, kernel=ComputeKernel.FUSED):
+    """The bytes the solver's enumerator gives the first shard of ``name``'s option."""
+    entry = next(e for e in enumerate_options(req) if e.table.name == name)
+    option = next(
+        o for o in entry.options if o.sharding_type is kind and o.compute_kernel is kernel
+    )
+    return option.shards[0].storage
+
+
+def test_memory_is_recomputed_from_the_shards_not_read_from_rank_stats():
+    """A solver that wrote ``hbm_bytes: 0`` into rank_stats passed every check: capacities
+    were checked on the plan's own numbers. Now they are checked on each shard's storage
+    (the estimators' numbers, as the solver's), and the plan's numbers must agree."""
+    req = request(
+        [table("big", rows=3 * 10**6, dim=128), table("uvm", rows=10**6, dim=64)],
+        world_size=2,
+        topology={"hbm_bytes": GIB, "ddr_bytes": GIB // 8},
+    )
+    tables = {
+        "big": builders.table_wise(req, "big", 0),
+        "uvm": builders.table_wise(req, "uvm", 1, ComputeKernel.FUSED_UVM),
+    }
+    big = _enumerated_storage(req, "big", ShardingType.TABLE_WISE)
+    uvm = _enumerated_storage(req, "uvm", ShardingType.TABLE_WISE, ComputeKernel.FUSED_UVM)
+    usable_hbm, usable_ddr = GIB - int(GIB * 0.15), GIB // 8
+    assert big.hbm_bytes > usable_hbm and uvm.ddr_bytes > usable_ddr
+
+    violations = validate_plan(req, builders.plan(req, tables, hbm_bytes=[0, 0], ddr_bytes=[0, 0]))
+    assert [(v.code, v.rank) for v in violations] == [
+        (ViolationCode.RANK_STATS, 0),
+        (ViolationCode.RANK_STATS, 1),
+        (ViolationCode.HBM_CAPACITY, 0),
+        (ViolationCode.DDR_CAPACITY, 1),
+    ]
+    stats_0, stats_1, hbm, ddr = (v.message for v in violations)
+    assert f"hbm_bytes 0 (the shards use {big.hbm_bytes:,})" in stats_0
+    assert f"ddr_bytes 0 (the shards use {uvm.ddr_bytes:,})" in stats_1
+    assert f"over by {big.hbm_bytes - usable_hbm:,} bytes" in hbm
+    assert f"over by {uvm.ddr_bytes - usable_ddr:,} bytes" in ddr
+
+
+def test_perf_totals_objective_and_critical_path_are_recomputed():
+    req, tables = _mixed()
+    honest = builders.plan(req, tables)
+    assert validate_plan(req, honest) == []
+    stats = [s.model_copy() for s in honest.rank_stats]
+    slower = stats[2].perf.model_copy(update={"total": stats[2].perf.total * 2})
+    stats[2] = stats[2].model_copy(update={"perf": slower})
+    report = honest.solver.model_copy(
+        update={"objective": honest.solver.objective * 2, "critical_path": 0.0}
+    )
+    lied = seal_plan(
+        request=req,
+        planner_version="test",
+        tables=honest.tables,
+        rank_stats=stats,
+        solver=report.model_copy(update={"lower_bound": 0.0, "gap": 1.0}),
+    )
+    violations = validate_plan(req, lied)
+    assert [(v.code, v.rank) for v in violations] == [
+        (ViolationCode.RANK_STATS, 2),
+        (ViolationCode.SOLVER_REPORT, None),
+        (ViolationCode.SOLVER_REPORT, None),
+    ]
+    total, objective, critical_path = (v.message for v in violations)
+    recomputed = honest.rank_stats[2].perf.total
+    assert f"perf.total {slower.total} (the shards add up to {recomputed})" in total
+    assert f"objective {report.objective} is not the most loaded rank's" in objective
+    assert f"recomputed total {honest.solver.objective}" in objective
+    assert f"critical_path 0.0 is not the recomputed {honest.solver.critical_path}" in critical_path
+
+
+def test_a_plan_for_another_request_is_refused():
+    """``shardplan validate`` called a plan made for batch_size 512 valid for 4096."""
+    tables = [table("a"), table("b", dim=64)]
+    made_for = request(tables, world_size=2)
+    plan = builders.plan(
+        made_for,
+        {"a": builders.table_wise(made_for, "a", 0), "b": builders.row_wise(made_for, "b")},
+    )
+    other = request(tables, world_size=2, batch_size=4096)
+    violations = [
+        v for v in validate_plan(other, plan) if v.code is ViolationCode.REQUEST_HASH_MISMATCH
+    ]
+    assert len(violations) == 1
+    assert plan.request_hash in violations[0].message
+    assert request_hash(other) in violations[0].message
+
+
+def _wide_request(world: int, overrides: list[dict], tables: str = "abc") -> object:
+    shapes = {"a": {"rows": 10**5, "dim": 64}, "b": {"dim": 256}, "c": {"rows": 10**4}}
+    return request(
+        [table(name, **shapes[name]) for name in tables],
+        world_size=world,
+        topology={"local_world_size": 8, "rank_overrides": overrides},
+        batch_size=1,  # a rank's output buffers hold the global batch: 65,536 x 512 is a lot
+    )
+
+
+def test_a_plan_on_65536_ranks_with_every_rank_overridden_validates():
+    """Each rank's capacity and device class come from its override, looked up once: the
+    validator took seconds here, and quadratic time in the overrides."""
+    world = 65_536
+    slow = {"hbm_bw_bytes_per_s": 100 * GIB, "hbm_bytes": 16 * GIB}
+    req = _wide_request(world, [{"rank": r, **(slow if r % 2 else {})} for r in range(world)])
+    tables = {
+        "a": builders.row_wise(req, "a"),
+        "b": builders.column_wise(req, "b", [128, 128], [3, world - 1]),
+        "c": builders.table_wise(req, "c", world - 2),
+    }
+    assert validate_plan(req, builders.plan(req, tables)) == []
+
+
+def test_validation_costs_the_plan_not_the_world_size():
+    """A 2 KB request and plan for the largest world (131,072 ranks), rank_stats listing
+    the three ranks that hold shards: the validator once built an object per rank (50 s,
+    1.75 GB for ten million ranks, which the types now refuse). Its memory now follows
+    the documents' size."""
+    world = MAX_WORLD_SIZE
+    req = _wide_request(world, [{"rank": world - 1, "hbm_bytes": 8 * GIB}], tables="bc")
+    tables = {
+        "b": builders.column_wise(req, "b", [128, 128], [3, world - 1]),
+        "c": builders.table_wise(req, "c", 0),
+    }
+    short = builders.plan(req, tables, stats_ranks=[0, 3, world - 1])
+    tracemalloc.start()
+    try:
+        violations = validate_plan(req, short)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(v.code, v.message) for v in violations] == [
+        (
+            ViolationCode.RANK_STATS,
+            "rank_stats must list every rank 0..131071 once; got ranks [0, 3, 131071]",
+        )
+    ]
+    assert peak < 4 * 2**20

@@ -8,6 +8,7 @@ environment (see ``settings.py``).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from planner_service import __version__
 from planner_service.api.limits import BodyLimitMiddleware
-from planner_service.api.metrics import QUEUE_DEPTH, MetricsMiddleware
+from planner_service.api.metrics import QUEUE_DEPTH, SOLVE_SECONDS, MetricsMiddleware
 from planner_service.api.problems import (
     COMMON_PROBLEMS,
     TITLES,
@@ -29,8 +30,8 @@ from planner_service.api.problems import (
 )
 from planner_service.api.routes import aliases, check, health, plans, validate
 from planner_service.api.schemas import add_components
-from planner_service.api.settings import Settings
-from planner_service.api.solving import SolvePool
+from planner_service.api.settings import SUPERVISOR_PID_VARIABLE, Settings
+from planner_service.api.solving import SolvePool, die_with_parent
 from planner_service.api.state import PlanCache, ServiceState, store_unavailable
 from planner_service.errors import InputError, json_path
 from planner_service.store import StoreUnavailableError
@@ -40,14 +41,18 @@ log = logging.getLogger("shardplan.api")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
-    state = ServiceState(
-        settings=settings,
-        pool=SolvePool(settings.solve_workers, settings.solve_queue, QUEUE_DEPTH.set),
-        cache=PlanCache(settings.cache_bytes),
+    pool = SolvePool(
+        settings.solve_workers,
+        settings.solve_queue,
+        grace_s=settings.solve_grace_s,
+        on_depth=QUEUE_DEPTH.set,
+        on_failure=lambda outcome, seconds: SOLVE_SECONDS.labels(outcome).observe(seconds),
     )
+    state = ServiceState(settings=settings, pool=pool, cache=PlanCache(settings.cache_bytes))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        _die_with_supervisor()
         try:
             state.store()
         except StoreUnavailableError as error:  # serve anyway; /readyz says why
@@ -72,6 +77,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)
     return app
+
+
+def _die_with_supervisor() -> None:
+    """Under ``shardplan serve --workers N`` this process is one of uvicorn's workers. If
+    the supervisor is SIGKILLed (no cleanup runs), this worker must go too, and with it
+    its solver processes (which die with it the same way)."""
+    supervisor_pid = os.environ.get(SUPERVISOR_PID_VARIABLE)
+    if supervisor_pid:
+        die_with_parent(int(supervisor_pid))
 
 
 def _document_raw_bodies(app: FastAPI) -> None:

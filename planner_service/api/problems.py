@@ -41,6 +41,14 @@ class Problem(BaseModel):
     infeasibility: dict[str, Any] | None = Field(
         None, description="when no plan exists: the reasons and the smallest fixes"
     )
+    time_limit_s: float | None = Field(
+        None, description="when a solve overran: the request's options.time_limit_s"
+    )
+    grace_s: float | None = Field(
+        None,
+        description="when a solve overran: how long past its time limit the service let it "
+        "run before killing its solver process (SHARDPLAN_SOLVE_GRACE_S)",
+    )
 
 
 PROBLEM_CONTENT: dict[str, Any] = {"content": {PROBLEM_MEDIA_TYPE: {"schema": schema_ref(Problem)}}}
@@ -51,7 +59,11 @@ COMMON_PROBLEMS: dict[int | str, dict[str, Any]] = {
     403: {"description": "a bearer token this service does not accept", **PROBLEM_CONTENT},
     413: {"description": "request body over SHARDPLAN_MAX_BODY_BYTES", **PROBLEM_CONTENT},
     422: {"description": "invalid input: every bad field by JSON path", **PROBLEM_CONTENT},
-    503: {"description": "overloaded or the store is down; see Retry-After", **PROBLEM_CONTENT},
+    503: {
+        "description": "overloaded, a solve overran its time limit or lost its process, or "
+        "the store is down; see Retry-After",
+        **PROBLEM_CONTENT,
+    },
 }
 
 

@@ -8,6 +8,7 @@ its flags before starting uvicorn), so replicas and workers agree. A malformed v
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,10 @@ from dataclasses import dataclass, field
 from planner_service.errors import FieldProblem, InputError
 
 DEFAULT_DATABASE = "var/shardplan.db"
+MAX_SOLVE_GRACE_S = 3600.0
+# Not a setting: `shardplan serve --workers N` names its own pid here, so that each uvicorn
+# worker process it supervises dies with it (main.py).
+SUPERVISOR_PID_VARIABLE = "SHARDPLAN_SUPERVISOR_PID"
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class Settings:
     max_time_limit_s: float = 60.0
     solve_workers: int = max(1, (os.cpu_count() or 1))
     solve_queue: int = 8
+    # A solve still running this long past its options.time_limit_s is killed (solving.py).
+    solve_grace_s: float = 10.0
     cache_bytes: int = 256 * 1024 * 1024
 
     @property
@@ -40,7 +47,9 @@ class Settings:
         env = os.environ if environ is None else environ
         problems: list[FieldProblem] = []
 
-        def number(name: str, default: float, kind: type, minimum: float) -> float:
+        def number(
+            name: str, default: float, kind: type, minimum: float, maximum: float = math.inf
+        ) -> float:
             text = env.get(name)
             if text is None or text == "":
                 return default
@@ -49,8 +58,14 @@ class Settings:
             except ValueError:
                 problems.append(FieldProblem(name, f"must be a {kind.__name__}", text))
                 return default
+            if not math.isfinite(value):
+                problems.append(FieldProblem(name, "must be a finite number", text))
+                return default
             if value < minimum:
                 problems.append(FieldProblem(name, f"must be at least {minimum}", text))
+                return default
+            if value > maximum:
+                problems.append(FieldProblem(name, f"must be at most {maximum}", text))
                 return default
             return value
 
@@ -69,11 +84,31 @@ class Settings:
             ),
             solve_workers=int(number("SHARDPLAN_SOLVE_WORKERS", defaults.solve_workers, int, 1)),
             solve_queue=int(number("SHARDPLAN_SOLVE_QUEUE", defaults.solve_queue, int, 0)),
+            solve_grace_s=number(
+                "SHARDPLAN_SOLVE_GRACE_S", defaults.solve_grace_s, float, 0.0, MAX_SOLVE_GRACE_S
+            ),
             cache_bytes=int(number("SHARDPLAN_CACHE_BYTES", defaults.cache_bytes, int, 0)),
         )
+        _check_reads_protected(settings, env, problems)
         if problems:
             raise InputError("environment", problems)
         return settings
+
+
+def _check_reads_protected(
+    settings: Settings, env: Mapping[str, str], problems: list[FieldProblem]
+) -> None:
+    """Reads protected by no token are open to all: refuse to start rather than serve them."""
+    token_problem = any(problem.path == "SHARDPLAN_API_TOKENS" for problem in problems)
+    if settings.protect_reads and not settings.auth_enabled and not token_problem:
+        problems.append(
+            FieldProblem(
+                "SHARDPLAN_PROTECT_READS",
+                "protects reads with the tokens in SHARDPLAN_API_TOKENS, which is empty: "
+                "set SHARDPLAN_API_TOKENS, or unset SHARDPLAN_PROTECT_READS",
+                env["SHARDPLAN_PROTECT_READS"],
+            )
+        )
 
 
 def _parse_bool(text: str, problems: list[FieldProblem]) -> bool:

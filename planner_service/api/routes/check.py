@@ -6,7 +6,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from planner_service.api.limits import decode_plan_request
-from planner_service.api.routes.plans import REQUEST_EXAMPLE, _solve
+from planner_service.api.problems import PROBLEM_CONTENT
+from planner_service.api.routes.plans import REQUEST_EXAMPLE, SOLVE_UNAVAILABLE, _solve
 from planner_service.api.schemas import json_body
 from planner_service.api.state import reader, state_of
 from planner_service.capacity import usable_capacity
@@ -47,6 +48,7 @@ class CheckResult(BaseModel):
     response_model=CheckResult,
     dependencies=[Depends(reader)],
     openapi_extra=json_body(PlanRequest, REQUEST_EXAMPLE),
+    responses={503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT}},
 )
 async def check(http_request: Request) -> CheckResult:
     """Solve without storing and report whether it fits, each rank's free memory, and,
@@ -57,7 +59,7 @@ async def check(http_request: Request) -> CheckResult:
     existing = await state.plan_for_request(key)
     if existing is not None:
         return await state.cpu.run(_fits, request, existing[1], stored=True)
-    result, _ = await _solve(state, "check:" + key, canonical_bytes(request), lambda r: r)
+    result, _ = await _solve(state, "check:" + key, request, canonical_bytes(request), lambda r: r)
     if result.plan is None:
         assert result.infeasibility is not None
         infeasibility = Infeasibility.model_validate_json(result.infeasibility)

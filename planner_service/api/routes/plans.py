@@ -3,6 +3,7 @@ stored bytes, immutable and cacheable), its request, and its HTML view."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -15,7 +16,13 @@ from planner_service.api import metrics
 from planner_service.api.limits import decode_plan_request
 from planner_service.api.problems import PROBLEM_CONTENT, ProblemError
 from planner_service.api.schemas import json_body, schema_ref
-from planner_service.api.solving import PoolFullError, SolveResult, T
+from planner_service.api.solving import (
+    PoolFullError,
+    ShuttingDownError,
+    SolveResult,
+    SolveUnavailableError,
+    T,
+)
 from planner_service.api.state import ServiceState, reader, state_of, writer
 from planner_service.api.view import render_plan_page
 from planner_service.codec import canonical_bytes, parse_plan, parse_request, request_hash
@@ -38,6 +45,11 @@ PlanId = Annotated[
 IMMUTABLE = "public, max-age=31536000, immutable"
 JSON = "application/json"
 
+SOLVE_UNAVAILABLE = (
+    "no answer for now, see Retry-After: the solver pool and its queue are full, the "
+    "solve overran options.time_limit_s plus SHARDPLAN_SOLVE_GRACE_S (its process was "
+    "killed), its solver process died, or the store is down"
+)
 _PLAN_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": schema_ref(ShardingPlan)}}}
 
 
@@ -49,6 +61,7 @@ _PLAN_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": schema_ref(Shardi
         200: {"description": "a plan for this request was already stored", **_PLAN_RESPONSE},
         201: {"description": "solved and stored", **_PLAN_RESPONSE},
         422: {"description": "invalid request, or no plan exists (explained)", **PROBLEM_CONTENT},
+        503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT},
     },
 )
 async def create_plan(http_request: Request, actor: Annotated[str, Depends(writer)]) -> Response:
@@ -79,7 +92,9 @@ async def create_plan(http_request: Request, actor: Annotated[str, Depends(write
         state.cache.put(result.plan_id, result.plan)
         return result, inserted
 
-    (result, inserted), shared = await _solve(state, "plan:" + key, request_document, finish)
+    (result, inserted), shared = await _solve(
+        state, "plan:" + key, request, request_document, finish
+    )
     metrics.CACHE.labels("shared" if shared else "miss").inc()
     if result.plan is None or result.plan_id is None:
         raise _no_plan(result)
@@ -92,9 +107,14 @@ async def create_plan(http_request: Request, actor: Annotated[str, Depends(write
 
 
 async def _solve(
-    state: ServiceState, key: str, request_document: bytes, finish: Callable[[SolveResult], T]
+    state: ServiceState,
+    key: str,
+    request: PlanRequest,
+    request_document: bytes,
+    finish: Callable[[SolveResult], T],
 ) -> tuple[T, bool]:
-    """Solve in the pool (timing every solve once), or 503 when the pool is full."""
+    """Solve in the pool (timing every solve once), or 503 when the pool is full, the
+    solve overran its time limit, its solver process died or the service is stopping."""
 
     def timed(result: SolveResult) -> T:
         outcome = "plan" if result.plan is not None else "no_plan"
@@ -102,14 +122,25 @@ async def _solve(
         return finish(result)
 
     try:
-        return await state.pool.solve(key, request_document, timed)
-    except PoolFullError as error:
-        metrics.REJECTED.inc()
-        raise ProblemError(
-            503,
-            f"{error}; retry in {error.retry_after_s} s",
-            headers={"Retry-After": str(error.retry_after_s)},
-        ) from None
+        return await state.pool.solve(key, request_document, request.options.time_limit_s, timed)
+    except SolveUnavailableError as error:
+        if isinstance(error, PoolFullError):
+            metrics.REJECTED.inc()
+        raise _unavailable(error) from None
+    except asyncio.CancelledError:
+        # uvicorn cancels the requests still running when its graceful shutdown period
+        # ends, and the pool kills their solves next: say so, rather than uvicorn's bare 500.
+        raise _unavailable(ShuttingDownError()) from None
+
+
+def _unavailable(error: SolveUnavailableError) -> ProblemError:
+    return ProblemError(
+        503,
+        f"{error}; retry in {error.retry_after_s} s",
+        title=error.title,
+        headers={"Retry-After": str(error.retry_after_s)},
+        **error.extensions,
+    )
 
 
 def _no_plan(result: SolveResult) -> ProblemError:

@@ -1,0 +1,103 @@
+"""The wall-clock side of ``options.time_limit_s``.
+
+A solve has two budgets. The *work budget* is deterministic: every CP-SAT run gets a share
+of the time limit in deterministic seconds, and the heuristics stop at fixed round
+counts, so the same request gives the same plan in every process and on every machine.
+The *deadline* is wall clock: enumeration to sealed plan must end within ``time_limit_s``
+plus a small slack (``finish_slack_s``), on a loaded machine too. Every stage checks it
+and stops with its best result so far when it passes; CP-SAT and GLOP get what is left of
+it as their wall-clock limit.
+
+A deadline that cut anything short is *reached*; the plan's solver report then says its
+search stopped at ``time_limit`` (not reproducible: another run may get further), rather
+than at ``optimal``, ``gap_limit`` or ``work_budget`` (reproducible).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+# What a solve may run past its time limit: max(5%, 0.25 s). Sealing the plan happens in
+# this slack, so the search itself stops at the limit.
+FINISH_SLACK_FRACTION = 0.05
+FINISH_SLACK_MIN_S = 0.25
+# A wall-clock limit this close to the deadline counts as the deadline: CP-SAT and GLOP
+# stop on it a little early or late.
+EXPIRY_TOLERANCE_S = 0.002
+
+
+def finish_slack_s(time_limit_s: float) -> float:
+    """How far past ``time_limit_s`` a solve may end: max(5%, 0.25 s)."""
+    return max(FINISH_SLACK_FRACTION * time_limit_s, FINISH_SLACK_MIN_S)
+
+
+class OutOfTime(Exception):
+    """A stage ran out of time while building its model, before it had anything to give."""
+
+
+class Deadline:
+    """An instant on the monotonic clock that a solve's search must stop by."""
+
+    def __init__(
+        self,
+        seconds: float,
+        *,
+        grace_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._end = clock() + max(0.0, seconds)
+        self._grace_s = grace_s
+        self.reached = False
+
+    @classmethod
+    def for_time_limit(cls, time_limit_s: float) -> Deadline:
+        """A solve's deadline: the search stops at ``time_limit_s``; the first plan may
+        take half the finishing slack beyond it (a plan a little late beats no plan)."""
+        return cls(time_limit_s, grace_s=finish_slack_s(time_limit_s) / 2)
+
+    @classmethod
+    def never(cls) -> Deadline:
+        """No wall-clock limit: for callers (tests, relaxed re-solves) that want only the
+        deterministic budget."""
+        return cls(float("inf"))
+
+    def remaining_s(self) -> float:
+        return max(0.0, self._end - self._clock())
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed; a caller that stops because of it has been cut
+        short, so this records that the deadline was reached."""
+        if self._end - self._clock() <= EXPIRY_TOLERANCE_S:
+            self.reached = True
+            return True
+        return False
+
+    def reserve(self, seconds: float) -> None:
+        """Keep ``seconds`` before the deadline for work after the search (sealing the
+        plan): the search stages now stop that much earlier."""
+        self._end -= max(0.0, seconds)
+
+    def check(self) -> None:
+        """For model building: raise ``OutOfTime`` once the deadline has passed."""
+        if self.expired():
+            raise OutOfTime
+
+    def past_grace(self) -> bool:
+        """Whether even the grace for a first plan has run out (see ``for_time_limit``)."""
+        if self._end + self._grace_s - self._clock() <= EXPIRY_TOLERANCE_S:
+            self.reached = True
+            return True
+        return False
+
+    def cap_s(self, budget_s: float, share: float = 1.0) -> float:
+        """A wall-clock limit for one stage: ``budget_s``, but at most ``share`` of what is
+        left of the deadline (so later stages keep some)."""
+        return max(0.0, min(budget_s, self.remaining_s() * share))
+
+    def note_stop(self, limit_s: float, wall_s: float) -> None:
+        """Record a stage that ran ``wall_s`` under a wall-clock limit of ``limit_s``: if it
+        used the whole limit, the limit (not its own work budget) stopped it."""
+        if wall_s >= limit_s - EXPIRY_TOLERANCE_S:
+            self.reached = True
