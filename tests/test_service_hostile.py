@@ -9,6 +9,7 @@ import asyncio
 import functools
 import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ from planner_service.api.settings import Settings
 from planner_service.codec import canonical_bytes, parse_request
 from planner_service.errors import InputError
 from tests import builders
+from tests import test_solve_pool as pool_tests
 from tests.builders import request, table
 from tests.hostile import Hostile, every_case, valid_pair, valid_request
 from tests.servers import Service
+from tests.test_solve_pool import alive, command_line, process_tree
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -214,3 +217,29 @@ def test_cpu_lane_replaces_a_dead_worker_and_answers_503_meanwhile():
         asyncio.run(scenario(lane))
     finally:
         lane.shutdown()
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_lane_workers_do_not_outlive_the_server(signal_number, shardplan_exe, tmp_path):
+    """The processes that validate and render die with the server, as solver processes do
+    (tests/test_solve_pool.py), however it ends."""
+    server = Service(shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db")).start()
+    assert server.process is not None
+    try:
+        req, plan = valid_pair()
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            checked = http.post("/v1/validate", json={"request": req, "plan": plan})
+            assert checked.json() == {"valid": True, "violations": []}
+        tree = process_tree(server.process.pid)
+        assert any("spawn_main" in command_line(pid) for pid in tree)  # a lane worker
+        os.kill(server.process.pid, signal_number)
+        pool_tests.wait_for(
+            lambda: (
+                server.process.poll() is not None  # type: ignore[union-attr]
+                and not any(alive(pid, started) for pid, started in tree.items())
+            ),
+            f"every process of the server gone after {signal.Signals(signal_number).name}",
+            timeout_s=30,
+        )
+    finally:
+        pool_tests.kill_what_is_left(server)

@@ -9,7 +9,8 @@ at every step. A process leaves the loop to the OS scheduler, which wakes it at 
 Calls beyond ``workers + queue`` get 503 with ``Retry-After`` rather than piling up bodies
 in memory. A call cannot be stopped once it runs, so its slot is freed when its work ends,
 not when its client goes away. Functions and their arguments cross a pipe: module-level
-functions, picklable arguments.
+functions, picklable arguments. No worker outlives the service (as solver processes do
+not: ``solving.die_with_parent``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import multiprocessing
+import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import ParamSpec, TypeVar
 
 from planner_service.api.problems import ProblemError
+from planner_service.api.solving import die_with_parent
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -32,8 +36,13 @@ CPU_QUEUE = 32
 BUSY_RETRY_S = 1
 
 
-def _warm_up() -> None:
-    """Import what the work needs once per worker, not on its first call."""
+def _start_worker(service_pid: int) -> None:
+    """As a solver process does: die with the service however it ends (PR_SET_PDEATHSIG,
+    see solving.py), leave Ctrl-C and SIGTERM to the service, and import what the work
+    needs once, not on its first call."""
+    die_with_parent(service_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import planner_service.api.view  # noqa: F401
     import planner_service.validator  # noqa: F401
 
@@ -54,9 +63,14 @@ class CpuLane:
         return self._admitted
 
     def start(self) -> None:
+        """Ready the pool; processes start on the first calls, from the event loop's thread
+        (the one their PR_SET_PDEATHSIG ties them to), which lives as long as the service."""
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm_up
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(os.getpid(),),
             )
 
     def shutdown(self) -> None:
