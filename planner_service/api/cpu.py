@@ -91,9 +91,10 @@ class CpuLane:
             raise
         try:
             self.start()
-            assert self._executor is not None
+            executor = self._executor
+            assert executor is not None
             call = functools.partial(function, *args, **kwargs)
-            future = asyncio.get_running_loop().run_in_executor(self._executor, call)
+            future = asyncio.get_running_loop().run_in_executor(executor, call)
         except BaseException:
             self._release()
             raise
@@ -101,7 +102,8 @@ class CpuLane:
         try:
             return await asyncio.shield(future)
         except BrokenProcessPool:
-            self.shutdown()  # the next call starts a new pool
+            if self._executor is executor:  # not a new pool another caller started
+                self.shutdown()  # the next call starts a new pool
             raise _busy("a worker process died; the pool was restarted") from None
 
     def _release(self) -> None:
