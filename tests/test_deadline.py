@@ -274,7 +274,7 @@ def test_a_report_without_stop_reason_keeps_its_canonical_form():
     report = SolverReport(status=SolverStatus.FEASIBLE, objective=1.0, lower_bound=0.5, gap=0.5)
     plan = seal_plan(
         request=req,
-        planner_version="shardplan-0.1.0",
+        planner_version="shardplan-0.1.0",  # any version: the form is what is tested,
         tables={"a": table_wise(req, "a", 0)},
         rank_stats=[RankStats(rank=r, hbm_bytes=0, ddr_bytes=0) for r in range(2)],
         solver=report,
