@@ -40,6 +40,12 @@ NUM_WORKERS = 4  # interleaved subsolvers (LNS among them), run deterministicall
 # of the time limit in wall time) stops it on a loaded machine, at the cost of
 # determinism (the plan then says stop_reason time_limit).
 SEARCH_SHARE = 0.2
+# Deterministic time does not advance evenly in every phase of a search: a run may spend
+# many times its deterministic budget in wall time (a packing relaxation with presolve off
+# was seen running for minutes on a 0.1 s budget). So every run also stops at this many
+# times its budget in wall time, deadline or not; such a stop is not reproducible, and is
+# recorded as one (stop_reason time_limit).
+WALL_SAFETY_FACTOR = 6.0
 RELATIVE_GAP_LIMIT = 1e-5  # stop once proven this close to optimal
 # The best bound known before the search (the packing bound, say) is the makespan's floor,
 # so CP-SAT stops once it reaches it; but interleaved search stops only between batches,
@@ -475,14 +481,14 @@ def solve_within(
     share: float = 1.0,
     callback: cp_model.CpSolverSolutionCallback | None = None,
 ) -> cp_model.CpSolverStatus:
-    """Solve with at most ``share`` of what is left of the deadline as the wall-clock limit,
-    and record on the deadline whether that limit, not the work budget, stopped the run."""
-    limit_s = deadline.cap_s(math.inf, share)
-    if math.isfinite(limit_s):
-        solver.parameters.max_time_in_seconds = max(limit_s, 1e-3)
+    """Solve with at most ``share`` of what is left of the deadline as the wall-clock limit
+    (and at most ``WALL_SAFETY_FACTOR`` times the deterministic budget), and record on the
+    deadline whether a wall-clock limit, not the work budget, stopped the run."""
+    safety_s = solver.parameters.max_deterministic_time * WALL_SAFETY_FACTOR
+    limit_s = deadline.cap_s(safety_s, share)
+    solver.parameters.max_time_in_seconds = max(limit_s, 1e-3)
     status = solver.solve(model, callback)
-    if math.isfinite(limit_s):
-        deadline.note_stop(limit_s, solver.wall_time)
+    deadline.note_stop(limit_s, solver.wall_time)
     return status
 
 

@@ -13,7 +13,12 @@ import math
 from ortools.sat.python import cp_model
 
 from planner_service.bounds import LinearRelaxation
-from planner_service.cpsat import deterministic_solver, solve_cpsat, solve_within
+from planner_service.cpsat import (
+    WALL_SAFETY_FACTOR,
+    deterministic_solver,
+    solve_cpsat,
+    solve_within,
+)
 from planner_service.deadline import Deadline, finish_slack_s
 from planner_service.heuristic import greedy_plan, improve
 from planner_service.infeasibility import explain
@@ -178,6 +183,10 @@ def test_cpsat_gets_what_is_left_of_the_deadline_as_its_wall_limit():
     assert 1.0 < solver.parameters.max_time_in_seconds <= 1.5
     assert solver.parameters.max_deterministic_time == 100.0
     assert not deadline.reached  # it proved the optimum long before its limit
+    # Without a deadline, a run still stops at 6x its deterministic budget in wall time.
+    solver = deterministic_solver(0.5, seed=0)
+    solve_within(solver, model, Deadline.never())
+    assert solver.parameters.max_time_in_seconds == 0.5 * WALL_SAFETY_FACTOR
 
 
 def test_the_fix_search_stops_at_the_deadline_and_says_how_far_it_got():
