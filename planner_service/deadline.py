@@ -79,6 +79,14 @@ class Deadline:
         plan): the search stages now stop that much earlier."""
         self._end -= max(0.0, seconds)
 
+    def allows(self, estimate_s: float) -> bool:
+        """Whether work expected to take ``estimate_s`` can finish before the deadline; a
+        caller that skips it because of that has been cut short, as with ``expired``."""
+        if self._end - self._clock() - estimate_s <= EXPIRY_TOLERANCE_S:
+            self.reached = True
+            return False
+        return True
+
     def check(self) -> None:
         """For model building: raise ``OutOfTime`` once the deadline has passed."""
         if self.expired():

@@ -10,8 +10,10 @@ reported as a fix is one where a plan was actually found. Everything is determin
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 from planner_service.codec import canonical_bytes, parse_request
 from planner_service.deadline import Deadline
@@ -234,20 +236,25 @@ def _world_size_fix(request: PlanRequest, deadline: Deadline) -> dict[str, int |
     limit = min(MAX_WORLD_SIZE_SEARCH, topology.world_size * MAX_WORLD_SIZE_FACTOR)
     limit -= limit % local
 
+    probes = _Probes(deadline)
+
     def relaxation_feasible(candidate: PlanRequest) -> bool:
-        prepared = prepare(candidate, deadline)
+        with probes.timed():
+            prepared = prepare(candidate, deadline)
         return prepared.problem is not None and not prepared.relaxation_infeasible
 
     necessary, ruled_out = _least_size(
-        request, topology.world_size, limit, local, relaxation_feasible, deadline
+        request, topology.world_size, limit, local, relaxation_feasible, probes
     )
     if necessary is None:
         return {"min_world_size": None, "min_world_size_searched_up_to": ruled_out}
     size = necessary
     for _ in range(VERIFY_ATTEMPTS):
-        if deadline.expired():
+        if not probes.affordable():
             break
-        if plannable(_resized(request, size), deadline):
+        with probes.timed():
+            fits = plannable(_resized(request, size), deadline)
+        if fits:
             return {"min_world_size": size, "min_world_size_searched_up_to": None}
         size = min(limit, _round_up(int(size * VERIFY_GROWTH) + 1, local))
     return {"min_world_size": None, "min_world_size_searched_up_to": size}
@@ -259,14 +266,14 @@ def _least_size(
     limit: int,
     local: int,
     feasible: Callable[[PlanRequest], bool],
-    deadline: Deadline,
+    probes: _Probes,
 ) -> tuple[int | None, int]:
     """Least multiple of ``local`` in (start, limit] where ``feasible`` holds, assuming it
     stays true once true: double, then bisect in whole hosts. With it, the largest size
     known infeasible (``limit`` when every size was, less when the deadline came first)."""
     low, high, size = start, None, start
     while size < limit:
-        if deadline.expired():
+        if not probes.affordable():
             return None, low
         size = min(limit, size * 2)
         if feasible(_resized(request, size)):
@@ -275,7 +282,7 @@ def _least_size(
         low = size
     if high is None:
         return None, low
-    while high - low > local and not deadline.expired():
+    while high - low > local and probes.affordable():
         middle = _round_up((low + high) // 2, local)
         if middle >= high:
             break
@@ -284,6 +291,25 @@ def _least_size(
         else:
             low = middle
     return high, low
+
+
+class _Probes:
+    """Times the fix search's probes, so that a probe that cannot finish before the
+    deadline is not started: each probe is a whole prepare (and warm start) that does not
+    stop midway, and the next, at a larger world size, takes up to twice the last."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self.last_s = 0.0
+
+    def affordable(self) -> bool:
+        return self.deadline.allows(2 * self.last_s)
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        self.last_s = time.monotonic() - started
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -292,3 +292,10 @@ def test_a_report_without_stop_reason_keeps_its_canonical_form():
     assert plan_id_of(plan.model_dump(mode="json")) == plan.plan_id
     stopped = report.model_copy(update={"stop_reason": StopReason.WORK_BUDGET})
     assert stopped.model_dump(mode="json")["stop_reason"] == "work_budget"
+
+
+def test_work_that_cannot_finish_in_time_is_not_started():
+    clock = _Ticking(0.0)
+    deadline = Deadline(1.0, clock=clock)
+    assert deadline.allows(0.5) and not deadline.reached
+    assert not deadline.allows(1.5) and deadline.reached
