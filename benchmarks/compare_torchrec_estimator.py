@@ -22,9 +22,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from planner_service.codec import parse_request
-from planner_service.enumerator import ShardingOption, enumerate_options
-from planner_service.types import ComputeDevice, Perf, PlanRequest, PoolingType, ShardingType
+from planner_service.costs.enumerate import enumerate_options
+from planner_service.costs.options import ShardingOption
+from planner_service.plan.codec import parse_request
+from planner_service.plan.types import ComputeDevice, Perf, PlanRequest, PoolingType, ShardingType
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHREC_PYTHON = ROOT / ".venv-torchrec" / "bin" / "python"

@@ -12,7 +12,7 @@ import random
 import time
 
 from benchmarks.workloads import NVIDIA_MODELS, criteo_tables, nvidia_tables, workload_request
-from planner_service.enumerator import enumerate_options, fit_options
+from planner_service.costs.enumerate import enumerate_options, fit_options
 
 
 def distinct_tables(count: int, seed: int = 0) -> list[dict[str, object]]:

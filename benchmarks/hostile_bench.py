@@ -38,8 +38,8 @@ from typing import Any
 import httpx
 
 from planner_service import PLANNER_VERSION
-from planner_service.codec import canonical_bytes, parse_request, request_hash
-from planner_service.store import open_store
+from planner_service.plan.codec import canonical_bytes, parse_request, request_hash
+from planner_service.service.store import open_store
 from tests import builders
 from tests.builders import request, table
 from tests.servers import Service

@@ -17,9 +17,9 @@ from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
 
 from benchmarks.workloads import nvidia_tables, workload_request
-from planner_service import cpsat
-from planner_service.problem import loads_of
-from planner_service.warm_start import prepare, warm_start
+from planner_service.solve import cpsat
+from planner_service.solve.prepare import prepare, warm_start
+from planner_service.solve.problem import loads_of
 
 _INF_BOUND = 2**62
 

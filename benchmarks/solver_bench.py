@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.workloads import NVIDIA_MODELS, criteo_tables, nvidia_tables, workload_request
-from planner_service.enumerator import enumerate_options
-from planner_service.solver import solve
-from planner_service.types import PlanRequest
+from planner_service.costs.enumerate import enumerate_options
+from planner_service.plan.types import PlanRequest
+from planner_service.solve.pipeline import solve
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHREC_PYTHON = ROOT / ".venv-torchrec" / "bin" / "python"

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from benchmarks.workloads import criteo_tables, nvidia_tables, workload_request
-from planner_service.deadline import finish_slack_s
+from planner_service.solve.deadline import finish_slack_s
 
 DEFAULT_WORKLOADS = (
     "criteo/8",
@@ -37,7 +37,7 @@ DEFAULT_WORKLOADS = (
 CHILD = """
 import json, sys, time
 from benchmarks.time_limit_bench import build
-from planner_service.solver import solve
+from planner_service.solve.pipeline import solve
 request = build(sys.argv[1], float(sys.argv[2]))
 start = time.perf_counter()
 outcome = solve(request)

@@ -23,15 +23,15 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from planner_service import __version__
-from planner_service.api.settings import DEFAULT_DATABASE, SUPERVISOR_PID_VARIABLE, Settings
-from planner_service.capacity import usable_capacity
-from planner_service.codec import parse_plan, parse_request, plan_bytes
-from planner_service.enumerator import enumerate_options, fit_options
-from planner_service.errors import FieldProblem, InputError
+from planner_service.costs.enumerate import enumerate_options, fit_options
+from planner_service.plan.capacity import usable_capacity
+from planner_service.plan.codec import parse_plan, parse_request, plan_bytes
+from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.types import PlanRequest, ShardingPlan
 from planner_service.reports import options_document, plan_table
-from planner_service.solver import solve
-from planner_service.types import PlanRequest, ShardingPlan
-from planner_service.validator import validate_plan
+from planner_service.service.settings import DEFAULT_DATABASE, SUPERVISOR_PID_VARIABLE, Settings
+from planner_service.solve.pipeline import solve
+from planner_service.validate.validator import validate_plan
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -288,7 +288,7 @@ def _serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        "planner_service.api.main:create_app",
+        "planner_service.service.app:create_app",
         factory=True,
         host=args.host,
         port=args.port,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner_service.capacity import Capacity
-from planner_service.enumerator import DeviceClasses, Placement, ShardingOption, TableOptions
-from planner_service.types import ComputeDevice, PlanRequest, ShardingPlan, TableProblem
+from planner_service.costs.options import DeviceClasses, Placement, ShardingOption, TableOptions
+from planner_service.plan.capacity import Capacity
+from planner_service.plan.types import ComputeDevice, PlanRequest, ShardingPlan, TableProblem
 
 
 def options_document(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from planner_service.types import DataType, PoolingType, Table
+from planner_service.plan.types import DataType, PoolingType, Table
 from runtime.sparse import KeyedJaggedTensor, KeyedTensor
 
 TORCH_DTYPES = {

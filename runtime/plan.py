@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from planner_service.codec import parse_plan, plan_id_of
-from planner_service.shards import COLUMN_ALIGNMENT, column_wise_shards, row_wise_shards
-from planner_service.types import (
+from planner_service.plan.codec import parse_plan, plan_id_of
+from planner_service.plan.shards import COLUMN_ALIGNMENT, column_wise_shards, row_wise_shards
+from planner_service.plan.types import (
     ComputeKernel,
     ParameterSharding,
     Shard,
@@ -23,7 +23,7 @@ from planner_service.types import (
     Table,
     Topology,
 )
-from planner_service.validator import check_layout
+from planner_service.validate.validator import check_layout
 from runtime.modules import EmbeddingBagConfig
 
 ROW_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)

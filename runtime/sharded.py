@@ -44,8 +44,14 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 from torch import nn
 
-from planner_service.shards import row_block_size
-from planner_service.types import ComputeKernel, DataType, PoolingType, ShardingPlan, ShardingType
+from planner_service.plan.shards import row_block_size
+from planner_service.plan.types import (
+    ComputeKernel,
+    DataType,
+    PoolingType,
+    ShardingPlan,
+    ShardingType,
+)
 from runtime.comm import Group, all_to_all_with_grad, reduce_scatter_with_grad
 from runtime.kernels import ADAM_HYPERPARAMETERS, CpuAdamEmbeddingBags
 from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig, check_tables

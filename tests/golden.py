@@ -17,9 +17,9 @@ from pathlib import Path
 
 from benchmarks.workloads import criteo_tables, nvidia_tables, workload_request
 from planner_service import PLANNER_VERSION
-from planner_service.deadline import Deadline
-from planner_service.solver import solve
-from planner_service.types import PlanRequest
+from planner_service.plan.types import PlanRequest
+from planner_service.solve.deadline import Deadline
+from planner_service.solve.pipeline import solve
 
 GOLDEN = Path(__file__).with_name("golden_plans.json")
 # Public workloads that solve in about a second each: one host and several, both cost

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from planner_service.shards import row_block_size
-from planner_service.types import ParameterSharding, PoolingType, ShardingType
+from planner_service.plan.shards import row_block_size
+from planner_service.plan.types import ParameterSharding, PoolingType, ShardingType
 from runtime import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
@@ -431,7 +431,7 @@ def fetch_and_check(rank: int, world: int, url: str, request_json: str) -> None:
     unsharded module computes for this rank's samples."""
     import httpx
 
-    from planner_service.codec import parse_request
+    from planner_service.plan.codec import parse_request
 
     response = httpx.get(url, timeout=30)
     response.raise_for_status()

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from planner_service.capacity import rank_capacities, usable_capacity
-from planner_service.solver import solve
-from planner_service.validator import validate_plan
+from planner_service.plan.capacity import rank_capacities, usable_capacity
+from planner_service.solve.pipeline import solve
+from planner_service.validate.validator import validate_plan
 from tests.builders import request, table
 
 GIB = 2**30

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from planner_service.codec import plan_bytes
-from planner_service.types import ShardingPlan
+from planner_service.plan.codec import plan_bytes
+from planner_service.plan.types import ShardingPlan
 from tests import builders
 from tests.builders import request, table
 from tests.servers import free_port

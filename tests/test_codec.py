@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_service.codec import (
+from planner_service.plan.codec import (
     canonical_bytes,
     json_depth,
     parse_plan,
@@ -17,8 +17,8 @@ from planner_service.codec import (
     plan_id_of,
     request_hash,
 )
-from planner_service.errors import InputError
-from planner_service.types import (
+from planner_service.plan.errors import InputError
+from planner_service.plan.types import (
     MAX_EMBEDDING_DIM,
     MAX_JSON_DEPTH,
     MAX_MEMORY_BYTES,

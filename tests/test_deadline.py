@@ -12,22 +12,22 @@ import math
 
 from ortools.sat.python import cp_model
 
-from planner_service.bounds import LinearRelaxation
-from planner_service.cpsat import (
+from planner_service.plan.types import SolverStatus, StopReason
+from planner_service.solve.bounds.packing import packing_bound
+from planner_service.solve.bounds.simple import LinearRelaxation
+from planner_service.solve.cpsat import (
     WALL_SAFETY_FACTOR,
     deterministic_solver,
     solve_cpsat,
     solve_within,
 )
-from planner_service.deadline import Deadline, finish_slack_s
-from planner_service.heuristic import greedy_plan, improve
-from planner_service.infeasibility import explain
-from planner_service.packing_bound import packing_bound
-from planner_service.problem import loads_of
-from planner_service.solver import solve
-from planner_service.types import SolverStatus, StopReason
-from planner_service.validator import validate_plan
-from planner_service.warm_start import prepare, warm_start
+from planner_service.solve.deadline import Deadline, finish_slack_s
+from planner_service.solve.explain import explain
+from planner_service.solve.heuristic import greedy_plan, improve
+from planner_service.solve.pipeline import solve
+from planner_service.solve.prepare import prepare, warm_start
+from planner_service.solve.problem import loads_of
+from planner_service.validate.validator import validate_plan
 from tests.builders import request, table
 
 
@@ -273,12 +273,12 @@ def test_no_plan_before_the_deadline_is_no_solution_in_time_not_infeasible():
 def test_a_report_without_stop_reason_keeps_its_canonical_form():
     """Plans of schema 1.0 predate stop_reason: their canonical bytes (and so their ids)
     must not change because the field now exists."""
-    from planner_service.codec import canonical_bytes, plan_id_of
+    from planner_service.plan.codec import canonical_bytes, plan_id_of
     from tests.builders import table_wise
 
     req = request([table("a")], world_size=2)
-    from planner_service.codec import seal_plan
-    from planner_service.types import RankStats, SolverReport
+    from planner_service.plan.codec import seal_plan
+    from planner_service.plan.types import RankStats, SolverReport
 
     report = SolverReport(status=SolverStatus.FEASIBLE, objective=1.0, lower_bound=0.5, gap=0.5)
     plan = seal_plan(

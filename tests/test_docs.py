@@ -7,9 +7,9 @@ import math
 import re
 from pathlib import Path
 
-from planner_service import types
-from planner_service.codec import parse_plan, parse_request, plan_id_of
-from planner_service.validator import validate_plan
+from planner_service.plan import types
+from planner_service.plan.codec import parse_plan, parse_request, plan_id_of
+from planner_service.validate.validator import validate_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,14 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_service.enumerator import (
-    Placement,
-    ShardingOption,
-    column_widths,
-    enumerate_options,
-    fit_options,
-)
-from planner_service.types import (
+from planner_service.costs.enumerate import column_widths, enumerate_options, fit_options
+from planner_service.costs.options import Placement, ShardingOption
+from planner_service.plan.types import (
     MAX_EMBEDDING_DIM,
     ComputeKernel,
     ParameterSharding,
@@ -24,7 +19,7 @@ from planner_service.types import (
     TableProblemCode,
     ViolationCode,
 )
-from planner_service.validator import validate_plan
+from planner_service.validate.validator import validate_plan
 from tests import builders
 from tests.builders import request, table
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner_service.enumerator import ShardingOption, enumerate_options
-from planner_service.estimators import TableLoad
-from planner_service.types import ComputeKernel, Perf, ShardingType
+from planner_service.costs.enumerate import enumerate_options
+from planner_service.costs.estimate import TableLoad
+from planner_service.costs.options import ShardingOption
+from planner_service.plan.types import ComputeKernel, Perf, ShardingType
 from tests.builders import request, table
 
 TW, RW, CW = ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE

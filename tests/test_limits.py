@@ -10,9 +10,8 @@ import math
 
 import pytest
 
-from planner_service.enumerator import enumerate_options, fit_options
-from planner_service.solver import solve
-from planner_service.types import (
+from planner_service.costs.enumerate import enumerate_options, fit_options
+from planner_service.plan.types import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_BATCH_SIZE,
     MAX_EMBEDDING_DIM,
@@ -25,7 +24,8 @@ from planner_service.types import (
     MIN_BANDWIDTH_BYTES_PER_S,
     PlanRequest,
 )
-from planner_service.validator import validate_plan
+from planner_service.solve.pipeline import solve
+from planner_service.validate.validator import validate_plan
 from tests.builders import request, table
 from tests.hostile import BANDWIDTHS
 

@@ -10,10 +10,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from planner_service.codec import parse_plan, plan_bytes, plan_id_of
-from planner_service.shards import row_wise_shards
-from planner_service.solver import solve
-from planner_service.types import (
+from planner_service.plan.codec import parse_plan, plan_bytes, plan_id_of
+from planner_service.plan.shards import row_wise_shards
+from planner_service.plan.types import (
     ParameterSharding,
     PlanRequest,
     PoolingType,
@@ -21,6 +20,7 @@ from planner_service.types import (
     ShardingType,
     Table,
 )
+from planner_service.solve.pipeline import solve
 from runtime import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,

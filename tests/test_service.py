@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from planner_service.codec import canonical_bytes, parse_plan, parse_request, plan_id_of
-from planner_service.validator import validate_plan
+from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, plan_id_of
+from planner_service.validate.validator import validate_plan
 from tests import builders
 from tests.builders import request, table
 from tests.conftest import BACKENDS, database_url

@@ -22,12 +22,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from planner_service.api.cpu import CpuLane
-from planner_service.api.main import create_app
-from planner_service.api.problems import ProblemError
-from planner_service.api.settings import Settings
-from planner_service.codec import canonical_bytes, parse_request
-from planner_service.errors import InputError
+from planner_service.plan.codec import canonical_bytes, parse_request
+from planner_service.plan.errors import InputError
+from planner_service.service.app import create_app
+from planner_service.service.cpu import CpuLane
+from planner_service.service.problems import ProblemError
+from planner_service.service.settings import Settings
 from tests import builders
 from tests import test_solve_pool as pool_tests
 from tests.builders import request, table

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner_service.api.settings import Settings
-from planner_service.errors import InputError
+from planner_service.plan.errors import InputError
+from planner_service.service.settings import Settings
 
 TOKEN = "0123456789abcdef0123"
 

@@ -1,4 +1,4 @@
-"""The solve pool (``planner_service/api/solving.py``) against real servers and real
+"""The solve pool (``planner_service/service/solving.py``) against real servers and real
 processes: a solve past its time limit and grace is killed and its process replaced, a
 solver process that dies is replaced, and no solver process outlives the server, however
 the server ends. Processes are found through /proc; nothing is mocked."""
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from planner_service.api import solving
+from planner_service.service import solving
 from tests.servers import Service
 
 LONG_SOLVE_S = 30.0

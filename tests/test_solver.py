@@ -10,26 +10,26 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner_service import cpsat
-from planner_service.bounds import LinearRelaxation, RelaxationInfeasible, simple_bounds
-from planner_service.capacity import usable_capacity
-from planner_service.deadline import Deadline
-from planner_service.enumerator import (
-    DeviceClasses,
-    Placement,
-    enumerate_options,
-    fit_options,
-)
-from planner_service.packing_bound import option_mix_bound, packing_bound
-from planner_service.problem import Choice, Problem, loads_of, without_equivalents
-from planner_service.solver import solve
-from planner_service.types import (
+from planner_service.costs.enumerate import enumerate_options, fit_options
+from planner_service.costs.options import DeviceClasses, Placement
+from planner_service.plan.capacity import usable_capacity
+from planner_service.plan.types import (
     InfeasibilityCode,
     PlanRequest,
     ShardingType,
     SolverStatus,
 )
-from planner_service.validator import validate_plan
+from planner_service.solve import cpsat
+from planner_service.solve.bounds.packing import option_mix_bound, packing_bound
+from planner_service.solve.bounds.simple import (
+    LinearRelaxation,
+    RelaxationInfeasible,
+    simple_bounds,
+)
+from planner_service.solve.deadline import Deadline
+from planner_service.solve.pipeline import solve
+from planner_service.solve.problem import Choice, Problem, loads_of, without_equivalents
+from planner_service.validate.validator import validate_plan
 from tests.builders import request, table
 
 GIB = 2**30
@@ -397,7 +397,7 @@ def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
     loads = loads_of(problem, packing.plan)
     assert loads.fits(problem) and loads.objective == pytest.approx(optimum, rel=1e-12)
 
-    import planner_service.packing_bound as module
+    import planner_service.solve.bounds.packing as module
 
     # Blind to memory, every item weighing nothing, the relaxation pairs the big two.
     monkeypatch.setattr(module._MemoryWeights, "weight", staticmethod(lambda size, capacity: 0))
@@ -417,7 +417,7 @@ def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
 def test_items_that_fit_a_rank_weigh_at_most_its_memory_units(case):
     """The relaxation's memory weights never exclude a rank's real contents, and two items
     over half a rank always exceed it."""
-    from planner_service.packing_bound import MEMORY_UNITS, _MemoryWeights
+    from planner_service.solve.bounds.packing import MEMORY_UNITS, _MemoryWeights
 
     capacity, sizes = case
     weights = [_MemoryWeights.weight(size, capacity) for size in sizes]
@@ -783,7 +783,7 @@ def test_same_request_same_bytes_in_two_processes(run_cli, tmp_path):
 
 
 def _problem(req):
-    from planner_service.problem import group_tables
+    from planner_service.solve.problem import group_tables
 
     fitted = fit_options(req, enumerate_options(req))
     tables = without_equivalents(fitted.tables, req.topology)
@@ -792,8 +792,8 @@ def _problem(req):
 
 
 def _plan_from(problem, choices, req):
-    from planner_service.bounds import LowerBound
-    from planner_service.solver import build_plan
+    from planner_service.solve.bounds.simple import LowerBound
+    from planner_service.solve.pipeline import build_plan
 
     loads = loads_of(problem, choices)
     return build_plan(problem, choices, loads, LowerBound(0.0, "test"))
@@ -868,7 +868,7 @@ def test_cpsat_alone_honours_colocate_separate_and_pins():
 def test_restricted_model_improves_the_warm_start_without_claiming_a_bound(monkeypatch):
     """Past MAX_PLACEMENT_VARS the model is a neighbourhood of the warm start: its answer is
     valid and no worse, but its bound is not reported as a proof."""
-    from planner_service.heuristic import greedy_plan
+    from planner_service.solve.heuristic import greedy_plan
 
     monkeypatch.setattr(cpsat, "MAX_PLACEMENT_VARS", 10)
     tables = [table(f"t{i}", rows=10**4 * (i + 1), dim=64 * (1 + i % 3)) for i in range(12)]
@@ -899,7 +899,7 @@ def _lpt_trap(**options) -> tuple[PlanRequest, float]:
 def test_warm_start_moves_out_of_the_lpt_trap(monkeypatch, kept):
     """Swaps and two-rank repartitions each get out of the trap alone; without both the
     warm start stays in it."""
-    import planner_service.heuristic as heuristic
+    import planner_service.solve.heuristic as heuristic
 
     req, unit = _lpt_trap(time_limit_s=0.01)
     assert solve(req, deadline=Deadline.never()).plan.solver.objective == pytest.approx(
@@ -922,7 +922,7 @@ def test_warm_start_repartitions_table_row_wise_tables_between_hosts(monkeypatch
     units: largest first, each on the host least loaded after it, they end as {3, 2, 2}
     and {3, 2} (7 units), where moving or swapping one table never helps; re-splitting the
     two hosts' tables reaches {3, 3} and {2, 2, 2} (6)."""
-    import planner_service.heuristic as heuristic
+    import planner_service.solve.heuristic as heuristic
 
     topology = {"world_size": 4, "local_world_size": 2}
     tables, unit = _costing([3, 3, 2, 2, 2], [1000] * 5, "table_row_wise", topology)
@@ -948,7 +948,7 @@ def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
     """Without swaps and repartitions the warm start is 3.5 units against a bound of 3
     (work / world size), a gap of 1/7: a 20% limit accepts it without searching; a 10%
     limit searches on to the optimum."""
-    import planner_service.heuristic as heuristic
+    import planner_service.solve.heuristic as heuristic
 
     monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
     monkeypatch.setattr(heuristic, "_repartition_once", lambda *args: None)
@@ -970,7 +970,7 @@ def test_default_gap_limit_accepts_a_plan_proven_within_two_percent(monkeypatch)
     repartitions) is 57 units, {50, 3, 2, 2} and {50, 3, 2}, against the bound and optimum
     56, a gap of 1/57. The default gap limit (2%) accepts it without searching; 0 searches
     on to the optimum."""
-    import planner_service.heuristic as heuristic
+    import planner_service.solve.heuristic as heuristic
 
     monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
     monkeypatch.setattr(heuristic, "_repartition_once", lambda *args: None)
@@ -1041,7 +1041,7 @@ def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
     and no later run starts: not the long last run after the probes, nor a second run.
     (What the solver did, not how long it took: deterministic time overshoots its limit
     by a batch, and the wall-clock safety net cuts runs short on a loaded machine.)"""
-    import planner_service.packing_bound as packing
+    import planner_service.solve.bounds.packing as packing
 
     monkeypatch.setattr(packing._RelaxedModel, "decode", lambda self, solver: None)
     req = _tiny_model_on_8_ranks(60)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from planner_service.store import StoreUnavailableError, UnknownPlanError, open_store
+from planner_service.service.store import StoreUnavailableError, UnknownPlanError, open_store
 
 
 def _put(store, plan_id: str, request_hash: str = "r" * 64, data: bytes = b"{}") -> bool:

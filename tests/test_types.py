@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from planner_service.codec import parse_request
-from planner_service.errors import InputError
-from planner_service.types import (
+from planner_service.plan.codec import parse_request
+from planner_service.plan.errors import InputError
+from planner_service.plan.types import (
     DEFAULT_HBM_BYTES,
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_BATCH_SIZE,

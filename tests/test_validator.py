@@ -6,9 +6,9 @@ import tracemalloc
 
 import pytest
 
-from planner_service.codec import request_hash, seal_plan
-from planner_service.enumerator import enumerate_options
-from planner_service.types import (
+from planner_service.costs.enumerate import enumerate_options
+from planner_service.plan.codec import request_hash, seal_plan
+from planner_service.plan.types import (
     MAX_WORLD_SIZE,
     ComputeKernel,
     ParameterSharding,
@@ -16,7 +16,7 @@ from planner_service.types import (
     ShardingType,
     ViolationCode,
 )
-from planner_service.validator import validate_plan
+from planner_service.validate.validator import validate_plan
 from tests import builders
 from tests.builders import request, table
 

@@ -1,0 +1,337 @@
+"""Canonical JSON, content addresses, and safe decoding of requests and plans.
+
+Canonical JSON is ``json.dumps`` of the model's JSON-mode dump with sorted keys, no
+whitespace, UTF-8, no NaN/inf and ``-0.0`` written as ``0.0``. Python writes every float
+as the shortest text that reads back to the same double, so the same value always gives
+the same bytes, and the same bytes always give the same value.
+
+- ``request_hash``: sha256 of the canonical request after normalisation: memory capacities
+  rounded to whole MiB (a few bytes of jitter in reported memory must not change it),
+  tables sorted by name, rank overrides by rank, constraint groups sorted.
+- ``plan_id``: sha256 of the canonical plan with every field except ``plan_id`` itself.
+
+Decoding never pickles, rejects duplicate JSON keys (which ``json`` would silently
+collapse), and checks ``schema_version`` before reading anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from planner_service.plan.errors import (
+    FieldProblem,
+    InputError,
+    json_path,
+    problems_from_validation_error,
+)
+from planner_service.plan.types import (
+    MAX_JSON_DEPTH,
+    MAX_PLAN_BYTES,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_PATTERN,
+    MiB,
+    ParameterSharding,
+    PlanRequest,
+    RankStats,
+    ShardingPlan,
+    SolverReport,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """Canonical JSON bytes of a model or of plain JSON data."""
+    data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    text = json.dumps(
+        _normalise_floats(data),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+    return text.encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _normalise_floats(data: Any) -> Any:
+    if isinstance(data, float):
+        return 0.0 if data == 0.0 else data
+    if isinstance(data, dict):
+        return {key: _normalise_floats(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_normalise_floats(value) for value in data]
+    return data
+
+
+# --------------------------------------------------------------------------- requests
+
+_CAPACITY_FIELDS = ("hbm_bytes", "ddr_bytes")
+
+
+def request_hash(request: PlanRequest) -> str:
+    """Identity of a request: equal for requests that must get the same plan."""
+    return sha256_hex(canonical_bytes(normalised_request(request)))
+
+
+def normalised_request(request: PlanRequest) -> dict[str, Any]:
+    """The request as JSON data in the form that is hashed (see module docstring)."""
+    data = request.model_dump(mode="json")
+    topology = data["topology"]
+    _round_capacities(topology)
+    topology["rank_overrides"].sort(key=lambda override: override["rank"])
+    for override in topology["rank_overrides"]:
+        _round_capacities(override)
+    constraints = data["constraints"]
+    constraints["dense_bytes_per_rank"] = _round_to_mib(constraints["dense_bytes_per_rank"])
+    for field in ("colocate", "separate"):
+        constraints[field] = sorted(sorted(group) for group in constraints[field])
+    data["tables"].sort(key=lambda table: table["name"])
+    return data
+
+
+def _round_capacities(record: dict[str, Any]) -> None:
+    for field in _CAPACITY_FIELDS:
+        if record.get(field) is not None:
+            record[field] = _round_to_mib(record[field])
+
+
+def _round_to_mib(num_bytes: int) -> int:
+    return (num_bytes + MiB // 2) // MiB * MiB
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def plan_id_of(body: dict[str, Any]) -> str:
+    """The content address of a plan body (its JSON data without ``plan_id``)."""
+    return sha256_hex(canonical_bytes({k: v for k, v in body.items() if k != "plan_id"}))
+
+
+def seal_plan(
+    *,
+    request: PlanRequest,
+    planner_version: str,
+    tables: dict[str, ParameterSharding],
+    rank_stats: list[RankStats],
+    solver: SolverReport,
+) -> ShardingPlan:
+    """Assemble a plan for ``request`` and stamp it with its content address."""
+    return seal_plan_data(
+        request=request,
+        planner_version=planner_version,
+        tables={name: sharding.model_dump(mode="json") for name, sharding in tables.items()},
+        rank_stats=[stats.model_dump(mode="json") for stats in rank_stats],
+        solver=solver.model_dump(mode="json"),
+    )
+
+
+def seal_plan_data(
+    *,
+    request: PlanRequest,
+    planner_version: str,
+    tables: dict[str, dict[str, Any]],
+    rank_stats: list[dict[str, Any]],
+    solver: dict[str, Any],
+) -> ShardingPlan:
+    """``seal_plan`` from the plan's parts as JSON data: a plan of many shards is validated
+    once, at the end, instead of once per object and again when sealed."""
+    body = {
+        "schema_version": SCHEMA_VERSION,
+        "request_hash": request_hash(request),
+        "planner_version": planner_version,
+        "world_size": request.topology.world_size,
+        "tables": {name: tables[name] for name in sorted(tables)},
+        "rank_stats": rank_stats,
+        "solver": solver,
+    }
+    body["plan_id"] = plan_id_of(body)
+    return ShardingPlan.model_validate_json(canonical_bytes(body))
+
+
+def plan_bytes(plan: ShardingPlan) -> bytes:
+    """The bytes a plan is stored and served as."""
+    return canonical_bytes(plan)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def parse_request(data: bytes | str, *, source: str = "request") -> PlanRequest:
+    """Decode and validate a PlanRequest, or raise InputError listing every problem."""
+    load_json(data, source)
+    return _validate(PlanRequest, data, source)
+
+
+def parse_plan(data: bytes | str, *, source: str = "plan") -> ShardingPlan:
+    """Decode a stored plan, refusing schema versions this code cannot read."""
+    document = load_json(data, source)
+    if isinstance(document, dict):
+        check_schema_version(document.get("schema_version"), source=source)
+    return _validate(ShardingPlan, data, source)
+
+
+def check_schema_version(version: Any, *, source: str = "plan") -> None:
+    """Accept our major version at a minor version no newer than ours."""
+    ours = _version_tuple(SCHEMA_VERSION)
+    assert ours is not None
+    ours_major, ours_minor = ours
+    parsed = _version_tuple(version) if isinstance(version, str) else None
+    if parsed is None:
+        raise InputError(
+            source,
+            [FieldProblem("schema_version", f'must be a string like "{SCHEMA_VERSION}"', version)],
+        )
+    major, minor = parsed
+    if major != ours_major or minor > ours_minor:
+        message = (
+            f"this shardplan reads plan schema {ours_major}.x up to {SCHEMA_VERSION}; "
+            f"{'upgrade shardplan' if (major, minor) > (ours_major, ours_minor) else 're-plan'}"
+            " to read it"
+        )
+        raise InputError(source, [FieldProblem("schema_version", message, version)])
+
+
+def _version_tuple(version: str) -> tuple[int, int] | None:
+    """(major, minor) of "1.0"; None for anything else. The pattern bounds both parts to
+    nine ASCII digits before int() sees them (str.isdigit accepts "²", and int() refuses
+    more than 4,300 digits)."""
+    if not _SCHEMA_VERSION.fullmatch(version):
+        return None
+    major, _, minor = version.partition(".")
+    return int(major), int(minor)
+
+
+_SCHEMA_VERSION = re.compile(SCHEMA_VERSION_PATTERN.strip("^$"))
+
+
+def load_json(data: bytes | str, source: str) -> Any:
+    """Decode JSON, refusing duplicate keys, nesting deeper than ``MAX_JSON_DEPTH`` and
+    integers too long to convert; errors are InputErrors naming ``source``."""
+    depth = json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise InputError(source, [_too_deep(depth)])
+    try:
+        return json.loads(data, object_pairs_hook=_reject_duplicate_keys)
+    except _DuplicateKeyError as error:
+        raise InputError(source, [FieldProblem("", str(error))]) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(source, [FieldProblem("", f"not valid JSON: {error}")]) from None
+    except RecursionError:  # not expected after json_depth; never a 500 if it happens
+        raise InputError(source, [_too_deep(depth)]) from None
+    except ValueError:  # int() refused a number of more than 4,300 digits
+        raise InputError(source, _long_numbers(data)) from None
+
+
+def json_depth(data: bytes | str) -> int:
+    """How deep arrays and objects nest in a JSON text, found without parsing it (so
+    without recursion), in time linear in its length and in C loops but the last: escapes
+    are dropped, everything but quotes and brackets is dropped, the parts between quote
+    pairs (strings) are cut out, and the brackets left are counted (0.3 s for 27 MiB,
+    less than json.loads takes)."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    structure = unescaped.translate(None, _NOT_STRUCTURE)
+    brackets = b"".join(structure.split(b'"')[::2])
+    return max(itertools.accumulate(brackets, _nest, initial=0))
+
+
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"[]{}')))
+
+
+def _nest(depth: int, bracket: int) -> int:
+    return depth + 1 if bracket in _OPENING else depth - 1
+
+
+_OPENING = frozenset(b"[{")
+
+
+def _too_deep(depth: int) -> FieldProblem:
+    return FieldProblem(
+        "",
+        f"arrays and objects nest {depth} deep; shardplan documents nest at most "
+        f"{MAX_JSON_DEPTH} (MAX_JSON_DEPTH)",
+        depth,
+    )
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKeyError(f"key {key!r} appears twice in one JSON object")
+        result[key] = value
+    return result
+
+
+def _long_numbers(data: bytes | str) -> list[FieldProblem]:
+    """Where the integers too long for int() are: looked for only once json.loads refused."""
+    try:
+        document = json.loads(data, parse_int=_LongInteger.parse)
+    except ValueError as error:
+        return [FieldProblem("", f"not valid JSON: {error}")]
+    problems = [
+        FieldProblem(
+            json_path(loc),
+            f"an integer of {number.digits} digits is too long to read; no field accepts "
+            f"more than {_MAX_FIELD_DIGITS} digits",
+            number,
+        )
+        for loc, number in _long_integers(document, ())
+    ]
+    return problems or [FieldProblem("", "not valid JSON")]
+
+
+_MAX_FIELD_DIGITS = len(str(MAX_PLAN_BYTES))
+_MAX_PARSED_DIGITS = 4_300  # Python's default limit on int(str) (sys.get_int_max_str_digits)
+
+
+class _LongInteger:
+    """Stands in for an integer json.loads cannot convert, so its path can be reported."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.digits = len(text.lstrip("-"))
+
+    @classmethod
+    def parse(cls, text: str) -> int | _LongInteger:
+        return int(text) if len(text) <= _MAX_PARSED_DIGITS else cls(text)
+
+    def __repr__(self) -> str:
+        return f"{self.text[:12]}... ({self.digits} digits)"
+
+
+Loc = tuple[int | str, ...]
+
+
+def _long_integers(node: Any, loc: Loc) -> Iterator[tuple[Loc, _LongInteger]]:
+    """Every stand-in in a decoded document (at most MAX_JSON_DEPTH deep), with its place."""
+    if isinstance(node, _LongInteger):
+        yield loc, node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _long_integers(value, (*loc, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _long_integers(value, (*loc, index))
+
+
+def _validate(model: type[M], data: bytes | str, source: str) -> M:
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as error:
+        raise InputError(source, problems_from_validation_error(error, model)) from None

@@ -1,0 +1,137 @@
+"""Input limits: body size (413, enforced before the body is read into a route) and the
+size of a plan request (422 naming the field, the value and the limit)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner_service.plan.codec import load_json, parse_request
+from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.types import PlanRequest
+from planner_service.service.problems import ProblemError
+from planner_service.service.settings import Settings
+
+
+def decode_plan_request(body: bytes, settings: Settings, *, source: str = "body") -> PlanRequest:
+    """Parse a PlanRequest from a request body and apply the service's limits."""
+    document = load_json(body, source)
+    if isinstance(document, dict):
+        table_problem = tables_limit(document.get("tables"), settings)
+        if table_problem is not None:
+            raise InputError(source, [table_problem])
+    request = parse_request(body, source=source)
+    problems = [
+        *world_size_limit("topology.world_size", request.topology.world_size, settings),
+        *time_limit(request, settings),
+    ]
+    if problems:
+        raise InputError(source, problems)
+    return request
+
+
+def tables_limit(tables: Any, settings: Settings, path: str = "tables") -> FieldProblem | None:
+    """Checked on the raw document, before a single table is validated."""
+    if isinstance(tables, list) and len(tables) > settings.max_tables:
+        return FieldProblem(
+            path,
+            f"this service plans at most {settings.max_tables} tables per request "
+            f"(SHARDPLAN_MAX_TABLES); got {len(tables)}",
+        )
+    return None
+
+
+def world_size_limit(path: str, world_size: int, settings: Settings) -> list[FieldProblem]:
+    if world_size <= settings.max_world_size:
+        return []
+    message = (
+        f"must be at most {settings.max_world_size} on this service (SHARDPLAN_MAX_WORLD_SIZE)"
+    )
+    return [FieldProblem(path, message, world_size)]
+
+
+def time_limit(request: PlanRequest, settings: Settings) -> list[FieldProblem]:
+    if request.options.time_limit_s <= settings.max_time_limit_s:
+        return []
+    return [
+        FieldProblem(
+            "options.time_limit_s",
+            f"must be at most {settings.max_time_limit_s:g} s on this service "
+            "(SHARDPLAN_MAX_TIME_LIMIT_S); plan longer solves with the `shardplan plan` CLI",
+            request.options.time_limit_s,
+        )
+    ]
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over ``max_bytes`` with 413 before any route reads them: by
+    Content-Length when given, by counting when the body is chunked."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await self._refuse(send, 400, f"Content-Length {value!r} is not a number")
+                    return
+        if declared is not None:
+            if declared > self.max_bytes:
+                await self._too_large(send, f"{declared} bytes")
+                return
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (chunked): read it here, up to the limit, then replay it.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, receive, send)  # disconnect: let the app see it
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(send, f"more than {self.max_bytes} bytes")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return dict(await receive())
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Any, size: str) -> None:
+        await self._refuse(
+            send,
+            413,
+            f"the request body is {size}; this service accepts at most {self.max_bytes} bytes "
+            "(SHARDPLAN_MAX_BODY_BYTES)",
+        )
+
+    @staticmethod
+    async def _refuse(send: Any, status: int, detail: str) -> None:
+        response = ProblemError(status, detail).response()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": response.raw_headers,
+            }
+        )
+        await send({"type": "http.response.body", "body": response.body})

@@ -1,0 +1,160 @@
+"""Aliases: stable names (``ranking-prod``) that point at a plan, with their history, so a
+job can fetch "the current plan" and a bad plan can be rolled back by pointing back."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from planner_service.plan.codec import load_json
+from planner_service.plan.errors import InputError, problems_from_validation_error
+from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
+from planner_service.service.routes.plans import (
+    _PLAN_RESPONSE,
+    JSON,
+    PLAN_ID_PATTERN,
+    etag_matches,
+)
+from planner_service.service.schemas import json_body
+from planner_service.service.state import reader, state_of, writer
+from planner_service.service.store import AliasChange, UnknownPlanError
+
+router = APIRouter(tags=["aliases"])
+
+ALIAS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+AliasName = Annotated[
+    str,
+    Path(
+        pattern=ALIAS_PATTERN,
+        description="letters, digits, '.', '_' and '-', starting with a letter or digit; "
+        "at most 128 characters",
+    ),
+]
+
+
+class AliasUpdate(BaseModel):
+    """Body of PUT /v1/aliases/{name}."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    plan_id: str = Field(pattern=PLAN_ID_PATTERN, description="the plan to point at")
+    comment: str | None = Field(None, max_length=1000, description="why, for the history")
+
+
+class AliasRecord(BaseModel):
+    """One change of an alias."""
+
+    name: str
+    version: int = Field(description="1 for the first change, then +1 per change")
+    plan_id: str
+    previous_plan_id: str | None
+    actor: str = Field(description="the token name that made the change (or anonymous)")
+    comment: str | None
+    changed_at: str = Field(description="ISO 8601, UTC")
+
+    @classmethod
+    def of(cls, change: AliasChange) -> AliasRecord:
+        return cls(
+            name=change.name,
+            version=change.version,
+            plan_id=change.plan_id,
+            previous_plan_id=change.previous_plan_id,
+            actor=change.actor,
+            comment=change.comment,
+            changed_at=change.changed_at,
+        )
+
+
+class AliasHistory(BaseModel):
+    name: str
+    changes: list[AliasRecord] = Field(description="newest first")
+
+
+@router.put(
+    "/v1/aliases/{name}",
+    response_model=AliasRecord,
+    openapi_extra=json_body(AliasUpdate),
+    responses={
+        201: {"description": "alias created", "model": AliasRecord},
+        422: {"description": "bad body, or no such plan", **PROBLEM_CONTENT},
+    },
+)
+async def put_alias(
+    name: AliasName, http_request: Request, actor: Annotated[str, Depends(writer)]
+) -> Response:
+    """Point ``name`` at a stored plan (200; 201 when the alias is new). Every change is
+    kept in the alias's history with who made it and when."""
+    body = await http_request.body()
+    document = load_json(body, "body")
+    try:
+        update = AliasUpdate.model_validate(document)
+    except ValidationError as error:
+        raise InputError("body", problems_from_validation_error(error, AliasUpdate)) from None
+    store = state_of(http_request).store()
+    try:
+        change = await run_in_threadpool(
+            lambda: store.set_alias(name, update.plan_id, actor=actor, comment=update.comment)
+        )
+    except UnknownPlanError:
+        raise ProblemError(
+            422,
+            f"body: plan_id = {update.plan_id!r}: no plan with this id is stored here; "
+            "POST /v1/plans first",
+            errors=[{"path": "plan_id", "message": "no plan with this id is stored here"}],
+        ) from None
+    record = AliasRecord.of(change)
+    return Response(
+        record.model_dump_json(),
+        status_code=201 if change.version == 1 else 200,
+        media_type=JSON,
+        headers={"Location": f"/v1/aliases/{name}"},
+    )
+
+
+@router.get(
+    "/v1/aliases/{name}",
+    dependencies=[Depends(reader)],
+    responses={
+        200: {"description": "the plan the alias points at", **_PLAN_RESPONSE},
+        304: {"description": "If-None-Match matched the current plan"},
+        404: {"description": "no such alias", **PROBLEM_CONTENT},
+    },
+)
+async def get_alias(name: AliasName, http_request: Request) -> Response:
+    """The plan the alias points at now; ``X-Shardplan-Plan-Id`` and ``ETag`` name it.
+    Not cacheable without revalidation: an alias can move."""
+    state = state_of(http_request)
+    current = await run_in_threadpool(state.store().get_alias, name)
+    if current is None:
+        raise ProblemError(404, f"no alias named {name!r}")
+    headers = {
+        "ETag": f'"{current.plan_id}"',
+        "Cache-Control": "no-cache",
+        "X-Shardplan-Plan-Id": current.plan_id,
+        "X-Shardplan-Alias-Version": str(current.version),
+    }
+    if etag_matches(http_request.headers.get("if-none-match"), current.plan_id):
+        return Response(status_code=304, headers=headers)
+    data = await state.plan_bytes(current.plan_id)
+    assert data is not None  # aliases reference stored plans (foreign key); plans stay
+    return Response(data, media_type=JSON, headers=headers)
+
+
+@router.get(
+    "/v1/aliases/{name}/history",
+    response_model=AliasHistory,
+    dependencies=[Depends(reader)],
+    responses={404: {"description": "no such alias", **PROBLEM_CONTENT}},
+)
+async def alias_history(name: AliasName, http_request: Request) -> AliasHistory:
+    """Every change of the alias, newest first (up to 100): to see who moved it and to
+    roll back, PUT an earlier plan_id."""
+    changes = await run_in_threadpool(
+        lambda: state_of(http_request).store().alias_history(name, limit=100)
+    )
+    if not changes:
+        raise ProblemError(404, f"no alias named {name!r}")
+    return AliasHistory(name=name, changes=[AliasRecord.of(change) for change in changes])

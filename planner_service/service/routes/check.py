@@ -1,0 +1,104 @@
+"""POST /v1/check: does this request fit? A capacity check for CI that stores nothing."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+
+from planner_service.plan.capacity import usable_capacity
+from planner_service.plan.codec import canonical_bytes, parse_plan, request_hash
+from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
+from planner_service.service.limits import decode_plan_request
+from planner_service.service.problems import PROBLEM_CONTENT
+from planner_service.service.routes.plans import REQUEST_EXAMPLE, SOLVE_UNAVAILABLE, _solve
+from planner_service.service.schemas import json_body
+from planner_service.service.state import reader, state_of
+
+router = APIRouter(tags=["plans"])
+
+
+class RankHeadroom(BaseModel):
+    rank: int
+    hbm_used_bytes: int
+    hbm_usable_bytes: int = Field(description="after hbm_headroom_fraction and dense bytes")
+    hbm_free_bytes: int
+    ddr_used_bytes: int
+    ddr_usable_bytes: int
+    ddr_free_bytes: int
+    perf_total_ms: float
+
+
+class CheckResult(BaseModel):
+    fits: bool
+    status: SolverStatus
+    plan_id: str | None = Field(
+        description="the plan's id (POST /v1/plans stores exactly this plan)"
+    )
+    stored: bool = Field(description="a plan for this request is already stored")
+    objective: float | None = None
+    lower_bound: float | None = None
+    gap: float | None = None
+    min_hbm_free_bytes: int | None = Field(None, description="the tightest rank's free HBM")
+    ranks: list[RankHeadroom] = Field(default_factory=list)
+    infeasibility: Infeasibility | None = None
+
+
+@router.post(
+    "/v1/check",
+    response_model=CheckResult,
+    dependencies=[Depends(reader)],
+    openapi_extra=json_body(PlanRequest, REQUEST_EXAMPLE),
+    responses={503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT}},
+)
+async def check(http_request: Request) -> CheckResult:
+    """Solve without storing and report whether it fits, each rank's free memory, and,
+    when it does not fit, why and the smallest fixes. 200 either way."""
+    state = state_of(http_request)
+    request = decode_plan_request(await http_request.body(), state.settings)
+    key = request_hash(request)
+    existing = await state.plan_for_request(key)
+    if existing is not None:
+        return await state.cpu.run(_fits, request, existing[1], stored=True)
+    result, _ = await _solve(state, "check:" + key, request, canonical_bytes(request), lambda r: r)
+    if result.plan is None:
+        assert result.infeasibility is not None
+        infeasibility = Infeasibility.model_validate_json(result.infeasibility)
+        return CheckResult(
+            fits=False,
+            status=infeasibility.status,
+            plan_id=None,
+            stored=False,
+            infeasibility=infeasibility,
+        )
+    return await state.cpu.run(_fits, request, result.plan, stored=False)
+
+
+def _fits(request: PlanRequest, plan_document: bytes, *, stored: bool) -> CheckResult:
+    """Per-rank headroom: work in proportion to world_size, run in a worker process."""
+    plan = parse_plan(plan_document)
+    capacities = usable_capacity(request.topology, request.constraints)
+    ranks = [
+        RankHeadroom(
+            rank=stats.rank,
+            hbm_used_bytes=stats.hbm_bytes,
+            hbm_usable_bytes=capacity.hbm_bytes,
+            hbm_free_bytes=capacity.hbm_bytes - stats.hbm_bytes,
+            ddr_used_bytes=stats.ddr_bytes,
+            ddr_usable_bytes=capacity.ddr_bytes,
+            ddr_free_bytes=capacity.ddr_bytes - stats.ddr_bytes,
+            perf_total_ms=stats.perf.total,
+        )
+        for stats, capacity in zip(plan.rank_stats, capacities, strict=True)
+    ]
+    report = plan.solver
+    return CheckResult(
+        fits=True,
+        status=report.status,
+        plan_id=plan.plan_id,
+        stored=stored,
+        objective=report.objective,
+        lower_bound=report.lower_bound,
+        gap=report.gap,
+        min_hbm_free_bytes=min(rank.hbm_free_bytes for rank in ranks),
+        ranks=ranks,
+    )

@@ -1,0 +1,510 @@
+"""Solving off the event loop: solver processes that the service starts, watches and kills.
+
+Solves are CPU-bound (enumeration in Python, CP-SAT in C++ threads), so they run in
+long-lived ``spawn``-started solver processes, warm (each imports the solver stack once),
+one job at a time over its own pipe; the event loop only awaits them.
+
+- Admission: at most ``workers + queue`` solves at once; beyond that ``PoolFullError``
+  (503) with a Retry-After estimated from the time limits of what runs and waits.
+- Identical requests in flight share one solve. A solve continues when its caller goes
+  away, so its plan is still stored for the retry.
+- Watchdog: a solve still running ``grace_s`` past its ``options.time_limit_s`` has its
+  process killed (SIGKILL) and replaced, and its callers get ``SolveOverranError``. The
+  solver is meant to stop at its time limit; the service does not depend on it.
+  (``ProcessPoolExecutor``, used before, cannot kill one task.)
+- A solver process that dies (the OOM killer, a crash) is replaced: ``SolverDiedError``.
+- No orphans: each solver process asks the kernel to SIGKILL it when the thread that
+  started it ends (``PR_SET_PDEATHSIG``), so it dies with the service however the service
+  ends, and an idle one also exits when its pipe closes. Processes are started only on
+  the event loop's thread, which lives as long as the service. ``shutdown`` kills them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import heapq
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger("shardplan.api")
+
+READY = "ready"  # a solver process's first message: warm, waiting for a job
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+RESPAWN_DELAY_S = 1.0  # before replacing a process that died before it was ready
+RECENT_SOLVES = 32
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """What a worker sends back: the stored form of the plan or of its infeasibility."""
+
+    plan_id: str | None
+    plan: bytes | None
+    infeasibility: bytes | None
+    wall_time_s: float
+
+
+@dataclass(frozen=True)
+class _SolverCrash:
+    """An exception raised inside the solver (a bug), as its traceback."""
+
+    traceback: str
+
+
+class SolveUnavailableError(RuntimeError):
+    """No answer from the pool for this solve, for now: 503 with ``title``, this message,
+    ``Retry-After`` and the ``extensions`` as problem fields."""
+
+    title = "Service unavailable"
+
+    def __init__(self, detail: str, retry_after_s: int, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
+        self.extensions = extensions
+
+
+class PoolFullError(SolveUnavailableError):
+    title = "Solver pool full"
+
+
+class SolveOverranError(SolveUnavailableError):
+    title = "Solve overran its time limit"
+
+
+class SolverDiedError(SolveUnavailableError):
+    title = "Solver process died"
+
+
+class ShuttingDownError(SolveUnavailableError):
+    title = "Service shutting down"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the service is shutting down and stopped this solve before it ended; nothing "
+            "was stored. Ask again: another replica, or this one once it is back, will "
+            "solve it",
+            1,
+        )
+
+
+class SolverError(RuntimeError):
+    """The solver raised: a bug, answered as an internal error with its traceback logged."""
+
+
+# --------------------------------------------------------------------------- solver process
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the thread that started it ends (Linux),
+    then check that its parent had not ended already: the request is not retroactive."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != parent_pid:
+        os._exit(1)  # orphaned before the request took effect
+
+
+def run_solver_process(connection: Connection, service_pid: int) -> None:
+    """A solver process's whole life: die with the service, warm up, then solve one job
+    at a time until the pipe closes (the service is gone)."""
+    die_with_parent(service_pid)
+    # Ctrl-C, and SIGTERM sent to a whole process group or cgroup (systemd), reach us as
+    # well as the service: the service decides when a solve ends (it SIGKILLs us).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    import planner_service.solve.pipeline  # noqa: F401  (warm: the first solve does not pay for it)
+
+    with contextlib.suppress(EOFError, OSError):
+        connection.send(READY)
+        while True:
+            document = connection.recv_bytes()
+            connection.send(_solve_safely(document))
+
+
+def _solve_safely(request_document: bytes) -> SolveResult | _SolverCrash:
+    try:
+        return solve_document(request_document)
+    except Exception:
+        return _SolverCrash(traceback.format_exc())
+
+
+def solve_document(request_document: bytes) -> SolveResult:
+    """Runs in a solver process: parse (already validated by the API) and solve."""
+    from planner_service.plan.codec import parse_request, plan_bytes
+    from planner_service.solve.pipeline import solve
+
+    request = parse_request(request_document)
+    outcome = solve(request)
+    if outcome.plan is not None:
+        return SolveResult(
+            outcome.plan.plan_id, plan_bytes(outcome.plan), None, outcome.wall_time_s
+        )
+    assert outcome.infeasibility is not None
+    infeasibility = outcome.infeasibility.model_dump_json().encode()
+    return SolveResult(None, None, infeasibility, outcome.wall_time_s)
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+@dataclass(eq=False)
+class _Job:
+    document: bytes
+    time_limit_s: float
+    done: asyncio.Future[SolveResult]
+    started: float = 0.0  # event-loop time when a solver process took it
+    deadline: float = math.inf  # started + time limit + grace: killed past this
+
+
+@dataclass(eq=False)
+class _Solver:
+    """One solver process, the service's end of its pipe, and the job it is on."""
+
+    process: BaseProcess
+    connection: Connection
+    started: float
+    ready: bool = False
+    job: _Job | None = None
+    watchdog: asyncio.TimerHandle | None = None
+    retired: bool = False  # killed by the pool (overrun, shutdown): its exit is expected
+
+
+def exit_description(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+class SolvePool:
+    """``workers`` solver processes and room for ``queue`` waiting solves; a solve is
+    killed ``grace_s`` past its time limit. ``on_depth`` hears the number of solves
+    admitted, ``on_failure`` each solve that overran or whose process died (with its
+    seconds). Call ``start`` and everything else on the event loop's thread."""
+
+    def __init__(
+        self,
+        workers: int,
+        queue: int,
+        *,
+        grace_s: float,
+        on_depth: Callable[[int], None] | None = None,
+        on_failure: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.workers = workers
+        self.queue = queue
+        self.grace_s = grace_s
+        self._on_depth = on_depth or (lambda depth: None)
+        self._on_failure = on_failure or (lambda outcome, elapsed_s: None)
+        self._solvers: list[_Solver] = []
+        self._waiting: deque[_Job] = deque()
+        self._in_flight: dict[str, asyncio.Task[Any]] = {}
+        # How far recent solves that ran to their time limits went past them (Retry-After
+        # errs by this much); solves that stopped early (gap reached) say nothing about it.
+        self._overshoot_s: deque[float] = deque(maxlen=RECENT_SOLVES)
+        self._warm_up_s = 2.0  # how long the last solver process took to get ready
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def capacity(self) -> int:
+        return self.workers + self.queue
+
+    @property
+    def depth(self) -> int:
+        """Solves admitted and not finished (running + queued)."""
+        return len(self._in_flight)
+
+    def start(self) -> None:
+        """Start the solver processes, from the event loop's thread (the app's lifespan):
+        PR_SET_PDEATHSIG ties each process to the thread that started it."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.current_thread()
+            for _ in range(self.workers):
+                self._spawn()
+
+    def shutdown(self) -> None:
+        """Kill every solver process now (a solve holds nothing worth saving) and answer
+        every solve still running or waiting."""
+        self._closed = True
+        jobs = [solver.job for solver in self._solvers if solver.job] + list(self._waiting)
+        for solver in self._solvers:
+            self._kill(solver)
+        self._solvers.clear()
+        self._waiting.clear()
+        for job in jobs:
+            if not job.done.done():
+                job.done.set_exception(ShuttingDownError())
+
+    async def solve(
+        self,
+        key: str,
+        request_document: bytes,
+        time_limit_s: float,
+        finish: Callable[[SolveResult], T],
+    ) -> tuple[T, bool]:
+        """Solve ``request_document`` (whose ``options.time_limit_s`` is ``time_limit_s``)
+        in a solver process, then run ``finish`` (blocking, e.g. storing the plan) in a
+        thread. Identical keys in flight share one solve. Returns ``finish``'s result and
+        whether this call joined another caller's solve.
+
+        The solve runs as its own task: a caller that goes away (client disconnect) does
+        not cancel it, so its plan is still stored for the retry."""
+        task = self._in_flight.get(key)
+        if task is not None:
+            return await asyncio.shield(task), True
+        if self.depth >= self.capacity:
+            raise PoolFullError(
+                f"all {self.workers} solver process(es) are busy and the queue of "
+                f"{self.queue} is full",
+                self.retry_after_s(),
+            )
+        self.start()
+        task = asyncio.create_task(self._run(request_document, time_limit_s, finish))
+        self._in_flight[key] = task
+        self._on_depth(self.depth)
+        task.add_done_callback(lambda done: self._finished(key, done))
+        return await asyncio.shield(task), False
+
+    def _finished(self, key: str, task: asyncio.Task[Any]) -> None:
+        self._in_flight.pop(key, None)
+        self._on_depth(self.depth)
+        if not task.cancelled():
+            task.exception()  # retrieved, even when every caller has gone away
+
+    async def _run(
+        self, request_document: bytes, time_limit_s: float, finish: Callable[[SolveResult], T]
+    ) -> T:
+        if self._closed:
+            raise ShuttingDownError()
+        assert self._loop is not None
+        job = _Job(request_document, time_limit_s, self._loop.create_future())
+        self._waiting.append(job)
+        self._dispatch()
+        result = await job.done
+        return await asyncio.to_thread(finish, result)
+
+    def retry_after_s(self) -> int:
+        """Seconds until a solve asked for now would start, erring long. A running solve
+        is taken to end at its time limit plus the most that recent solves which ran to
+        their time limits went past them (the grace until there is one, and never more),
+        or at its hard deadline once past that; each waiting solve then takes its time
+        limit plus that overshoot on the first process free. Solves that end early (gap
+        reached) only make the estimate long."""
+        if self._loop is None:
+            return max(1, math.ceil(self._warm_up_s))
+        now = self._loop.time()
+        overshoot_s = min(self.grace_s, max(self._overshoot_s, default=self.grace_s))
+        free_in = [self._free_in(solver, now, overshoot_s) for solver in self._solvers]
+        free_in += [self._warm_up_s] * (self.workers - len(free_in))  # being replaced
+        heapq.heapify(free_in)
+        for job in self._waiting:
+            heapq.heapreplace(free_in, free_in[0] + job.time_limit_s + overshoot_s)
+        return max(1, math.ceil(free_in[0]))
+
+    def _free_in(self, solver: _Solver, now: float, overshoot_s: float) -> float:
+        if solver.job is not None:
+            expected_end = solver.job.started + solver.job.time_limit_s + overshoot_s
+            return (expected_end if expected_end > now else solver.job.deadline) - now
+        if not solver.ready:
+            return max(0.0, solver.started + self._warm_up_s - now)
+        return 0.0
+
+    # ----------------------------------------------------------------------- processes
+
+    def _spawn(self) -> None:
+        assert self._loop is not None
+        assert threading.current_thread() is self._thread, "spawn on the event loop's thread"
+        context = multiprocessing.get_context("spawn")
+        service_end, solver_end = context.Pipe()
+        process = context.Process(
+            target=run_solver_process,
+            args=(solver_end, os.getpid()),
+            name="shardplan-solver",
+            daemon=True,
+        )
+        process.start()
+        solver_end.close()  # so the pipe reads end-of-file once the process is gone
+        solver = _Solver(process, service_end, started=self._loop.time())
+        self._solvers.append(solver)
+        threading.Thread(
+            target=self._listen, args=(solver,), name=f"solver-{process.pid}", daemon=True
+        ).start()
+
+    def _listen(self, solver: _Solver) -> None:
+        """On a thread per solver process: hands each message to the event loop, then the
+        process's exit once the pipe closes, so the loop never blocks on a pipe or a join."""
+        while True:
+            try:
+                message = solver.connection.recv()
+            except (EOFError, OSError):
+                break
+            if not self._call_soon(self._received, solver, message):
+                return
+        solver.process.join()
+        self._call_soon(self._exited, solver)
+
+    def _call_soon(self, callback: Callable[..., None], *args: Any) -> bool:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the event loop is closed: the service has ended
+            return False
+        return True
+
+    def _kill(self, solver: _Solver) -> None:
+        solver.retired = True
+        self._unassign(solver)
+        with contextlib.suppress(ProcessLookupError):
+            solver.process.kill()
+
+    # ----------------------------------------------------------------------- events
+
+    def _received(self, solver: _Solver, message: Any) -> None:
+        assert self._loop is not None
+        if solver.retired:
+            return
+        if message == READY:
+            solver.ready = True
+            self._warm_up_s = self._loop.time() - solver.started
+        else:
+            job = self._unassign(solver)
+            if job is not None and not job.done.done():
+                self._answer(job, message)
+        self._dispatch()
+
+    def _answer(self, job: _Job, message: SolveResult | _SolverCrash) -> None:
+        assert self._loop is not None
+        if isinstance(message, _SolverCrash):
+            job.done.set_exception(SolverError(f"the solver raised:\n{message.traceback}"))
+            return
+        overshoot_s = self._loop.time() - job.started - job.time_limit_s
+        if overshoot_s >= 0:
+            self._overshoot_s.append(overshoot_s)
+        job.done.set_result(message)
+
+    def _exited(self, solver: _Solver) -> None:
+        """A solver process ended: replace it, unless the pool killed it (and so has
+        already replaced it) or is shutting down."""
+        assert self._loop is not None
+        solver.connection.close()
+        if solver in self._solvers:
+            self._solvers.remove(solver)
+        if solver.retired:
+            return
+        job = self._unassign(solver)
+        how = exit_description(solver.process.exitcode)
+        when = "mid-solve" if job else "idle" if solver.ready else "before it was ready"
+        log.error("solver process %s %s, %s; replacing it", solver.process.pid, how, when)
+        if self._closed:
+            return
+        if solver.ready:
+            self._spawn()
+        else:  # it never got ready: do not spin on a process that cannot start
+            self._loop.call_later(RESPAWN_DELAY_S, self._respawn)
+        if job is not None and not job.done.done():
+            self._on_failure("died", self._loop.time() - job.started)
+            job.done.set_exception(self._died(solver, how))
+        self._dispatch()
+
+    def _died(self, solver: _Solver, how: str) -> SolverDiedError:
+        detail = (
+            f"the solver process (pid {solver.process.pid}) working on this request ended "
+            f"mid-solve ({how}); it was replaced and nothing was stored"
+        )
+        if solver.process.exitcode == -signal.SIGKILL:
+            detail += (
+                ". A SIGKILL nobody sent is usually the kernel's OOM killer: give the "
+                "service more memory or fewer solver processes (SHARDPLAN_SOLVE_WORKERS)"
+            )
+        return SolverDiedError(detail, self.retry_after_s())
+
+    def _respawn(self) -> None:
+        if not self._closed:
+            self._spawn()
+
+    def _overran(self, solver: _Solver) -> None:
+        """The watchdog: the solve is past its time limit and grace. Kill the process,
+        start another, and tell the callers."""
+        assert self._loop is not None
+        job = solver.job
+        self._kill(solver)
+        self._solvers.remove(solver)
+        self._spawn()
+        self._dispatch()
+        if job is None or job.done.done():
+            return
+        elapsed_s = self._loop.time() - job.started
+        self._on_failure("overran", elapsed_s)
+        log.error(
+            "solve killed %.2f s after it started: time limit %s s + grace %s s",
+            elapsed_s,
+            _seconds(job.time_limit_s),
+            _seconds(self.grace_s),
+        )
+        job.done.set_exception(self._overrun(job, elapsed_s))
+
+    def _overrun(self, job: _Job, elapsed_s: float) -> SolveOverranError:
+        return SolveOverranError(
+            f"this solve ran {elapsed_s:.2f} s, past its options.time_limit_s = "
+            f"{_seconds(job.time_limit_s)} s plus this service's grace of "
+            f"{_seconds(self.grace_s)} s (SHARDPLAN_SOLVE_GRACE_S), so its solver process "
+            "was killed and replaced and nothing was stored. The solver is meant to stop "
+            "at its time limit: please report this with the request. To get a plan now, "
+            "ask again with a smaller options.time_limit_s, or plan it with `shardplan "
+            "plan`, which has no such limit",
+            self.retry_after_s(),
+            time_limit_s=job.time_limit_s,
+            grace_s=self.grace_s,
+        )
+
+    # ----------------------------------------------------------------------- dispatch
+
+    def _dispatch(self) -> None:
+        """Give waiting solves to idle, ready solver processes, oldest first."""
+        while self._waiting and not self._closed:
+            solver = next((s for s in self._solvers if s.ready and s.job is None), None)
+            if solver is None:
+                return
+            job = self._waiting.popleft()
+            if not job.done.done():
+                self._assign(solver, job)
+
+    def _assign(self, solver: _Solver, job: _Job) -> None:
+        assert self._loop is not None
+        job.started = self._loop.time()
+        job.deadline = job.started + job.time_limit_s + self.grace_s
+        solver.job = job
+        solver.watchdog = self._loop.call_at(job.deadline, self._overran, solver)
+        with contextlib.suppress(OSError):  # the process is gone: its exit answers the job
+            solver.connection.send_bytes(job.document)
+
+    def _unassign(self, solver: _Solver) -> _Job | None:
+        if solver.watchdog is not None:
+            solver.watchdog.cancel()
+            solver.watchdog = None
+        job, solver.job = solver.job, None
+        return job

@@ -1,0 +1,647 @@
+"""A relaxation that sees how whole shards pack into ranks: a lower bound, and often a plan.
+
+The LP relaxation and CP-SAT's own bound spread load fractionally, so on the public
+workloads they stop short of optima set by the arithmetic of a few shard sizes (tiny on 8
+ranks: every rank carries the same row-wise load plus four or five whole tables of two
+sizes). This module solves, with CP-SAT, a relaxation small and symmetric enough to solve
+outright within a short budget:
+
+- pinned ranks and colocate/separate groups are dropped; memory is kept only as coarse
+  per-item weights (``_MemoryWeights``: a rank holds 16 units, a shard over half a rank
+  weighs 9), enough to keep apart two tables that cannot share a rank;
+- every shard costs what it costs on its cheapest device class;
+- an option on every rank (row-wise, data-parallel) adds its cheapest shard to every rank;
+- a table-row-wise table adds its cheapest shard to every rank of one host;
+- every other shard (table-wise, column-wise, table-column-wise) is an *item* any rank may
+  take, shards of one table included.
+
+Every plan maps onto a solution of this relaxation with no larger makespan, so its optimum
+(and any bound CP-SAT proves on it) is a lower bound for the request. In the relaxation the
+ranks of a host are interchangeable, and so are hosts with the same table-row-wise load, so
+it is written over *configurations* instead of ranks: a configuration is how many items of
+each kind (cost and memory weight) one rank holds, and the model counts how many ranks of
+each pool (a host, or all hosts of one table-row-wise mix) take each configuration.
+Symmetric rank-indexed models are what CP-SAT proves bounds on slowly; this one has no rank
+symmetry left.
+
+The search starts from the warm start (mapped into configurations) and restarts from its
+best solution a few times (``PACKING_RUNS``). That best solution maps back onto ranks
+(``_RelaxedModel.decode``): when the request has no pins or link groups, and the items fit
+each rank's real memory, it is a plan costing what the relaxation says, up to rounding. On
+the public models with few shard shapes it is the optimum, proven by the same model.
+
+Only plans at least as good as the warm start matter, so configurations are enumerated up to
+the warm start's makespan; the model is skipped when they would be too many (many distinct
+shard sizes), and the other bounds stand. Perf is scaled to integers rounding down, as in
+``cpsat.py``, so the scaled optimum never exceeds the true one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner_service.costs.options import Placement
+from planner_service.plan.types import ShardingType
+from planner_service.solve.bounds.simple import LowerBound
+from planner_service.solve.cpsat import COST_RESOLUTION, deterministic_solver, solve_within
+from planner_service.solve.deadline import Deadline, OutOfTime
+from planner_service.solve.problem import Choice, Group, OptionCosts, Problem, loads_of
+
+# Runs of the relaxation, each a share of the request's time limit in deterministic
+# seconds, each from the best solution so far with the next seed: restarts find the
+# relaxation's optimum more reliably than one long run (medium on 32 ranks, seeds 0-3: three
+# runs found it every time, one run of the same total never; see docs/solver.md).
+PACKING_RUNS = (0.1, 0.1, 0.1)
+OPTION_MIX_SHARE = 0.02  # of the time limit, for option_mix_bound (it needs milliseconds)
+# The most of what is left of the deadline each stage may take in wall time, so that the
+# stages after it keep time to run: the option mix needs milliseconds, the packing
+# relaxation leaves at least half to the CP-SAT search.
+OPTION_MIX_WALL_SHARE = 0.1
+PACKING_WALL_SHARE = 0.5
+DEADLINE_CHECK_EVERY = 256  # configurations added to the model between looks at the clock
+RESOLUTION = COST_RESOLUTION  # integer units per warm-start makespan, as in the main model
+MAX_CONFIG_VARS = 20_000  # pool x configuration counts; beyond this the bound is skipped
+PER_HOST_MAX_HOSTS = 4  # up to this many hosts, each host is its own pool
+MEMORY_UNITS = 16  # a rank's HBM (and DDR) in item weights, see _MemoryWeights (even)
+
+
+_Expr = cp_model.LinearExpr | int
+_Item = tuple[int, int, int]  # (perf units, HBM units, DDR units), rounded down
+_Configuration = tuple[int, tuple[int, ...]]  # (load, count of each item kind)
+
+
+@dataclass(frozen=True)
+class _Option:
+    group: int
+    option: int
+    every_rank: int  # units added to every rank
+    per_host_rank: int  # units added to every rank of one host (table-row-wise)
+    items: dict[_Item, int]  # item kind -> how many per table
+
+
+@dataclass
+class _Pool:
+    """Ranks that share an extra load: ``size`` ranks, each with ``base`` on top (at least
+    ``base_least``); ``base_work`` is that load summed over the pool's ranks."""
+
+    size: _Expr
+    base: _Expr
+    base_least: int
+    base_work: _Expr
+    counts: list[cp_model.IntVar] = field(default_factory=list)  # ranks per configuration
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What the relaxation gives: a lower bound for the request, and its best solution as a
+    plan when that maps back onto ranks within every constraint (``plan`` is None when the
+    request has pins, colocate or separate groups, or table-column-wise shards in the
+    solution, which the relaxation does not model, or when the plan would overflow a rank's
+    memory)."""
+
+    bound: LowerBound | None
+    plan: list[Choice] | None
+    deterministic_time_s: float
+
+
+def packing_bound(
+    problem: Problem,
+    groups: list[Group],
+    upper: float,
+    *,
+    time_limit_s: float,
+    seed: int,
+    hint: list[Choice] | None = None,
+    lower_bound: float = 0.0,
+    gap_limit: float = 0.0,
+    deadline: Deadline | None = None,
+) -> Packing | None:
+    """Solve the relaxation with ``upper`` as the makespan's cap (a plan's makespan: only
+    plans at least as good matter); ``hint``, a plan within the cap, is where the search
+    starts. The search stops once its best solution is proven within ``gap_limit`` by its
+    own bound or by ``lower_bound`` (the best bound known before it), and at
+    ``PACKING_WALL_SHARE`` of what is left of the deadline. None when the relaxation is too
+    large to build, or there is no time left to solve it."""
+    deadline = deadline or Deadline.never()
+    if upper <= 0 or problem.num_hosts * problem.local_world_size != problem.world_size:
+        return None
+    scale = RESOLUTION / upper
+    memory = _MemoryWeights.of(problem)
+    options = _options(problem, groups, upper, scale, memory)
+    kinds = sorted({kind for o in options for kind in o.items if kind[0] > 0}, reverse=True)
+    supply = [sum(groups[o.group].size * o.items.get(kind, 0) for o in options) for kind in kinds]
+    host_sizes = sorted({o.per_host_rank for o in options if o.per_host_rank}, reverse=True)
+    per_host = bool(host_sizes) and problem.num_hosts <= PER_HOST_MAX_HOSTS
+    host_mixes: list[_Configuration] = [(0, ())]
+    if host_sizes and not per_host:
+        host_supply = [
+            sum(groups[o.group].size for o in options if o.per_host_rank == size)
+            for size in host_sizes
+        ]
+        mixes = _configurations([(size,) for size in host_sizes], host_supply, (RESOLUTION,))
+        if mixes is None:
+            return None
+        host_mixes = mixes
+    configs = _configurations(kinds, supply, (RESOLUTION, MEMORY_UNITS, MEMORY_UNITS))
+    if configs is None:
+        return None
+    num_pools = problem.num_hosts if per_host else len(host_mixes)
+    pool_bases = [0] * num_pools if per_host else [load for load, _ in host_mixes]
+    if sum(load + base <= RESOLUTION for base in pool_bases for load, _ in configs) > (
+        MAX_CONFIG_VARS
+    ):
+        return None
+    least = min(math.floor(lower_bound * scale), RESOLUTION)
+    stage = Deadline(deadline.cap_s(math.inf, PACKING_WALL_SHARE))
+    try:
+        model = _RelaxedModel(problem, groups, options, kinds, configs, scale, memory, least)
+        if per_host:
+            model.pools_per_host(host_sizes)
+        else:
+            model.pools_per_host_mix(host_sizes, host_mixes)
+        model.finish(stage)
+        if hint is not None:
+            stage.check()
+            model.add_hint(hint)
+    except OutOfTime:
+        deadline.reached = True
+        return Packing(None, None, 0.0)
+    best: cp_model.CpSolver | None = None  # the run with the best solution
+    proven, spent = 0.0, 0.0
+    for run, share in enumerate(PACKING_RUNS):
+        if stage.expired():
+            break
+        solver = _solver(time_limit_s * share, seed + run)
+        solver.parameters.relative_gap_limit = max(solver.parameters.relative_gap_limit, gap_limit)
+        status = solve_within(solver, model.model, stage)
+        spent += solver.deterministic_time
+        if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
+            return None  # the warm start maps into the relaxation, so this cannot happen
+        proven = max(proven, min(solver.best_objective_bound, RESOLUTION))
+        found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        better = found and (best is None or solver.objective_value < best.objective_value)
+        if better:
+            best = solver
+        if status == cp_model.OPTIMAL or run == len(PACKING_RUNS) - 1:
+            break
+        if better:
+            model.hint_solution(solver)  # where the next run starts
+    deadline.reached |= stage.reached
+    bound = LowerBound(proven / scale, "packing") if proven > 0 else None
+    return Packing(bound, model.decode(best) if best is not None else None, spent)
+
+
+def option_mix_bound(
+    problem: Problem,
+    groups: list[Group],
+    upper: float,
+    *,
+    time_limit_s: float,
+    seed: int,
+    deadline: Deadline | None = None,
+) -> LowerBound | None:
+    """The relaxation above without its placement: whole options per table, and load
+    spread over ranks fractionally, except that every rank carries the load of the options
+    fixed on every rank, and each chosen option's heaviest shard (or table-row-wise share)
+    sits on some rank on top of that. It knows what the LP cannot: a table is either
+    table-wise, with its one heavy shard on one rank, or row-wise, on every rank; so it
+    proves bounds set by a few big tables within milliseconds (Criteo on 8 ranks: 0.4% from
+    the optimum, where the LP stops 7% short). Memory: the items' weights, and every
+    option's bytes per tier in total (options on every rank and table-row-wise ones carry
+    no items). None if it cannot be built."""
+    if upper <= 0:
+        return None
+    scale = RESOLUTION / upper
+    options = _options(problem, groups, upper, scale, _MemoryWeights.of(problem))
+    model = cp_model.CpModel()
+    tables, every_rank = _option_counts(model, groups, options)
+    world, local = problem.world_size, problem.local_world_size
+    makespan = model.new_int_var(0, RESOLUTION, "T")
+    model.add(makespan >= every_rank)
+    work: list[_Expr] = []
+    memory: list[list[_Expr]] = [[], []]  # total weight per tier
+    over_half: list[list[_Expr]] = [[], []]  # items over half a rank per tier
+    kib: list[list[_Expr]] = [[], []]  # every shard's bytes per tier, in KiB rounded down
+    for o in options:
+        tables_on = tables[o.group, o.option]
+        costs = problem.costs(groups[o.group].options[o.option])
+        kib[0].append(costs.hbm_total // 1024 * tables_on)
+        kib[1].append(costs.ddr_total // 1024 * tables_on)
+        stacked = max([o.per_host_rank, *(kind[0] for kind in o.items)])
+        if stacked:
+            used = model.new_bool_var("")
+            model.add(tables_on == 0).only_enforce_if(~used)
+            model.add(makespan >= every_rank + stacked).only_enforce_if(used)
+        load = sum(kind[0] * n for kind, n in o.items.items()) + local * o.per_host_rank
+        work.append(load * tables_on)
+        for tier in (0, 1):
+            memory[tier].append(sum(kind[tier + 1] * n for kind, n in o.items.items()) * tables_on)
+            halves = sum(n for kind, n in o.items.items() if 2 * kind[tier + 1] > MEMORY_UNITS)
+            over_half[tier].append(halves * tables_on)
+    model.add(world * makespan >= world * every_rank + sum(work))
+    for tier, capacity in enumerate((problem.hbm_total, problem.ddr_total)):
+        model.add(sum(memory[tier]) <= MEMORY_UNITS * world)
+        model.add(sum(over_half[tier]) <= world)
+        model.add(sum(kib[tier]) <= capacity // 1024)
+    model.minimize(makespan)
+    solver = _solver(time_limit_s, seed)
+    status = solve_within(solver, model, deadline or Deadline.never(), share=OPTION_MIX_WALL_SHARE)
+    if status == cp_model.MODEL_INVALID:  # pragma: no cover - a bug, not an input
+        return None
+    if status == cp_model.INFEASIBLE:  # no plan within ``upper``: a plan there is optimal
+        return LowerBound(upper, "option_mix")
+    proven = min(solver.best_objective_bound, RESOLUTION)
+    return LowerBound(proven / scale, "option_mix") if proven > 0 else None
+
+
+def _option_counts(
+    model: cp_model.CpModel, groups: list[Group], options: list[_Option]
+) -> tuple[dict[tuple[int, int], cp_model.IntVar], _Expr]:
+    """Per (group, option) the count of the group's tables taking it, all of them placed;
+    and the load the options on every rank add to every rank."""
+    tables: dict[tuple[int, int], cp_model.IntVar] = {}
+    for g, group in enumerate(groups):
+        mine = [o for o in options if o.group == g]
+        for o in mine:
+            tables[g, o.option] = model.new_int_var(0, group.size, "")
+        model.add(sum(tables[g, o.option] for o in mine) == group.size)
+    every_rank = sum(o.every_rank * tables[o.group, o.option] for o in options if o.every_rank)
+    return tables, every_rank
+
+
+def _solver(budget: float, seed: int) -> cp_model.CpSolver:
+    """One deterministic worker without presolve: on these small, dense models presolve
+    (probing, clique merging) spent the whole budget, and a portfolio overshot its
+    deterministic limit several times over (measured on the public workloads, see
+    docs/solver.md)."""
+    solver = deterministic_solver(budget, seed)
+    parameters = solver.parameters
+    parameters.num_workers = 1
+    parameters.interleave_search = False
+    parameters.cp_model_presolve = False
+    return solver
+
+
+@dataclass(frozen=True)
+class _MemoryWeights:
+    """Item weights for memory: a rank holds ``MEMORY_UNITS``, and an item of ``b`` bytes
+    weighs ``b * MEMORY_UNITS // C`` (``C`` the largest rank's capacity in that tier), or
+    ``MEMORY_UNITS // 2 + 1`` if that is more and the item takes over half of ``C``.
+
+    Every set of items that fits a rank weighs at most ``MEMORY_UNITS``, so every plan stays
+    inside the relaxation: rounded-down shares add up to at most the whole, and beside an
+    item over half, the others share less than half (at most ``MEMORY_UNITS // 2 - 1``
+    units). And two items over half never share a rank in the relaxation, as in a plan."""
+
+    hbm: int
+    ddr: int
+
+    @classmethod
+    def of(cls, problem: Problem) -> _MemoryWeights:
+        return cls(int(problem.hbm_cap.max(initial=0)), int(problem.ddr_cap.max(initial=0)))
+
+    @staticmethod
+    def weight(size: int, capacity: int) -> int:
+        if capacity <= 0:
+            return 0
+        weight = size * MEMORY_UNITS // capacity
+        return max(weight, MEMORY_UNITS // 2 + 1) if 2 * size > capacity else weight
+
+
+def _item(costs: OptionCosts, shard: int, scale: float, memory: _MemoryWeights) -> _Item:
+    return (
+        _units(costs.min_cost[shard], scale),
+        memory.weight(int(costs.hbm[shard]), memory.hbm),
+        memory.weight(int(costs.ddr[shard]), memory.ddr),
+    )
+
+
+def _options(
+    problem: Problem, groups: list[Group], upper: float, scale: float, memory: _MemoryWeights
+) -> list[_Option]:
+    """Each group's options as the relaxation sees them; options with a shard over the upper
+    bound cannot be in a plan at least as good, and are left out."""
+    result = []
+    for g, group in enumerate(groups):
+        for o, option in enumerate(group.options):
+            costs = problem.costs(option)
+            if costs.largest_shard > upper:
+                continue
+            if option.placement is Placement.FIXED:
+                result.append(_Option(g, o, _units(costs.min_cost.min(), scale), 0, {}))
+            elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
+                result.append(_Option(g, o, 0, _units(costs.min_cost.min(), scale), {}))
+            else:
+                items: dict[_Item, int] = {}
+                for shard in range(costs.num_shards):
+                    kind = _item(costs, shard, scale, memory)
+                    items[kind] = items.get(kind, 0) + 1
+                result.append(_Option(g, o, 0, 0, items))
+    return result
+
+
+def _units(cost: float, scale: float) -> int:
+    return math.floor(cost * scale)
+
+
+def _configurations(
+    kinds: Sequence[tuple[int, ...]], supply: list[int], limits: tuple[int, ...]
+) -> list[_Configuration] | None:
+    """Every (load, count of each kind) whose sums stay within ``limits`` coordinate by
+    coordinate (the first is the load) and whose counts stay within the supply, or None once
+    there would be more than ``MAX_CONFIG_VARS``."""
+    found: list[_Configuration] = []
+    counts = [0] * len(kinds)
+
+    def extend(index: int, used: tuple[int, ...]) -> bool:
+        if index == len(kinds):
+            found.append((used[0], tuple(counts)))
+            return len(found) <= MAX_CONFIG_VARS
+        kind = kinds[index]
+        room = [(cap - u) // k for cap, u, k in zip(limits, used, kind, strict=True) if k > 0]
+        most = min([supply[index], *room])
+        for count in range(most + 1):
+            counts[index] = count
+            if not extend(index + 1, tuple(u + count * k for u, k in zip(used, kind, strict=True))):
+                return False
+        counts[index] = 0
+        return True
+
+    return found if extend(0, (0,) * len(limits)) else None
+
+
+class _RelaxedModel:
+    """The relaxation over configurations: per group and option a count of tables, per pool
+    and configuration a count of ranks; the makespan covers every configuration in use."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        groups: list[Group],
+        options: list[_Option],
+        kinds: list[_Item],
+        configs: list[_Configuration],
+        scale: float,
+        memory: _MemoryWeights,
+        least: int = 0,
+    ) -> None:
+        self.problem = problem
+        self.groups = groups
+        self.options = {(o.group, o.option): o for o in options}
+        self.kinds = kinds
+        self.configs = configs
+        self.scale = scale
+        self.memory = memory
+        self.model = cp_model.CpModel()
+        self.tables, self.every_rank = _option_counts(self.model, groups, options)
+        self.makespan = self.model.new_int_var(least, RESOLUTION, "T")  # least: a known bound
+        self.pools: list[_Pool] = []
+        # Per host (pools_per_host): its table-row-wise tables of each size; per host mix
+        # (pools_per_host_mix): the mix and how many hosts hold it.
+        self.host_tables: list[dict[int, cp_model.IntVar]] = []
+        self.host_mixes: list[tuple[_Configuration, cp_model.IntVar]] = []
+        self.host_sizes: list[int] = []
+        # Per pool, per configuration: (ranks taking it, whether any does).
+        self.slots: list[dict[_Configuration, tuple[cp_model.IntVar, cp_model.IntVar]]] = []
+
+    def _host_tables(self, size: int) -> _Expr:
+        return sum(self.tables[key] for key, o in self.options.items() if o.per_host_rank == size)
+
+    def pools_per_host(self, host_sizes: list[int]) -> None:
+        """Each host a pool whose base is its own table-row-wise load; hosts ordered by that
+        load (they are interchangeable)."""
+        self.host_sizes = host_sizes
+        self.host_tables = [
+            {size: self.model.new_int_var(0, RESOLUTION // size, "") for size in host_sizes}
+            for _ in range(self.problem.num_hosts)
+        ]
+        for size in host_sizes:
+            self.model.add(sum(host[size] for host in self.host_tables) == self._host_tables(size))
+        bases = [sum(size * host[size] for size in host_sizes) for host in self.host_tables]
+        local = self.problem.local_world_size
+        for base in bases:
+            self.model.add(base <= RESOLUTION)
+            self.pools.append(_Pool(local, base, 0, local * base))
+        for heavier, lighter in zip(bases, bases[1:], strict=False):
+            self.model.add(heavier >= lighter)
+
+    def pools_per_host_mix(self, host_sizes: list[int], mixes: list[_Configuration]) -> None:
+        """One pool per mix of table-row-wise tables a host could hold, sized by how many
+        hosts hold that mix."""
+        self.host_sizes = host_sizes
+        hosts = [self.model.new_int_var(0, self.problem.num_hosts, "") for _ in mixes]
+        self.host_mixes = list(zip(mixes, hosts, strict=True))
+        self.model.add(sum(hosts) == self.problem.num_hosts)
+        for i, size in enumerate(host_sizes):
+            self.model.add(
+                sum(mix[i] * n for (_, mix), n in self.host_mixes if mix[i])
+                == self._host_tables(size)
+            )
+        local = self.problem.local_world_size
+        for (load, _), n in self.host_mixes:
+            self.pools.append(_Pool(local * n, load, load, local * load * n))
+
+    def finish(self, deadline: Deadline) -> None:
+        """The configurations' slots in every pool, the supply rows and the objective;
+        ``OutOfTime`` if the deadline passes while they are built."""
+        model, configs = self.model, self.configs
+        world = self.problem.world_size
+        placed: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in self.kinds]
+        work = []
+        for pool in self.pools:
+            slots = {}
+            for c, config in enumerate(configs):
+                if c % DEADLINE_CHECK_EVERY == 0:
+                    deadline.check()
+                load, counts = config
+                if pool.base_least + load > RESOLUTION:
+                    continue
+                ranks = model.new_int_var(0, world, "")
+                pool.counts.append(ranks)
+                used = model.new_bool_var("")
+                slots[config] = (ranks, used)
+                model.add(ranks == 0).only_enforce_if(~used)
+                model.add(self.makespan >= self.every_rank + pool.base + load).only_enforce_if(used)
+                work.append(load * ranks)
+                for i, count in enumerate(counts):
+                    if count:
+                        placed[i].append((ranks, count))
+            model.add(sum(pool.counts) == pool.size)
+            self.slots.append(slots)
+        supplied: dict[_Item, list[_Expr]] = {kind: [] for kind in self.kinds}
+        for key, o in self.options.items():
+            for item, count in o.items.items():
+                if item in supplied:
+                    supplied[item].append(count * self.tables[key])
+        for kind, terms in zip(self.kinds, placed, strict=True):
+            model.add(sum(count * ranks for ranks, count in terms) == sum(supplied[kind]))
+        # Redundant, but it hands the LP the average-load bound from the start.
+        model.add(
+            world * self.makespan
+            >= world * self.every_rank + sum(pool.base_work for pool in self.pools) + sum(work)
+        )
+        model.minimize(self.makespan)
+
+    # ---- a plan in, a plan out
+
+    def hint_solution(self, solver: cp_model.CpSolver) -> None:
+        """The next run starts from this run's solution."""
+        model = self.model
+        model.clear_hints()
+        for index in range(len(model.proto.variables)):
+            var = model.get_int_var_from_proto_index(index)
+            model.add_hint(var, solver.value(var))
+
+    def add_hint(self, choices: list[Choice]) -> None:
+        """Where the search starts: the configurations ``choices`` put on each rank. Left out
+        when the plan is not inside the cap (one of its options was dropped)."""
+        problem, local = self.problem, self.problem.local_world_size
+        table_counts: dict[tuple[int, int], int] = {}
+        host_load = [dict.fromkeys(self.host_sizes, 0) for _ in range(problem.num_hosts)]
+        rank_kinds = [dict.fromkeys(self.kinds, 0) for _ in range(problem.world_size)]
+        every_rank = 0
+        for g, group in enumerate(self.groups):
+            for t in group.members:
+                choice = choices[t]
+                option = self.options.get((g, choice.option))
+                if option is None:
+                    return
+                table_counts[g, choice.option] = table_counts.get((g, choice.option), 0) + 1
+                every_rank += option.every_rank
+                if option.per_host_rank:
+                    host_load[choice.ranks[0] // local][option.per_host_rank] += 1
+                if not option.items:
+                    continue
+                costs = self.problem.costs(group.options[choice.option])
+                for shard, rank in enumerate(choice.ranks):
+                    kind = _item(costs, shard, self.scale, self.memory)
+                    if kind[0] > 0:
+                        rank_kinds[rank][kind] += 1
+        for key, var in self.tables.items():
+            self.model.add_hint(var, table_counts.get(key, 0))
+        bases = [sum(size * n for size, n in load.items()) for load in host_load]
+        if self.host_tables:  # pools are hosts, heaviest first
+            hosts = sorted(range(problem.num_hosts), key=lambda h: (-bases[h], h))
+            pool_of_host = {h: pool for pool, h in enumerate(hosts)}
+            for pool, h in enumerate(hosts):
+                for size, var in self.host_tables[pool].items():
+                    self.model.add_hint(var, host_load[h][size])
+        else:  # pools are host mixes
+            mixes = [tuple(load[size] for size in self.host_sizes) for load in host_load]
+            index = {mix: i for i, ((_, mix), _) in enumerate(self.host_mixes)}
+            pool_of_host = {h: index[mix] for h, mix in enumerate(mixes)}
+            for i, (_, var) in enumerate(self.host_mixes):
+                self.model.add_hint(var, sum(pool == i for pool in pool_of_host.values()))
+        in_use: list[dict[_Configuration, int]] = [{} for _ in self.slots]
+        makespan = 0
+        for rank in range(problem.world_size):
+            counts = tuple(rank_kinds[rank][kind] for kind in self.kinds)
+            config = (sum(n * kind[0] for n, kind in zip(counts, self.kinds, strict=True)), counts)
+            pool = pool_of_host[rank // local]
+            in_use[pool][config] = in_use[pool].get(config, 0) + 1
+            makespan = max(makespan, every_rank + bases[rank // local] + config[0])
+        for pool, slots in enumerate(self.slots):
+            for config, (ranks, used) in slots.items():
+                self.model.add_hint(ranks, in_use[pool].get(config, 0))
+                self.model.add_hint(used, in_use[pool].get(config, 0) > 0)
+        self.model.add_hint(self.makespan, makespan)
+
+    def decode(self, solver: cp_model.CpSolver) -> list[Choice] | None:
+        """The solution as a plan: options by the table counts, table-row-wise tables onto
+        hosts, and every item onto a rank whose configuration asks for its kind (the
+        heaviest in HBM first, each to such a rank with the most HBM left). None when the
+        relaxation dropped something the request needs, or the plan overflows a rank."""
+        problem = self.problem
+        constraints = problem.request.constraints
+        everywhere = tuple(range(problem.world_size))
+        if constraints.colocate or constraints.separate:
+            return None
+        if any(group.allowed != everywhere for group in self.groups):
+            return None
+        choices: list[Choice | None] = [None] * len(problem.tables)
+        by_host_size: dict[int, list[tuple[int, int]]] = {}  # per-rank units -> (table, option)
+        # Free shards: (-HBM, -DDR, table, shard, option, kind index or -1 if too cheap to count)
+        items: list[tuple[int, int, int, int, int, int]] = []
+        kind_index = {kind: i for i, kind in enumerate(self.kinds)}
+        for g, group in enumerate(self.groups):
+            members = iter(group.members)
+            for o, option in enumerate(group.options):
+                var = self.tables.get((g, o))
+                count = int(solver.value(var)) if var is not None else 0
+                if count and option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+                    return None  # its shards must share a host, which items do not
+                costs = problem.costs(option)
+                per_host_rank = self.options[g, o].per_host_rank if count else 0
+                for t in (next(members) for _ in range(count)):
+                    if option.placement is Placement.FIXED:
+                        choices[t] = Choice(o, everywhere)
+                    elif per_host_rank:
+                        by_host_size.setdefault(per_host_rank, []).append((t, o))
+                    else:
+                        for shard in range(costs.num_shards):
+                            kind = kind_index.get(_item(costs, shard, self.scale, self.memory), -1)
+                            hbm, ddr = int(costs.hbm[shard]), int(costs.ddr[shard])
+                            items.append((-hbm, -ddr, t, shard, o, kind))
+        pool_hosts = self._decode_hosts(solver, by_host_size, choices)
+        wanted = np.zeros((problem.world_size, len(self.kinds)), dtype=np.int64)
+        for pool, slots in enumerate(self.slots):
+            ranks = iter(r for h in pool_hosts[pool] for r in problem.host_ranks(h))
+            for (_, counts), (var, _) in slots.items():
+                for rank in (next(ranks) for _ in range(int(solver.value(var)))):
+                    wanted[rank] = counts
+        hbm_used = np.zeros(problem.world_size, dtype=np.int64)
+        for t, choice in enumerate(choices):
+            if choice is not None:
+                costs = problem.costs(problem.tables[t].options[choice.option])
+                np.add.at(hbm_used, list(choice.ranks), costs.hbm)
+        shard_ranks: dict[int, tuple[int, list[int]]] = {}  # table -> (option, shard ranks)
+        for minus_hbm, _, t, shard, o, kind in sorted(items):  # heaviest in HBM first
+            free = (problem.hbm_cap - hbm_used).astype(float)
+            if kind >= 0:
+                free[wanted[:, kind] == 0] = -np.inf
+            rank = int(np.argmax(free))
+            if kind >= 0:
+                wanted[rank, kind] -= 1
+            hbm_used[rank] -= minus_hbm
+            num_shards = problem.costs(problem.tables[t].options[o]).num_shards
+            shard_ranks.setdefault(t, (o, [-1] * num_shards))[1][shard] = rank
+        for t, (o, placed) in shard_ranks.items():
+            choices[t] = Choice(o, tuple(placed))
+        plan = [choice for choice in choices if choice is not None]
+        if len(plan) != len(problem.tables) or not loads_of(problem, plan).fits(problem):
+            return None
+        return plan
+
+    def _decode_hosts(
+        self,
+        solver: cp_model.CpSolver,
+        by_host_size: dict[int, list[tuple[int, int]]],
+        choices: list[Choice | None],
+    ) -> list[list[int]]:
+        """Put table-row-wise tables on hosts as the solution says; the hosts of each pool."""
+        problem = self.problem
+        pending = {size: iter(tables) for size, tables in by_host_size.items()}
+
+        def place(host: int, size: int, count: int) -> None:
+            for t, o in (next(pending[size]) for _ in range(count)):
+                choices[t] = Choice(o, tuple(problem.host_ranks(host)))
+
+        if self.host_tables:
+            for host, sizes in enumerate(self.host_tables):
+                for size, var in sizes.items():
+                    place(host, size, int(solver.value(var)))
+            return [[host] for host in range(problem.num_hosts)]
+        pools, next_host = [], 0
+        for (_, mix), var in self.host_mixes:
+            hosts = list(range(next_host, next_host + int(solver.value(var))))
+            next_host += len(hosts)
+            pools.append(hosts)
+            for host in hosts:
+                for size, count in zip(self.host_sizes, mix, strict=True):
+                    place(host, size, count)
+        return pools

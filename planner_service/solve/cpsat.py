@@ -1,0 +1,522 @@
+"""The CP-SAT model: choose options and place shards so the most loaded rank is lightest.
+
+Identical tables are aggregated (see ``problem.group_tables``): per group and option an
+integer count of tables choosing it, and per free shard kind and rank an integer count of
+shards placed there. Column shards of one table may share a rank, so a column-wise option
+is just ``k`` interchangeable shards; a table-row-wise option is a count per host. The model
+therefore grows with distinct shapes x options x ranks, not with tables. When even that
+exceeds ``MAX_PLACEMENT_VARS``, each group keeps the options and ranks of the warm start plus
+its cheapest options and the least-loaded ranks; the model is then a neighbourhood of the
+warm start and its bound is not used as a proof.
+
+Perf is scaled to integers rounding down, so the model's optimum never exceeds the true one
+and its proven bound (divided by the scale) is a valid lower bound. Memory is exact bytes.
+Search is deterministic: interleaved workers and a deterministic time limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from planner_service.costs.options import Placement, ShardingOption
+from planner_service.plan.types import ShardingType, gap
+from planner_service.solve.bounds.simple import proven_within
+from planner_service.solve.deadline import Deadline, OutOfTime
+from planner_service.solve.problem import Choice, Group, Problem, loads_of
+
+COST_RESOLUTION = 10_000_000  # integer units per warm-start makespan
+MAX_PLACEMENT_VARS = 150_000
+HBM_STEPS = 1000  # resolution of the peak-HBM tie-break
+NUM_WORKERS = 4  # interleaved subsolvers (LNS among them), run deterministically
+# The search budget is a fixed share of the request's time limit, never of the wall time
+# left, so the same request searches exactly as far in every process. Interleaved search
+# spends up to about 3x its deterministic budget in wall time on an idle 2-core machine
+# (measured on the public workloads), hence the small share; the deadline (what is left
+# of the time limit in wall time) stops it on a loaded machine, at the cost of
+# determinism (the plan then says stop_reason time_limit).
+SEARCH_SHARE = 0.2
+# Deterministic time does not advance evenly in every phase of a search: a run may spend
+# many times its deterministic budget in wall time (a packing relaxation with presolve off
+# was seen running for minutes on a 0.1 s budget). So every run also stops at this many
+# times its budget in wall time, deadline or not; such a stop is not reproducible, and is
+# recorded as one (stop_reason time_limit).
+WALL_SAFETY_FACTOR = 6.0
+RELATIVE_GAP_LIMIT = 1e-5  # stop once proven this close to optimal
+# The best bound known before the search (the packing bound, say) is the makespan's floor,
+# so CP-SAT stops once it reaches it; but interleaved search stops only between batches,
+# and a batch gives each full-problem worker up to one deterministic second. So when the
+# warm start is within PROBE_WITHIN of that bound, the budget is spent in runs: two short
+# probes, then the rest. A probe's budget caps its batches; after each run the best plan
+# is checked against every bound, and the next run starts from it (as its hint). Far from
+# the bound (jumbo on 32 ranks: 11%) restarts only cost the long run plans.
+PROBE_SHARES = (0.01, 0.1)
+PROBE_WITHIN = 0.05
+
+ProgressCallback = Callable[[str, float | None, float | None], None]
+
+
+@dataclass
+class CpSatResult:
+    choices: list[Choice] | None
+    status: str
+    bound: float | None  # proven lower bound in ms, only when the model was complete
+    exact: bool
+    num_variables: int
+    wall_time_s: float
+    runs: int  # CP-SAT runs (PROBE_SHARES): fewer than all when a bound stopped the search
+    deterministic_time_s: float  # of all runs together, out of SEARCH_SHARE x time limit
+
+
+@dataclass
+class _OptionVars:
+    group: int
+    option: int
+    count: cp_model.IntVar
+    per_rank: dict[int, cp_model.IntVar] = field(default_factory=dict)  # free shards
+    per_host: dict[int, cp_model.IntVar] = field(default_factory=dict)  # host-local tables
+
+
+class _Model:
+    def __init__(
+        self,
+        problem: Problem,
+        groups: list[Group],
+        hint: list[Choice] | None,
+        scale: float,
+        restrict: bool,
+        deadline: Deadline,
+    ) -> None:
+        """Every group's variables and loads, capacities and links; ``OutOfTime`` if the
+        deadline passes while they are built."""
+        self.problem = problem
+        self.groups = groups
+        self.scale = scale
+        self.model = cp_model.CpModel()
+        world = problem.world_size
+        self.perf_terms: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(world)]
+        self.hbm_terms: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(world)]
+        self.ddr_terms: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(world)]
+        self.usage_terms: dict[int, list[list[tuple[cp_model.IntVar, int]]]] = {}
+        self.option_vars: list[_OptionVars] = []
+        self.hint = hint
+        self.hint_loads = loads_of(problem, hint) if hint is not None else None
+        self.restrict = restrict
+        self.num_placement_vars = 0
+        self.linked = _linked_groups(problem, groups)
+        for g in self.linked.values():
+            self.usage_terms[g] = [[] for _ in range(world)]
+        for g, group in enumerate(groups):
+            deadline.check()
+            self._add_group(g, group)
+        deadline.check()
+        self._add_capacities()
+        self._add_links()
+
+    # ---- variables
+
+    def _add_group(self, g: int, group: Group) -> None:
+        counts = []
+        for o in self._kept_options(g, group):
+            option = group.options[o]
+            count = self.model.new_int_var(0, group.size, f"y{g}_{o}")
+            counts.append(count)
+            entry = _OptionVars(g, o, count)
+            self.option_vars.append(entry)
+            if option.placement is Placement.FIXED:
+                self._add_fixed(entry, option, count, tuple(range(self.problem.world_size)))
+            elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
+                self._add_per_host(entry, option, group, free_within_host=False)
+            elif option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+                self._add_per_host(entry, option, group, free_within_host=True)
+            else:
+                self._add_free(entry, option, group, count, self._kept_ranks(g, o, group.allowed))
+        self.model.add(sum(counts) == group.size)
+
+    def _add_fixed(
+        self,
+        entry: _OptionVars,
+        option: ShardingOption,
+        count: cp_model.IntVar,
+        ranks: tuple[int, ...],
+    ) -> None:
+        costs = self.problem.costs(option)
+        for shard, rank in enumerate(ranks):
+            cost = costs.cost[shard, self.problem.class_of_rank[rank]]
+            self._load(rank, count, cost, int(costs.hbm[shard]), int(costs.ddr[shard]), entry.group)
+
+    def _add_free(
+        self,
+        entry: _OptionVars,
+        option: ShardingOption,
+        group: Group,
+        count: cp_model.IntVar,
+        ranks: list[int],
+    ) -> None:
+        """``k`` equal shards per table, each on any allowed rank (shards may share one)."""
+        costs = self.problem.costs(option)
+        k = costs.num_shards
+        placed = []
+        for rank in ranks:
+            z = self.model.new_int_var(0, group.size * k, f"z{entry.group}_{entry.option}_{rank}")
+            entry.per_rank[rank] = z
+            placed.append(z)
+            cost = costs.cost[0, self.problem.class_of_rank[rank]]
+            self._load(rank, z, cost, int(costs.hbm[0]), int(costs.ddr[0]), entry.group)
+        self.num_placement_vars += len(ranks)
+        self.model.add(sum(placed) == k * count)
+
+    def _add_per_host(
+        self, entry: _OptionVars, option: ShardingOption, group: Group, free_within_host: bool
+    ) -> None:
+        problem = self.problem
+        allowed = set(group.allowed)
+        hosts = []
+        for host in range(problem.num_hosts):
+            ranks = tuple(problem.host_ranks(host))
+            usable = [r for r in ranks if r in allowed]
+            if not usable or (not free_within_host and len(usable) < len(ranks)):
+                continue
+            h = self.model.new_int_var(0, group.size, f"h{entry.group}_{entry.option}_{host}")
+            entry.per_host[host] = h
+            hosts.append(h)
+            if free_within_host:
+                self._add_free(entry, option, group, h, usable)
+            else:
+                self._add_fixed(entry, option, h, ranks)
+        self.model.add(sum(hosts) == entry.count)
+
+    def _load(
+        self, rank: int, var: cp_model.IntVar, cost: float, hbm: int, ddr: int, group: int
+    ) -> None:
+        self.perf_terms[rank].append((var, math.floor(cost * self.scale)))
+        if hbm:
+            self.hbm_terms[rank].append((var, hbm))
+        if ddr:
+            self.ddr_terms[rank].append((var, ddr))
+        if group in self.usage_terms:
+            self.usage_terms[group][rank].append((var, 1))
+
+    # ---- restriction to a neighbourhood of the warm start
+
+    def _kept_options(self, g: int, group: Group) -> list[int]:
+        everything = list(range(len(group.options)))
+        if not self.restrict or self.hint is None:
+            return everything
+        used = {self.hint[t].option for t in group.members}
+        by_work = sorted(everything, key=lambda o: (self.problem.costs(group.options[o]).work, o))
+        return sorted(used | set(by_work[:3]))
+
+    def _kept_ranks(self, g: int, o: int, allowed: tuple[int, ...]) -> list[int]:
+        if not self.restrict or self.hint is None or self.hint_loads is None:
+            return list(allowed)
+        group = self.groups[g]
+        used = {r for t in group.members if self.hint[t].option == o for r in self.hint[t].ranks}
+        loads = self.hint_loads.perf
+        lightest = sorted(allowed, key=lambda r: (loads[r], r))[:8]
+        return sorted(used | set(lightest))
+
+    # ---- constraints
+
+    def _add_capacities(self) -> None:
+        problem = self.problem
+        for rank in range(problem.world_size):
+            for terms, cap in (
+                (self.hbm_terms[rank], problem.hbm_cap[rank]),
+                (self.ddr_terms[rank], problem.ddr_cap[rank]),
+            ):
+                if terms:
+                    self.model.add(_weighted(terms) <= int(cap))
+
+    def _add_links(self) -> None:
+        """Colocate and separate groups, over which ranks each linked table uses."""
+        constraints = self.problem.request.constraints
+        if not constraints.colocate and not constraints.separate:
+            return
+        used = self._usage_booleans()
+        for group in constraints.colocate:
+            first, *rest = (used[name] for name in group)
+            for other in rest:
+                for a, b in zip(first, other, strict=True):
+                    self.model.add(a == b)
+        for group in constraints.separate:
+            for i, name in enumerate(group):
+                for partner in group[i + 1 :]:
+                    for a, b in zip(used[name], used[partner], strict=True):
+                        self.model.add(a + b <= 1)
+
+    def _usage_booleans(self) -> dict[str, list[cp_model.IntVar]]:
+        """For each linked (singleton) table, a boolean per rank: is any shard of it there?"""
+        used = {}
+        for name, g in self.linked.items():
+            most = max(len(option.shards) for option in self.groups[g].options)
+            flags = []
+            for rank, terms in enumerate(self.usage_terms[g]):
+                flag = self.model.new_bool_var(f"u{g}_{rank}")
+                if terms:
+                    shards = _weighted(terms)
+                    self.model.add(shards <= most * flag)
+                    self.model.add(shards >= flag)
+                else:
+                    self.model.add(flag == 0)
+                flags.append(flag)
+            used[name] = flags
+        return used
+
+    # ---- objective
+
+    def makespan(self, lower: int, upper: int) -> cp_model.IntVar:
+        makespan = self.model.new_int_var(min(lower, upper), upper, "T")
+        for terms in self.perf_terms:
+            if terms:
+                self.model.add(_weighted(terms) <= makespan)
+        return makespan
+
+    def peak_hbm(self) -> cp_model.IntVar:
+        """Peak HBM over ranks in steps of 1/HBM_STEPS of the largest rank's capacity."""
+        step = max(1, math.ceil(int(self.problem.hbm_cap.max(initial=0)) / (HBM_STEPS - 1)))
+        peak = self.model.new_int_var(0, HBM_STEPS - 1, "peak_hbm")
+        for terms in self.hbm_terms:
+            if terms:
+                self.model.add(_weighted(terms) <= peak * step)
+        return peak
+
+    # ---- hints and decoding
+
+    def add_hint(self, choices: list[Choice]) -> None:
+        counts: dict[tuple[int, int], int] = {}
+        ranks: dict[tuple[int, int, int], int] = {}
+        hosts: dict[tuple[int, int, int], int] = {}
+        for g, group in enumerate(self.groups):
+            for t in group.members:
+                choice = choices[t]
+                counts[g, choice.option] = counts.get((g, choice.option), 0) + 1
+                option = group.options[choice.option]
+                if option.placement is Placement.PER_HOST:
+                    host = self.problem.topology.host_of(choice.ranks[0])
+                    hosts[g, choice.option, host] = hosts.get((g, choice.option, host), 0) + 1
+                if _has_free_shards(option):
+                    for rank in choice.ranks:
+                        key = (g, choice.option, rank)
+                        ranks[key] = ranks.get(key, 0) + 1
+        for entry in self.option_vars:
+            self.model.add_hint(entry.count, counts.get((entry.group, entry.option), 0))
+            for rank, var in entry.per_rank.items():
+                self.model.add_hint(var, ranks.get((entry.group, entry.option, rank), 0))
+            for host, var in entry.per_host.items():
+                self.model.add_hint(var, hosts.get((entry.group, entry.option, host), 0))
+
+    def decode(self, solver: cp_model.CpSolver) -> list[Choice]:
+        choices: list[Choice | None] = [None] * len(self.problem.tables)
+        by_group: dict[int, list[_OptionVars]] = {}
+        for entry in self.option_vars:
+            by_group.setdefault(entry.group, []).append(entry)
+        for g, group in enumerate(self.groups):
+            members = iter(group.members)
+            for entry in by_group.get(g, []):
+                option = group.options[entry.option]
+                for ranks in self._assign(solver, entry, option, int(solver.value(entry.count))):
+                    choices[next(members)] = Choice(entry.option, ranks)
+        return [choice for choice in choices if choice is not None]
+
+    def _assign(
+        self, solver: cp_model.CpSolver, entry: _OptionVars, option: ShardingOption, count: int
+    ) -> list[tuple[int, ...]]:
+        """The rank tuples of ``count`` tables taking this option, from the counts."""
+        k = len(option.shards)
+        if option.placement is Placement.FIXED:
+            return [tuple(range(self.problem.world_size))] * count
+        if option.sharding_type is ShardingType.TABLE_ROW_WISE:
+            result = []
+            for host, var in entry.per_host.items():
+                result += [tuple(self.problem.host_ranks(host))] * int(solver.value(var))
+            return result
+        if option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+            result = []
+            for host, var in entry.per_host.items():
+                ranks = [r for r in self.problem.host_ranks(host) if r in entry.per_rank]
+                pool = _expand({r: int(solver.value(entry.per_rank[r])) for r in ranks})
+                tables = int(solver.value(var))
+                result += [tuple(pool[i * k : (i + 1) * k]) for i in range(tables)]
+            return result
+        pool = _expand({r: int(solver.value(v)) for r, v in entry.per_rank.items()})
+        return [tuple(pool[i * k : (i + 1) * k]) for i in range(count)]
+
+
+def _has_free_shards(option: ShardingOption) -> bool:
+    """Whether the model places this option's shards rank by rank (z variables)."""
+    return option.placement is not Placement.FIXED and (
+        option.sharding_type is not ShardingType.TABLE_ROW_WISE
+    )
+
+
+def _linked_groups(problem: Problem, groups: list[Group]) -> dict[str, int]:
+    """Group index of every table named in a colocate or separate group (singletons)."""
+    constraints = problem.request.constraints
+    names = {name for group in (*constraints.colocate, *constraints.separate) for name in group}
+    return {
+        problem.tables[group.members[0]].table.name: g
+        for g, group in enumerate(groups)
+        if problem.tables[group.members[0]].table.name in names
+    }
+
+
+def _expand(counts: dict[int, int]) -> list[int]:
+    return [rank for rank in sorted(counts) for _ in range(counts[rank])]
+
+
+def _weighted(terms: list[tuple[cp_model.IntVar, int]]) -> cp_model.LinearExpr:
+    return cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [c for _, c in terms])
+
+
+# --------------------------------------------------------------------------- solving
+
+
+def solve_cpsat(
+    problem: Problem,
+    groups: list[Group],
+    hint: list[Choice] | None,
+    *,
+    time_limit_s: float,
+    seed: int,
+    lower_bound: float = 0.0,
+    gap_limit: float = 0.0,
+    on_progress: ProgressCallback | None = None,
+    deadline: Deadline | None = None,
+) -> CpSatResult:
+    """Minimise the max rank cost, ties broken by the lower peak HBM (lexicographically:
+    the HBM term, in thousandths of a rank's capacity, never outweighs one cost unit).
+
+    Stops early once the best plan is proven within ``gap_limit`` by ``lower_bound`` (the
+    best bound known before the search) or by CP-SAT's own bound (``PROBE_SHARES``), and
+    at the deadline with the best plan found so far."""
+    deadline = deadline or Deadline.never()
+    start = time.perf_counter()
+    reference = _reference_makespan(problem, hint)
+    scale = COST_RESOLUTION / reference if reference > 0 else 1.0
+    size = sum(
+        len(group.allowed)
+        for group in groups
+        for option in group.options
+        if option.placement is not Placement.FIXED
+    )
+    restrict = hint is not None and size > MAX_PLACEMENT_VARS
+    try:
+        built = _Model(problem, groups, hint, scale, restrict, deadline)
+    except OutOfTime:
+        wall = time.perf_counter() - start
+        return CpSatResult(None, "UNKNOWN", None, not restrict, 0, wall, 0, 0.0)
+    makespan = built.makespan(
+        math.floor(lower_bound * scale), _makespan_upper(problem, hint, scale)
+    )
+    peak = built.peak_hbm()
+    built.model.minimize(makespan * HBM_STEPS + peak)
+    callback = _Progress(makespan, scale, on_progress) if on_progress else None
+    budget = time_limit_s * SEARCH_SHARE
+    probes = hint is not None and gap(reference, lower_bound) <= PROBE_WITHIN  # hint's makespan
+    shares = [*PROBE_SHARES, 1.0 - sum(PROBE_SHARES)] if probes else [1.0]
+    best: list[Choice] | None = None
+    best_key = (math.inf, math.inf)
+    bound = None  # a proof only when the model is the whole problem
+    status_name = "UNKNOWN"
+    runs, spent = 0, 0.0
+    for run, share in enumerate(shares):
+        if deadline.expired():
+            break
+        start_from = best or hint
+        if start_from is not None:
+            built.model.clear_hints()
+            built.add_hint(start_from)
+        solver = deterministic_solver(budget * share, seed + run)
+        solver.parameters.relative_gap_limit = max(RELATIVE_GAP_LIMIT, gap_limit)
+        status = solve_within(solver, built.model, deadline, callback=callback)
+        runs, status_name = run + 1, solver.status_name(status)
+        spent += solver.deterministic_time
+        if status == cp_model.INFEASIBLE or status == cp_model.MODEL_INVALID:
+            break
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            continue
+        choices = built.decode(solver)
+        loads = loads_of(problem, choices)
+        if (loads.objective, loads.peak_hbm) < best_key:
+            best, best_key = choices, (loads.objective, loads.peak_hbm)
+        if not restrict:
+            proven = (solver.best_objective_bound - (HBM_STEPS - 1)) / HBM_STEPS / scale
+            bound = max(bound or 0.0, proven)
+        if status == cp_model.OPTIMAL or proven_within(
+            best_key[0], max(lower_bound, bound or 0.0), gap_limit
+        ):
+            break
+    num_variables = len(built.model.proto.variables)
+    wall = time.perf_counter() - start
+    return CpSatResult(best, status_name, bound, not restrict, num_variables, wall, runs, spent)
+
+
+def deterministic_solver(time_limit_s: float, seed: int) -> cp_model.CpSolver:
+    """A portfolio of workers interleaved deterministically, stopped by deterministic time:
+    the same request searches exactly as far, and answers the same, in every process
+    (unless a wall-clock limit stops it first, see ``solve_within``)."""
+    solver = cp_model.CpSolver()
+    parameters = solver.parameters
+    parameters.num_workers = NUM_WORKERS
+    parameters.interleave_search = True
+    parameters.random_seed = seed
+    parameters.max_deterministic_time = max(time_limit_s, 0.01)
+    parameters.relative_gap_limit = RELATIVE_GAP_LIMIT
+    # CP-SAT's own SIGINT handler only ends the current run (the solve would go on to its
+    # next stage) and resets SIGINT afterwards; callers decide what Ctrl-C means.
+    parameters.catch_sigint_signal = False
+    return solver
+
+
+def solve_within(
+    solver: cp_model.CpSolver,
+    model: cp_model.CpModel,
+    deadline: Deadline,
+    *,
+    share: float = 1.0,
+    callback: cp_model.CpSolverSolutionCallback | None = None,
+) -> cp_model.CpSolverStatus:
+    """Solve with at most ``share`` of what is left of the deadline as the wall-clock limit
+    (and at most ``WALL_SAFETY_FACTOR`` times the deterministic budget), and record on the
+    deadline whether a wall-clock limit, not the work budget, stopped the run."""
+    safety_s = solver.parameters.max_deterministic_time * WALL_SAFETY_FACTOR
+    limit_s = deadline.cap_s(safety_s, share)
+    solver.parameters.max_time_in_seconds = max(limit_s, 1e-3)
+    status = solver.solve(model, callback)
+    deadline.note_stop(limit_s, solver.wall_time)
+    return status
+
+
+def _reference_makespan(problem: Problem, hint: list[Choice] | None) -> float:
+    if hint is not None:
+        return loads_of(problem, hint).objective
+    work = sum(min(problem.costs(o).work for o in t.options) for t in problem.tables)
+    largest = max(
+        (min(problem.costs(o).largest_shard for o in t.options) for t in problem.tables),
+        default=0.0,
+    )
+    return work / problem.world_size + largest
+
+
+def _makespan_upper(problem: Problem, hint: list[Choice] | None, scale: float) -> int:
+    if hint is not None:
+        return math.ceil(loads_of(problem, hint).objective * scale) + 1
+    total = sum(max(problem.costs(o).work for o in t.options) for t in problem.tables)
+    return math.ceil(total * scale) + 1
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, makespan: cp_model.IntVar, scale: float, report: ProgressCallback) -> None:
+        super().__init__()
+        self._makespan = makespan
+        self._scale = scale
+        self._report = report
+
+    def on_solution_callback(self) -> None:
+        bound = self.best_objective_bound / HBM_STEPS / self._scale
+        self._report("cp-sat", self.value(self._makespan) / self._scale, bound)

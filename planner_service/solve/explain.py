@@ -1,0 +1,357 @@
+"""Why no plan exists, with numbers, and the smallest fixes found by re-solving relaxed
+requests: the least world size (same devices) that fits, and which tables would fit if
+``fused_uvm_caching`` were allowed.
+
+The least world size is searched cheaply first with the LP relaxation (a world size whose
+relaxation has no solution certainly has no plan), then confirmed by running the warm start
+(enumeration, fit, LP-guided heuristic) at that size and a few larger ones; a world size
+reported as a fix is one where a plan was actually found. Everything is deterministic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from planner_service.costs.enumerate import FitResult, enumerate_options, fit_options
+from planner_service.costs.options import ShardingOption, TableOptions
+from planner_service.plan.codec import canonical_bytes, parse_request
+from planner_service.plan.types import (
+    ComputeDevice,
+    ComputeKernel,
+    Infeasibility,
+    InfeasibilityCode,
+    InfeasibilityReason,
+    PlanRequest,
+    SmallestFixes,
+    SolverStatus,
+    TableProblem,
+    TableProblemCode,
+)
+from planner_service.solve.deadline import Deadline
+from planner_service.solve.prepare import prepare, warm_start
+
+MAX_WORLD_SIZE_SEARCH = 65_536
+MAX_WORLD_SIZE_FACTOR = 64  # search world sizes up to 64x the requested one
+VERIFY_ATTEMPTS = 4  # confirmations of the LP's least size, each ~10% larger
+VERIFY_GROWTH = 1.1
+
+
+def explain(
+    request: PlanRequest,
+    table_problems: list[TableProblem],
+    status: SolverStatus,
+    deadline: Deadline | None = None,
+    fitted: FitResult | None = None,
+) -> Infeasibility:
+    """The reasons, then the smallest fixes found before the deadline (a fix search cut
+    short says how far it got: ``min_world_size_searched_up_to``)."""
+    deadline = deadline or Deadline.never()
+    reasons = [_table_reason(p) for p in table_problems]
+    reasons += memory_reasons(request, fitted)
+    if not reasons:
+        reasons.append(_fallback_reason(request, status))
+    fixes = SmallestFixes(**_world_size_fix(request, deadline), **_caching_fix(request, deadline))
+    return Infeasibility(status=status, reasons=reasons, fixes=fixes)
+
+
+def _table_reason(problem: TableProblem) -> InfeasibilityReason:
+    code = (
+        InfeasibilityCode.TABLE_DOES_NOT_FIT
+        if problem.code is TableProblemCode.DOES_NOT_FIT
+        else InfeasibilityCode.NO_ALLOWED_OPTION
+    )
+    return InfeasibilityReason(
+        code=code,
+        message=problem.message,
+        tables=[problem.table],
+        needed_bytes=_sum_or_none(problem.needed_hbm_bytes, problem.needed_ddr_bytes),
+        available_bytes=_sum_or_none(
+            problem.largest_rank_hbm_bytes, problem.largest_rank_ddr_bytes
+        ),
+    )
+
+
+def _sum_or_none(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _fallback_reason(request: PlanRequest, status: SolverStatus) -> InfeasibilityReason:
+    if status is SolverStatus.NO_SOLUTION_IN_TIME:
+        return InfeasibilityReason(
+            code=InfeasibilityCode.TIMED_OUT,
+            message=(
+                f"no plan was found within time_limit_s {request.options.time_limit_s} and "
+                "none was proven impossible; every table fits some rank on its own, so raise "
+                "time_limit_s or relax constraints"
+            ),
+        )
+    return InfeasibilityReason(
+        code=InfeasibilityCode.NO_FEASIBLE_COMBINATION,
+        message=(
+            "every table fits some rank on its own, but no combination of options fits all "
+            "of them together under the memory and constraints (proven by the solver)"
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def memory_reasons(
+    request: PlanRequest, fitted: FitResult | None = None
+) -> list[InfeasibilityReason]:
+    """Totals that cannot fit whatever the placement: all ranks, and each pinned rank set.
+    Exact integer sums, so any reason here proves that no plan exists. ``fitted``: the
+    request's fitted options, when the caller has them already."""
+    fitted = fitted or fit_options(request, enumerate_options(request))
+    reasons = []
+    everyone = list(range(request.topology.world_size))
+    reason = _total_reason(fitted, fitted.tables, everyone, "all ranks")
+    if reason is not None:
+        reasons.append(reason)
+    for ranks, entries in _pinned_sets(request, fitted.tables).items():
+        reason = _total_reason(fitted, entries, list(ranks), f"pinned ranks {list(ranks)}")
+        if reason is not None:
+            reasons.append(
+                reason.model_copy(
+                    update={"code": InfeasibilityCode.PINNED_RANKS_OVERLOADED, "ranks": list(ranks)}
+                )
+            )
+    return reasons
+
+
+def _pinned_sets(
+    request: PlanRequest, tables: list[TableOptions]
+) -> dict[tuple[int, ...], list[TableOptions]]:
+    """Each distinct pinned rank set with the tables pinned inside it."""
+    pins = {tuple(sorted(set(c.ranks))) for c in request.constraints.tables.values() if c.ranks}
+    result = {}
+    for ranks in sorted(pins):
+        inside = [
+            entry
+            for entry in tables
+            if (pinned := request.constraints.for_table(entry.table.name).ranks)
+            and set(pinned) <= set(ranks)
+        ]
+        if inside and len(ranks) < request.topology.world_size:
+            result[ranks] = inside
+    return result
+
+
+def _total_reason(
+    fitted: FitResult, entries: Iterable[TableOptions], ranks: list[int], where: str
+) -> InfeasibilityReason | None:
+    entries = [entry for entry in entries if entry.options]
+    if not entries:
+        return None
+    hbm_cap = sum(fitted.capacities[r].hbm_bytes for r in ranks)
+    ddr_cap = sum(fitted.capacities[r].ddr_bytes for r in ranks)
+    least = _LeastBytes()
+    least_total = sum(least.total(entry) for entry in entries)
+    least_hbm = sum(least.hbm(entry) for entry in entries)
+    names = [entry.table.name for entry in entries]
+    if least_total > hbm_cap + ddr_cap:
+        return InfeasibilityReason(
+            code=InfeasibilityCode.TOTAL_MEMORY,
+            message=(
+                f"the tables need at least {_gib(least_total)} of HBM+DDR together (each at "
+                f"its smallest option) but {where} offer {_gib(hbm_cap + ddr_cap)} after the "
+                "reservation"
+            ),
+            tables=names,
+            needed_bytes=least_total,
+            available_bytes=hbm_cap + ddr_cap,
+        )
+    if least_hbm > hbm_cap:
+        return InfeasibilityReason(
+            code=InfeasibilityCode.TOTAL_MEMORY,
+            message=(
+                f"the tables need at least {_gib(least_hbm)} of HBM together (each at its "
+                f"least-HBM option) but {where} offer {_gib(hbm_cap)} of HBM after the "
+                "reservation"
+            ),
+            tables=names,
+            needed_bytes=least_hbm,
+            available_bytes=hbm_cap,
+        )
+    return None
+
+
+class _LeastBytes:
+    """Each table's least bytes over its options, in total and in HBM. Tables of one shape
+    share option objects, so each option's bytes are summed once."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[int, tuple[int, int]] = {}
+        self._least: dict[int, tuple[int, int]] = {}
+
+    def total(self, entry: TableOptions) -> int:
+        return self._least_of(entry)[1]
+
+    def hbm(self, entry: TableOptions) -> int:
+        return self._least_of(entry)[0]
+
+    def _least_of(self, entry: TableOptions) -> tuple[int, int]:
+        known = self._least.get(id(entry.options))
+        if known is None:
+            each = [self._of(option) for option in entry.options]
+            known = min(h for h, _ in each), min(h + d for h, d in each)
+            self._least[id(entry.options)] = known
+        return known
+
+    def _of(self, option: ShardingOption) -> tuple[int, int]:
+        known = self._bytes.get(id(option))
+        if known is None:
+            hbm = sum(shard.storage.hbm_bytes for shard in option.shards)
+            ddr = sum(shard.storage.ddr_bytes for shard in option.shards)
+            known = self._bytes[id(option)] = (hbm, ddr)
+        return known
+
+
+# --------------------------------------------------------------------------- fixes
+
+
+def plannable(request: PlanRequest, deadline: Deadline | None = None) -> bool:
+    """Whether the warm start finds a plan for ``request`` (before the deadline)."""
+    prepared = prepare(request, deadline)
+    if prepared.problem is None:
+        return False
+    return warm_start(prepared, deadline) is not None
+
+
+def _world_size_fix(request: PlanRequest, deadline: Deadline) -> dict[str, int | None]:
+    """The least world size (whole hosts) at which the warm start finds a plan; with the
+    largest size ruled out so far when the search ends (at its limit or the deadline)."""
+    topology = request.topology
+    local = topology.num_local_ranks
+    limit = min(MAX_WORLD_SIZE_SEARCH, topology.world_size * MAX_WORLD_SIZE_FACTOR)
+    limit -= limit % local
+
+    probes = _Probes(deadline)
+
+    def relaxation_feasible(candidate: PlanRequest) -> bool:
+        with probes.timed():
+            prepared = prepare(candidate, deadline)
+        return prepared.problem is not None and not prepared.relaxation_infeasible
+
+    necessary, ruled_out = _least_size(
+        request, topology.world_size, limit, local, relaxation_feasible, probes
+    )
+    if necessary is None:
+        return {"min_world_size": None, "min_world_size_searched_up_to": ruled_out}
+    size = necessary
+    for _ in range(VERIFY_ATTEMPTS):
+        if not probes.affordable():
+            break
+        with probes.timed():
+            fits = plannable(_resized(request, size), deadline)
+        if fits:
+            return {"min_world_size": size, "min_world_size_searched_up_to": None}
+        size = min(limit, _round_up(int(size * VERIFY_GROWTH) + 1, local))
+    return {"min_world_size": None, "min_world_size_searched_up_to": size}
+
+
+def _least_size(
+    request: PlanRequest,
+    start: int,
+    limit: int,
+    local: int,
+    feasible: Callable[[PlanRequest], bool],
+    probes: _Probes,
+) -> tuple[int | None, int]:
+    """Least multiple of ``local`` in (start, limit] where ``feasible`` holds, assuming it
+    stays true once true: double, then bisect in whole hosts. With it, the largest size
+    known infeasible (``limit`` when every size was, less when the deadline came first)."""
+    low, high, size = start, None, start
+    while size < limit:
+        if not probes.affordable():
+            return None, low
+        size = min(limit, size * 2)
+        if feasible(_resized(request, size)):
+            high = size
+            break
+        low = size
+    if high is None:
+        return None, low
+    while high - low > local and probes.affordable():
+        middle = _round_up((low + high) // 2, local)
+        if middle >= high:
+            break
+        if feasible(_resized(request, middle)):
+            high = middle
+        else:
+            low = middle
+    return high, low
+
+
+class _Probes:
+    """Times the fix search's probes, so that a probe that cannot finish before the
+    deadline is not started: each probe is a whole prepare (and warm start) that does not
+    stop midway, and the next, at a larger world size, takes up to twice the last."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self.last_s = 0.0
+
+    def affordable(self) -> bool:
+        return self.deadline.allows(2 * self.last_s)
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        self.last_s = time.monotonic() - started
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _resized(request: PlanRequest, world_size: int) -> PlanRequest:
+    data = json.loads(request.model_dump_json())
+    data["topology"]["world_size"] = world_size
+    return parse_request(canonical_bytes(data))
+
+
+def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
+    """Tables whose kernel constraints exclude fused_uvm_caching and that would fit with it."""
+    if request.topology.compute_device is ComputeDevice.CPU or deadline.expired():
+        return {}
+    data = json.loads(request.model_dump_json())
+    relaxed_names = []
+    for name, constraint in data["constraints"]["tables"].items():
+        kernels = constraint.get("compute_kernels")
+        if kernels and ComputeKernel.FUSED_UVM_CACHING.value not in kernels:
+            constraint["compute_kernels"] = [*kernels, ComputeKernel.FUSED_UVM_CACHING.value]
+            relaxed_names.append(name)
+    if not relaxed_names:
+        return {}
+    relaxed = parse_request(canonical_bytes(data))
+    before = {p.table for p in fit_options(request, enumerate_options(request)).problems}
+    prepared = prepare(relaxed, deadline)
+    choices = None
+    if prepared.problem is not None:
+        choices = warm_start(prepared, deadline)
+    if choices is None and deadline.expired():
+        return {}  # cut short: neither a fix nor proof that it does not fit
+    if choices is not None and prepared.problem is not None:
+        problem = prepared.problem
+        chosen = [
+            problem.tables[t].table.name
+            for t, choice in enumerate(choices)
+            if problem.tables[t].table.name in relaxed_names
+            and problem.tables[t].options[choice.option].compute_kernel
+            is ComputeKernel.FUSED_UVM_CACHING
+        ]
+        return {"tables_fit_with_uvm_caching": sorted(chosen), "uvm_caching_makes_it_fit": True}
+    after = {p.table for p in fit_options(relaxed, enumerate_options(relaxed)).problems}
+    helped = sorted((before - after) & set(relaxed_names))
+    return {"tables_fit_with_uvm_caching": helped, "uvm_caching_makes_it_fit": False}
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.3f} GiB"

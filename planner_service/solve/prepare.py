@@ -1,0 +1,120 @@
+"""Preparing a request for solving: fit its options, build the problem, bound it, and find
+a warm start. Shared by the solver and by the infeasibility fixes, which re-run it on
+relaxed requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner_service.costs.enumerate import FitResult, enumerate_options, fit_options
+from planner_service.costs.options import DeviceClasses
+from planner_service.plan.types import PlanRequest, TableProblem
+from planner_service.solve.bounds.simple import (
+    LinearRelaxation,
+    LowerBound,
+    Relaxation,
+    RelaxationInfeasible,
+    best_bound,
+    simple_bounds,
+)
+from planner_service.solve.deadline import Deadline
+from planner_service.solve.heuristic import greedy_plan, improve
+from planner_service.solve.problem import Choice, Group, Problem, group_tables, without_equivalents
+
+GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
+
+
+@dataclass
+class Prepared:
+    """A request ready to solve. ``table_problems`` lists tables that fit nowhere (then
+    there is no problem to solve); ``relaxation_infeasible`` means GLOP found no solution
+    to the LP, which in floating point is no proof that there is no plan."""
+
+    table_problems: list[TableProblem]
+    problem: Problem | None = None
+    groups: list[Group] | None = None
+    bounds: list[LowerBound] | None = None
+    relaxation: Relaxation | None = None
+    relaxation_infeasible: bool = False
+    linear: LinearRelaxation | None = None  # the LP, to re-solve with less memory
+    fitted: FitResult | None = None  # the fitted options, for explaining infeasibility
+
+    @property
+    def lower_bound(self) -> LowerBound:
+        assert self.bounds is not None
+        return best_bound(self.bounds)
+
+
+def prepare(request: PlanRequest, deadline: Deadline | None = None) -> Prepared:
+    """Enumerate and fit the options, build the problem and bound it. Without time left
+    for the LP, the problem comes with the simple bounds only."""
+    deadline = deadline or Deadline.never()
+    fitted = fit_options(request, enumerate_options(request))
+    if fitted.problems:
+        return Prepared(fitted.problems, fitted=fitted)
+    tables = without_equivalents(fitted.tables, request.topology)
+    problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
+    groups = group_tables(problem)
+    bounds = simple_bounds(problem)
+    if deadline.expired():
+        return Prepared([], problem, groups, bounds, fitted=fitted)
+    linear = LinearRelaxation(problem, groups, deadline)
+    try:
+        relaxation = linear.solve()
+    except RelaxationInfeasible:
+        return Prepared(
+            [], problem, groups, bounds, None, relaxation_infeasible=True, fitted=fitted
+        )
+    if relaxation is not None:
+        bounds.append(relaxation.bound)
+    return Prepared([], problem, groups, bounds, relaxation, linear=linear, fitted=fitted)
+
+
+def warm_start(prepared: Prepared, deadline: Deadline | None = None) -> list[Choice] | None:
+    """The heuristic's best plan, improved by local search; None if it places no plan
+    (before the deadline)."""
+    assert prepared.problem is not None and prepared.groups is not None
+    deadline = deadline or Deadline.never()
+    problem, groups = prepared.problem, prepared.groups
+    guides = _guides(prepared.relaxation, prepared.linear, groups, len(problem.tables), deadline)
+    choices = greedy_plan(problem, prepared.lower_bound.value, guides, deadline)
+    return improve(problem, choices, deadline) if choices is not None else None
+
+
+def _guides(
+    relaxation: Relaxation | None,
+    linear: LinearRelaxation | None,
+    groups: list[Group],
+    num_tables: int,
+    deadline: Deadline,
+) -> list[list[list[int]]]:
+    """Per-table preferred options from the LP's option mix at full and reduced memory."""
+    if relaxation is None or linear is None:
+        return []
+    mixes = [relaxation]
+    for fraction in GUIDE_MEMORY_FRACTIONS:
+        if deadline.expired():
+            break
+        try:
+            mix = linear.solve(memory_fraction=fraction)
+        except RelaxationInfeasible:
+            break
+        if mix is not None:
+            mixes.append(mix)
+    guides: list[list[list[int]]] = []
+    for mix in mixes:
+        guide = _table_quotas(groups, mix.quotas(), num_tables)
+        if guide not in guides:
+            guides.append(guide)
+    return guides
+
+
+def _table_quotas(groups: list[Group], quotas: list[list[int]], num_tables: int) -> list[list[int]]:
+    """Hand each table of a group its share of the group's option quotas: the group's
+    members take the options in order, so the counts match exactly."""
+    per_table: list[list[int]] = [[] for _ in range(num_tables)]
+    for group, counts in zip(groups, quotas, strict=True):
+        sequence = [o for o, count in enumerate(counts) for _ in range(count)]
+        for member, option in zip(group.members, sequence, strict=False):
+            per_table[member] = [option]
+    return per_table

@@ -1,0 +1,236 @@
+"""The placement problem the solvers share: tables with their fitted options, rank
+capacities, and the arithmetic of placing an option's shards on ranks.
+
+A solution is one ``Choice`` per table: which option, and the rank of every shard. Rank
+loads (time, HBM, DDR) are always recomputed from choices in floating point, so every
+solver's answer is scored the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from planner_service.costs.options import DeviceClasses, Placement, ShardingOption, TableOptions
+from planner_service.plan.capacity import Capacity
+from planner_service.plan.types import PlanRequest, ShardingType, Topology
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A table's decision: ``option`` (index into its options) and each shard's rank."""
+
+    option: int
+    ranks: tuple[int, ...]
+
+
+class OptionCosts:
+    """An option's shard costs as arrays: ``cost[s, c]`` is shard ``s``'s perf total on a
+    rank of device class ``c``; ``hbm[s]``, ``ddr[s]`` its bytes."""
+
+    def __init__(self, option: ShardingOption, classes: DeviceClasses) -> None:
+        self.option = option
+        self.cost = np.array([[p.total for p in s.perf] for s in option.shards], dtype=float)
+        self.hbm = np.array([s.storage.hbm_bytes for s in option.shards], dtype=np.int64)
+        self.ddr = np.array([s.storage.ddr_bytes for s in option.shards], dtype=np.int64)
+        self.fixed_cost: np.ndarray | None = None
+        if option.placement is Placement.FIXED:
+            class_of_rank = np.asarray(classes.class_of_rank)
+            self.fixed_cost = self.cost[np.arange(len(option.shards)), class_of_rank]
+
+    @cached_property
+    def hbm_total(self) -> int:
+        return int(self.hbm.sum())
+
+    @cached_property
+    def ddr_total(self) -> int:
+        return int(self.ddr.sum())
+
+    @cached_property
+    def min_cost(self) -> np.ndarray:
+        """Each shard's cost on the fastest class it could run on (fixed: on its rank)."""
+        if self.fixed_cost is not None:
+            return self.fixed_cost
+        return self.cost.min(axis=1)
+
+    @cached_property
+    def work(self) -> float:
+        """Total milliseconds the option adds over all ranks, at best."""
+        return float(self.min_cost.sum())
+
+    @cached_property
+    def largest_shard(self) -> float:
+        """Cost of its most expensive shard, at best; no plan can beat this for the table."""
+        return float(self.min_cost.max())
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.option.shards)
+
+
+@dataclass
+class Problem:
+    """Everything fixed about one planning request."""
+
+    request: PlanRequest
+    tables: list[TableOptions]
+    capacities: list[Capacity]
+    classes: DeviceClasses
+
+    def __post_init__(self) -> None:
+        self.topology: Topology = self.request.topology
+        self.world_size = self.topology.world_size
+        self.local_world_size = self.topology.num_local_ranks
+        self.num_hosts = self.topology.num_hosts
+        self.hbm_cap = np.array([c.hbm_bytes for c in self.capacities], dtype=np.int64)
+        self.ddr_cap = np.array([c.ddr_bytes for c in self.capacities], dtype=np.int64)
+        # All ranks together, as Python ints: 2**53 bytes on 1,024+ ranks overflow int64.
+        self.hbm_total = sum(c.hbm_bytes for c in self.capacities)
+        self.ddr_total = sum(c.ddr_bytes for c in self.capacities)
+        self.class_of_rank = np.asarray(self.classes.class_of_rank, dtype=np.int64)
+        constraints = self.request.constraints
+        self.allowed: list[tuple[int, ...]] = [
+            tuple(sorted(set(constraints.for_table(t.table.name).ranks or range(self.world_size))))
+            for t in self.tables
+        ]
+        self._costs: dict[int, OptionCosts] = {}
+        # Row h: the ranks of host h, in order.
+        self.host_grid = np.arange(self.num_hosts * self.local_world_size).reshape(
+            self.num_hosts, self.local_world_size
+        )
+
+    def costs(self, option: ShardingOption) -> OptionCosts:
+        """Cost arrays of an option, shared by every table with the same option object."""
+        found = self._costs.get(id(option))
+        if found is None:
+            found = OptionCosts(option, self.classes)
+            self._costs[id(option)] = found
+        return found
+
+    def host_ranks(self, host: int) -> range:
+        return self.topology.host_ranks(host)
+
+
+@dataclass(frozen=True)
+class Loads:
+    """What a set of choices puts on each rank."""
+
+    perf: np.ndarray
+    hbm: np.ndarray
+    ddr: np.ndarray
+
+    @property
+    def objective(self) -> float:
+        return float(self.perf.max()) if len(self.perf) else 0.0
+
+    @property
+    def peak_hbm(self) -> int:
+        return int(self.hbm.max()) if len(self.hbm) else 0
+
+    def fits(self, problem: Problem) -> bool:
+        return bool((self.hbm <= problem.hbm_cap).all() and (self.ddr <= problem.ddr_cap).all())
+
+
+def loads_of(problem: Problem, choices: list[Choice]) -> Loads:
+    perf = np.zeros(problem.world_size)
+    hbm = np.zeros(problem.world_size, dtype=np.int64)
+    ddr = np.zeros(problem.world_size, dtype=np.int64)
+    for entry, choice in zip(problem.tables, choices, strict=True):
+        costs = problem.costs(entry.options[choice.option])
+        ranks = np.asarray(choice.ranks, dtype=np.int64)
+        shard_cost = costs.cost[np.arange(costs.num_shards), problem.class_of_rank[ranks]]
+        np.add.at(perf, ranks, shard_cost)
+        np.add.at(hbm, ranks, costs.hbm)
+        np.add.at(ddr, ranks, costs.ddr)
+    return Loads(perf, hbm, ddr)
+
+
+# Among options that cost the same on every shard, the one with the freest placement wins:
+# a whole table is simplest; column shards anywhere include column shards on one host; on a
+# single host, table-row-wise is row-wise.
+_PREFERENCE = {
+    ShardingType.TABLE_WISE: 0,
+    ShardingType.COLUMN_WISE: 1,
+    ShardingType.TABLE_COLUMN_WISE: 2,
+    ShardingType.ROW_WISE: 0,
+    ShardingType.TABLE_ROW_WISE: 1,
+    ShardingType.DATA_PARALLEL: 0,
+}
+
+
+def without_equivalents(tables: list[TableOptions], topology: Topology) -> list[TableOptions]:
+    """Drop options that cost exactly what a freer option of the table costs (decided once
+    per distinct option tuple: tables of one shape share them)."""
+    decided: dict[tuple[int, ...], tuple[ShardingOption, ...]] = {}
+    result = []
+    for entry in tables:
+        key = tuple(map(id, entry.options))
+        if key not in decided:
+            decided[key] = _distinct_options(entry.options, topology)
+        result.append(TableOptions(entry.table, decided[key]))
+    return result
+
+
+def _distinct_options(
+    options: tuple[ShardingOption, ...], topology: Topology
+) -> tuple[ShardingOption, ...]:
+    kept: dict[tuple[object, ...], ShardingOption] = {}
+    for option in options:
+        key = _equivalence_key(option, topology)
+        incumbent = kept.get(key)
+        if (
+            incumbent is None
+            or _PREFERENCE[option.sharding_type] < _PREFERENCE[incumbent.sharding_type]
+        ):
+            kept[key] = option
+    survivors = set(map(id, kept.values()))
+    return tuple(o for o in options if id(o) in survivors)
+
+
+def _equivalence_key(option: ShardingOption, topology: Topology) -> tuple[object, ...]:
+    kind = option.sharding_type
+    single_host = topology.num_hosts == 1
+    if kind is ShardingType.ROW_WISE or (kind is ShardingType.TABLE_ROW_WISE and single_host):
+        family = "rows"
+    elif kind in (
+        ShardingType.TABLE_WISE,
+        ShardingType.COLUMN_WISE,
+        ShardingType.TABLE_COLUMN_WISE,
+    ):
+        family = "free"
+    else:
+        family = kind.value
+    shards = tuple((s.sizes, tuple(p.total for p in s.perf), s.storage) for s in option.shards)
+    return (family, option.compute_kernel, option.cache_load_factor, shards)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Tables the solver may treat as interchangeable: the same option objects, the same
+    allowed ranks, and in no colocate or separate group (those stay singletons)."""
+
+    members: tuple[int, ...]
+    options: tuple[ShardingOption, ...]
+    allowed: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+def group_tables(problem: Problem) -> list[Group]:
+    constraints = problem.request.constraints
+    linked = {name for group in (*constraints.colocate, *constraints.separate) for name in group}
+    groups: dict[object, list[int]] = {}
+    for t, entry in enumerate(problem.tables):
+        if entry.table.name in linked:
+            key: object = ("single", t)
+        else:
+            key = (tuple(map(id, entry.options)), problem.allowed[t])
+        groups.setdefault(key, []).append(t)
+    return [
+        Group(tuple(members), problem.tables[members[0]].options, problem.allowed[members[0]])
+        for members in groups.values()
+    ]
