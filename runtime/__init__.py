@@ -15,12 +15,12 @@ from runtime.plan import (
     table_row_wise,
     table_wise,
 )
-from runtime.sharded import (
+from runtime.sharding.module import (
     ShardedEmbeddingBagCollection,
-    ShardedWeight,
     apply_sharding_plan,
     shard_modules,
 )
+from runtime.sharding.weights import ShardedWeight
 from runtime.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __all__ = [

@@ -1,10 +1,15 @@
-"""Adam for table-batched embeddings on CPU, where fbgemm-gpu-cpu has no fused Adam kernel.
+"""The kernels a rank pools its shards with, and the optimizer fused into their backward.
 
-fbgemm-gpu-cpu 1.8.0's ``SplitTableBatchedEmbeddingBagsCodegen`` refuses ``ADAM`` on CPU
-("not supported in CPU mode"). ``CpuAdamEmbeddingBags`` keeps the lookups in FBGEMM (its
-``DenseTableBatchedEmbeddingBagsCodegen``, which produces a dense weight gradient) and runs
-the Adam step as soon as backward has accumulated that gradient (a post-accumulate-grad hook),
-so the optimizer is still part of ``loss.backward()`` and no optimizer object is needed.
+Each kernel group of a rank's layout becomes one FBGEMM table-batched kernel
+(``SplitTableBatchedEmbeddingBagsCodegen``, SUM pooling, fp32 output) with the optimizer
+``fused_params`` name, in the memory its key names.
+
+Adam on CPU is the exception: fbgemm-gpu-cpu 1.8.0's ``SplitTableBatchedEmbeddingBagsCodegen``
+refuses ``ADAM`` on CPU ("not supported in CPU mode"). ``CpuAdamEmbeddingBags`` keeps the
+lookups in FBGEMM (its ``DenseTableBatchedEmbeddingBagsCodegen``, which produces a dense
+weight gradient) and runs the Adam step as soon as backward has accumulated that gradient (a
+post-accumulate-grad hook), so the optimizer is still part of ``loss.backward()`` and no
+optimizer object is needed.
 
 The step follows FBGEMM's ``ADAM`` (the CUDA kernel's update, fbgemm_gpu's
 ``codegen/genscript/optimizers.py``): only the rows the step looked up are updated (like
@@ -20,17 +25,34 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, TypeAlias
 
 import torch
-from fbgemm_gpu.split_embedding_configs import SparseType
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
     DenseTableBatchedEmbeddingBagsCodegen,
+    SplitTableBatchedEmbeddingBagsCodegen,
 )
 from torch import nn
 
+from planner_service.plan.types import DataType, OptimizerType
+from runtime.modules import EmbeddingBagConfig
+from runtime.plan import PlanMismatchError
+from runtime.sharding.layout import KernelKey, Memory
+
+OPTIMIZERS = {
+    OptimizerType.SGD: EmbOptimType.EXACT_SGD,
+    OptimizerType.ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    OptimizerType.ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
+    OptimizerType.ADAM: EmbOptimType.ADAM,
+}
+HYPERPARAMETERS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum")
+DEFAULT_FUSED_PARAMS: dict[str, Any] = {"optimizer": "sgd", "learning_rate": 0.01}
 ADAM_DEFAULTS = {"learning_rate": 0.01, "eps": 1e-8, "beta1": 0.9, "beta2": 0.999}
 ADAM_HYPERPARAMETERS = (*ADAM_DEFAULTS, "weight_decay")
+WEIGHT_PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
 
 # The CPU dense lookup is differentiable through the ops it calls, but the op itself has no
 # autograd kernel registered, so torch warns on every backward. Its gradient is checked
@@ -129,3 +151,79 @@ class CpuAdamEmbeddingBags(nn.Module):
             update = (m_rows / bias1) / ((v_rows / bias2).sqrt() + self.eps)
             update.add_(w_rows, alpha=self.weight_decay)
             w[rows] = (w_rows - self.learning_rate * update).to(w.dtype)
+
+
+# FBGEMM's fused kernel, or (adam on CPU) its dense lookup with Adam in backward.
+Kernel: TypeAlias = SplitTableBatchedEmbeddingBagsCodegen | CpuAdamEmbeddingBags
+KERNEL_TYPES = (SplitTableBatchedEmbeddingBagsCodegen, CpuAdamEmbeddingBags)
+
+
+class FusedOptimizer(NamedTuple):
+    optimizer: OptimizerType
+    hyperparameters: dict[str, float]
+
+
+def fused_optimizer(fused_params: Mapping[str, Any] | None) -> FusedOptimizer:
+    """The optimizer ``fused_params`` names and its hyperparameters (default: SGD at 0.01);
+    unknown names and keys are refused, and keys adam does not use."""
+    params = dict(DEFAULT_FUSED_PARAMS if fused_params is None else fused_params)
+    name = str(params.pop("optimizer", "sgd"))
+    if name not in OPTIMIZERS:
+        raise ValueError(
+            f"fused_params optimizer {name!r} is not supported; use one of "
+            f"{sorted(o.value for o in OPTIMIZERS)}"
+        )
+    unknown = sorted(set(params) - set(HYPERPARAMETERS))
+    if unknown:
+        raise ValueError(
+            f"fused_params has unknown keys {unknown}; accepted: optimizer, "
+            f"{', '.join(HYPERPARAMETERS)}"
+        )
+    optimizer = OptimizerType(name)
+    unused = sorted(set(params) - set(ADAM_HYPERPARAMETERS))
+    if optimizer is OptimizerType.ADAM and unused:
+        raise ValueError(
+            f"fused_params has keys {unused} that adam does not use; adam takes "
+            f"{', '.join(ADAM_HYPERPARAMETERS)}"
+        )
+    return FusedOptimizer(optimizer, {k: float(v) for k, v in params.items()})
+
+
+def check_trainable(tables: Sequence[EmbeddingBagConfig]) -> None:
+    """Refuse tables whose data type the kernels do not train (before allocating)."""
+    for table in tables:
+        if table.data_type not in WEIGHT_PRECISION:
+            raise PlanMismatchError(
+                f"table {table.name!r} has data_type {table.data_type.value!r}; the "
+                f"sharded kernels train {[d.value for d in WEIGHT_PRECISION]}"
+            )
+
+
+def build_kernel(
+    key: KernelKey,
+    sizes: Sequence[tuple[int, int]],
+    feature_table_map: Sequence[int],
+    optimizer: FusedOptimizer,
+    device: torch.device,
+) -> Kernel:
+    """One kernel of tables of ``sizes`` (rows, columns) pooling features that look up
+    ``feature_table_map``'s tables."""
+    cuda = device.type == "cuda"
+    precision = WEIGHT_PRECISION[key.data_type]
+    if optimizer.optimizer is OptimizerType.ADAM and not cuda:  # no fused CPU kernel in fbgemm
+        return CpuAdamEmbeddingBags(sizes, feature_table_map, precision, optimizer.hyperparameters)
+    location = EmbeddingLocation[key.memory.value]
+    compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
+    caching = key.memory is Memory.MANAGED_CACHING
+    extra = {"cache_load_factor": key.cache_load_factor} if caching else {}
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, cols, location, compute) for rows, cols in sizes],
+        feature_table_map=list(feature_table_map),
+        optimizer=OPTIMIZERS[optimizer.optimizer],
+        pooling_mode=PoolingMode.SUM,
+        weights_precision=precision,
+        output_dtype=SparseType.FP32,
+        device=device,
+        **optimizer.hyperparameters,
+        **extra,
+    )

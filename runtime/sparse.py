@@ -6,11 +6,15 @@
   feature-major: the ``stride()`` (batch size) lengths of the first key, then the next.
 - ``KeyedTensor``: pooled embeddings of several features side by side, ``values()`` of shape
   ``[batch, sum of dims]``.
+
+Also the tensor helpers the containers and the sharded module share (offsets of bags,
+indices built on the host).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 
@@ -20,6 +24,18 @@ def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths.to(torch.int64), dim=0, out=offsets[1:])
     return offsets
+
+
+def index_tensor(
+    data: Sequence[int], device: torch.device, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """An index (or, with ``torch.bool``, a mask) computed once on the host, on ``device``."""
+    return torch.tensor(data, dtype=dtype, device=device)
+
+
+def concat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """``torch.cat`` without the copy when there is one tensor."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
 
 
 class _Jagged:
@@ -125,20 +141,6 @@ class KeyedJaggedTensor(_Jagged):
         kjt.length_per_key()
         return kjt
 
-    @staticmethod
-    def from_jt_dict(features: dict[str, JaggedTensor]) -> KeyedJaggedTensor:
-        keys = list(features)
-        jts = [features[k] for k in keys]
-        weights = None
-        if jts and all(jt.weights_or_none() is not None for jt in jts):
-            weights = torch.cat([jt.weights() for jt in jts if jt.weights_or_none() is not None])
-        return KeyedJaggedTensor.from_lengths_sync(
-            keys,
-            torch.cat([jt.values() for jt in jts]) if jts else torch.empty(0, dtype=torch.int64),
-            torch.cat([jt.lengths() for jt in jts]) if jts else torch.empty(0, dtype=torch.int64),
-            weights,
-        )
-
     # ---- accessors (TorchRec's names)
 
     def keys(self) -> list[str]:
@@ -157,10 +159,7 @@ class KeyedJaggedTensor(_Jagged):
         return self._length_per_key
 
     def offset_per_key(self) -> list[int]:
-        result = [0]
-        for n in self.length_per_key():
-            result.append(result[-1] + n)
-        return result
+        return list(accumulate(self.length_per_key(), initial=0))
 
     def __getitem__(self, key: str) -> JaggedTensor:
         if key not in self._keys:
@@ -257,10 +256,7 @@ class KeyedTensor:
         return list(self._length_per_key)
 
     def offset_per_key(self) -> list[int]:
-        result = [0]
-        for n in self._length_per_key:
-            result.append(result[-1] + n)
-        return result
+        return list(accumulate(self._length_per_key, initial=0))
 
     def __getitem__(self, key: str) -> torch.Tensor:
         i = self._keys.index(key)

@@ -36,7 +36,7 @@ from runtime import (
     shard_modules,
     table_wise,
 )
-from runtime.sharded import subgroup_families
+from runtime.sharding.layout import subgroup_families
 from tests import runtime_cases
 
 # --------------------------------------------------------------------------- sparse

@@ -1,0 +1,187 @@
+"""Input distribution: each feature's ids from this rank's batch go to the ranks holding
+shards of its table, and arrive ordered for those ranks' kernels.
+
+Ids go unchanged to every owner for table-wise, column-wise, table-column-wise and
+data-parallel tables; bucketed by row block (FBGEMM's ``block_bucketize_sparse_features``,
+ids made local to the block) for row-wise and table-row-wise tables. One all-to-all each
+for batch sizes and id counts, lengths, ids and (for weighted tables) per-id weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from runtime.comm import Group
+from runtime.modules import EmbeddingBagConfig
+from runtime.sharding.exchange import InputExchange
+from runtime.sharding.layout import features_of
+from runtime.sparse import KeyedJaggedTensor, concat, index_tensor, offsets_from_lengths
+
+
+class LocalBatch(NamedTuple):
+    """This rank's batch, features in module order."""
+
+    lengths: torch.Tensor  # feature-major: batch bags per feature
+    values: torch.Tensor
+    weights: torch.Tensor | None  # per id (1 for unweighted tables); None without weighted ones
+    per_feature: torch.Tensor  # ids per feature
+    batch: int
+
+
+class Received(NamedTuple):
+    """The ids this rank pools, for every sender's batch, in its kernels' order: kernel by
+    kernel, kernel feature by kernel feature, sender by sender."""
+
+    lengths: torch.Tensor
+    values: torch.Tensor
+    weights: torch.Tensor | None
+    batches: list[int]  # each sender's batch size
+
+
+class InputDistribution:
+    """This rank's ``InputExchange`` as tensors on the device: checks a batch and sends
+    its ids where the layouts say."""
+
+    def __init__(
+        self,
+        exchange: InputExchange,
+        tables: Sequence[EmbeddingBagConfig],
+        group: Group,
+        device: torch.device,
+    ) -> None:
+        self.exchange, self.group, self.device = exchange, group, device
+        self.tables = list(tables)
+        self.features = features_of(tables)
+        per_feature = [tables[feature.table] for feature in self.features]
+        self.rows = index_tensor([table.num_embeddings for table in per_feature], device)
+        weighted = [table.is_weighted for table in per_feature]
+        self.weighted = index_tensor(weighted, device, torch.bool) if any(weighted) else None
+        self.row_index = index_tensor(exchange.row_features, device)
+        self.row_index_i32 = self.row_index.to(torch.int32)  # FBGEMM's permutations take int32
+        self.block_rows = index_tensor(exchange.block_rows, device)
+        self.send_segments = index_tensor(exchange.send_segments, device)
+        self.send_segments_i32 = self.send_segments.to(torch.int32)
+        self.send_ranks = index_tensor(exchange.send_ranks, device)
+        self.recv_order = index_tensor(exchange.recv_order, device, torch.int32)
+
+    def prepare(self, features: KeyedJaggedTensor) -> LocalBatch:
+        """The module's features in module order, ids checked against their table's rows."""
+        keys = features.keys()
+        names = [feature.name for feature in self.features]
+        missing = [name for name in names if name not in keys]
+        if missing:
+            raise KeyError(f"features {missing} are not in the input (it has {keys})")
+        if keys != names:
+            features = features.permute([keys.index(name) for name in names])
+        batch = features.stride()
+        lengths = features.lengths().to(self.device, torch.int64)
+        values = features.values().to(self.device, torch.int64)
+        per_feature = lengths.view(len(names), batch).sum(dim=1)
+        feature_of = torch.repeat_interleave(
+            torch.arange(len(names), device=self.device), per_feature
+        )
+        self._check_ids(values, feature_of)
+        weights = None
+        if self.weighted is not None:
+            given = features.weights_or_none()
+            if given is None:
+                raise ValueError("the module has weighted tables; the input has no weights")
+            weights = torch.where(
+                self.weighted[feature_of], given.to(self.device, torch.float32), 1.0
+            )
+        return LocalBatch(lengths, values, weights, per_feature, batch)
+
+    def _check_ids(self, values: torch.Tensor, feature_of: torch.Tensor) -> None:
+        bad = (values < 0) | (values >= self.rows[feature_of])
+        if bool(bad.any()):
+            at = int(bad.nonzero()[0])
+            feature = self.features[int(feature_of[at])]
+            table = self.tables[feature.table]
+            raise ValueError(
+                f"feature {feature.name!r} has id {int(values[at])}; table {table.name!r} has "
+                f"{table.num_embeddings} rows, so ids must be in [0, {table.num_embeddings})"
+            )
+
+    def __call__(self, local: LocalBatch) -> Received:
+        world, group, batch = self.group.world_size, self.group, local.batch
+        lengths, values, weights, counts = self._send_order(local)
+        to_rank = torch.zeros(world, dtype=torch.int64, device=self.device).index_add_(
+            0, self.send_ranks, counts
+        )
+        sizes = torch.stack([torch.full_like(to_rank, batch), to_rank], dim=1).reshape(-1)
+        received = group.all_to_all(sizes, [2] * world, [2] * world).view(world, 2).tolist()
+        batches = [b for b, _ in received]
+        from_rank = [n for _, n in received]
+        routes = self.exchange.routes_to
+        recv_lengths = group.all_to_all(
+            lengths, [batch * n for n in routes], [b * routes[group.rank] for b in batches]
+        )
+        to_counts = to_rank.tolist()
+        recv_values = group.all_to_all(values, to_counts, from_rank)
+        recv_weights = None if weights is None else group.all_to_all(weights, to_counts, from_rank)
+        return self._kernel_order(Received(recv_lengths, recv_values, recv_weights, batches))
+
+    def _send_order(
+        self, local: LocalBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Lengths, ids and weights of the segments sent, destination by destination, and
+        the ids in each segment."""
+        pool_lengths, pool_values, pool_weights = [local.lengths], [local.values], [local.weights]
+        pool_counts = [local.per_feature]
+        if self.exchange.row_features:
+            lengths, values, weights = self._buckets(local)
+            pool_lengths.append(lengths)
+            pool_values.append(values)
+            pool_weights.append(weights)
+            pool_counts.append(lengths.view(-1, local.batch).sum(dim=1))
+        counts = concat(pool_counts)
+        if self.exchange.send_identity:
+            return local.lengths, local.values, local.weights, counts
+        weights = None
+        if local.weights is not None:
+            weights = concat([w for w in pool_weights if w is not None])
+        lengths = concat(pool_lengths).view(-1, local.batch)[self.send_segments].reshape(-1)
+        _, values, weights = torch.ops.fbgemm.permute_1D_sparse_data(
+            self.send_segments_i32, counts, concat(pool_values), weights
+        )
+        return lengths, values, weights, counts[self.send_segments]
+
+    def _buckets(self, local: LocalBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Lengths, ids and weights of the row-split features' ids bucketed by row block
+        (bucket-major), ids made local to their block."""
+        _, values, weights = torch.ops.fbgemm.permute_1D_sparse_data(
+            self.row_index_i32, local.per_feature, local.values, local.weights
+        )
+        lengths = local.lengths.view(len(self.features), local.batch)[self.row_index]
+        bucketed = torch.ops.fbgemm.block_bucketize_sparse_features(
+            lengths.reshape(-1),
+            values,
+            False,  # bucketize_pos
+            False,  # sequence
+            self.block_rows,
+            self.exchange.buckets,
+            weights,
+        )
+        return bucketed[0].to(torch.int64), bucketed[1], bucketed[2]
+
+    def _kernel_order(self, received: Received) -> Received:
+        """Received segments come by (sender, route); reorder them for the kernels."""
+        if self.exchange.recv_identity:
+            return received
+        routes = self.exchange.routes_to[self.group.rank]
+        segment_bags = index_tensor(
+            [b for b in received.batches for _ in range(routes)], self.device
+        )
+        bag_ends = offsets_from_lengths(received.lengths)
+        segment_ends = offsets_from_lengths(segment_bags)
+        segment_ids = bag_ends[segment_ends[1:]] - bag_ends[segment_ends[:-1]]
+        _, lengths, _ = torch.ops.fbgemm.permute_1D_sparse_data(
+            self.recv_order, segment_bags, received.lengths
+        )
+        _, values, weights = torch.ops.fbgemm.permute_1D_sparse_data(
+            self.recv_order, segment_ids, received.values, received.weights
+        )
+        return Received(lengths, values, weights, received.batches)

@@ -1,0 +1,117 @@
+"""A rank's shards as weights: their initial values, and the state dict in both directions
+(this rank's shards with their offsets; full tables in, full tables gathered out)."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from runtime.comm import Group
+from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig
+
+
+@dataclass
+class ShardedWeight:
+    """A table's weight as this rank holds it: the global size and the local shards, each
+    with its (row, column) offset in the full table."""
+
+    size: tuple[int, int]
+    local_shards: list[tuple[tuple[int, int], torch.Tensor]]
+
+
+class ShardView(NamedTuple):
+    """One local shard's weight: a view into its kernel's storage."""
+
+    table: EmbeddingBagConfig
+    offsets: tuple[int, int]  # (row, column) in the full table
+    weight: torch.Tensor
+
+    def slice_of(self, full: torch.Tensor) -> torch.Tensor:
+        """The block of the full table this shard holds."""
+        (r0, c0), (rows, cols) = self.offsets, self.weight.shape
+        return full[r0 : r0 + rows, c0 : c0 + cols]
+
+
+def state_key(table: str) -> str:
+    """TorchRec's key of a table's weight."""
+    return f"embedding_bags.{table}.weight"
+
+
+def initialise(views: Sequence[ShardView], module: EmbeddingBagCollection) -> None:
+    """Shards start as the matching slices of the module's weights. A module on the meta
+    device has none, so each shard is drawn uniform in +-sqrt(1/rows) from a generator seeded
+    by the table name and the shard's offsets (replicas of a data-parallel table are
+    therefore equal)."""
+    with torch.no_grad():
+        for view in views:
+            weight = module.table_weight(view.table.name)
+            meta = weight.device.type == "meta"
+            block = _seeded_block(view) if meta else view.slice_of(weight)
+            view.weight.copy_(block.to(view.weight.dtype))
+
+
+def _seeded_block(view: ShardView) -> torch.Tensor:
+    r0, c0 = view.offsets
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{view.table.name}:{r0}:{c0}".encode()))
+    bound = (1.0 / view.table.num_embeddings) ** 0.5
+    return torch.empty(view.weight.shape).uniform_(-bound, bound, generator=generator)
+
+
+def sharded_state(
+    tables: Sequence[EmbeddingBagConfig], views: Sequence[ShardView]
+) -> dict[str, ShardedWeight]:
+    """Each table's local shards with their global offsets; a table with nothing on this
+    rank has no local shards."""
+    state = {
+        state_key(table.name): ShardedWeight((table.num_embeddings, table.embedding_dim), [])
+        for table in tables
+    }
+    for view in views:
+        state[state_key(view.table.name)].local_shards.append((view.offsets, view.weight))
+    return state
+
+
+def load_full(
+    tables: Sequence[EmbeddingBagConfig],
+    views: Sequence[ShardView],
+    state_dict: Mapping[str, torch.Tensor],
+    strict: bool,
+) -> None:
+    """Copy into each shard its slice of the full (unsharded) table; with ``strict``, the
+    keys must be exactly the tables'. Shapes are checked before anything is copied."""
+    expected = {state_key(t.name): t for t in tables}
+    if strict:
+        missing = sorted(set(expected) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(expected))
+        if missing or unexpected:
+            raise KeyError(f"state_dict is missing {missing} and has unexpected {unexpected}")
+    for key, table in expected.items():
+        if key in state_dict:
+            shape = tuple(state_dict[key].shape)
+            if shape != (table.num_embeddings, table.embedding_dim):
+                raise ValueError(
+                    f"{key} has shape {shape}; table {table.name!r} is "
+                    f"{table.num_embeddings} x {table.embedding_dim}"
+                )
+    with torch.no_grad():
+        for view in views:
+            key = state_key(view.table.name)
+            if key in state_dict:
+                block = view.slice_of(state_dict[key])
+                view.weight.copy_(block.to(view.weight.device, view.weight.dtype))
+
+
+def gather_full(
+    tables: Sequence[EmbeddingBagConfig], views: Sequence[ShardView], group: Group
+) -> dict[str, torch.Tensor]:
+    """The full tables on every rank (for export): shards gathered from all ranks."""
+    mine = [(view.table.name, view.offsets, view.weight.detach().cpu()) for view in views]
+    full = {t.name: torch.zeros(t.num_embeddings, t.embedding_dim, dtype=t.dtype) for t in tables}
+    for shards in group.all_gather_object(mine):
+        for name, (r0, c0), block in shards:
+            full[name][r0 : r0 + block.shape[0], c0 : c0 + block.shape[1]] = block
+    return {state_key(name): weight for name, weight in full.items()}
