@@ -7,6 +7,7 @@ import ast
 import importlib
 import json
 import math
+import re
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -211,6 +212,26 @@ def test_json_requests_are_the_example_or_files_the_commands_use():
         for block in doc_commands.blocks(page):
             if block.lang == "json" and not block.file and '"topology"' in block.body:
                 assert json.loads(block.body) == example, f"{_page_id(page)}:{block.line}"
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lowercase, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_links_between_pages_resolve():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            file, _, anchor = target.partition("#")
+            linked = (page.parent / file).resolve() if file else page
+            assert linked.exists(), f"{_page_id(page)} links to {target}: no such file"
+            if anchor:
+                assert anchor in _anchors(linked), (
+                    f"{_page_id(page)} links to {target}: no such heading"
+                )
 
 
 # --------------------------------------------------------------------------- examples
