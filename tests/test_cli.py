@@ -220,12 +220,12 @@ def test_plan_exits_3_with_an_explanation(run_cli, tmp_path):
 
 
 def test_progress_line_for_long_solves(monkeypatch, capsys):
-    from clients import cli
+    from clients.cli.plan import ProgressLine
 
-    monkeypatch.setattr(cli._ProgressLine, "INTERVAL_S", 0.05)
+    monkeypatch.setattr(ProgressLine, "INTERVAL_S", 0.05)
     import time
 
-    with cli._ProgressLine() as progress:
+    with ProgressLine() as progress:
         progress.update("cp-sat", 1.25, 1.0)
         time.sleep(0.2)
     err = capsys.readouterr().err
