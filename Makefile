@@ -12,20 +12,26 @@ PYTEST_ARGS ?=
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The service needs only the torch-free core; tests also need the runtime and dev extras.
-$(VENV)/.installed-core: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+# One install per role (pyproject.toml's extras): the solver for `shardplan plan`, the
+# service stack for `make run` (no torch), everything for the tests. A larger install
+# stands in for the smaller ones.
+$(VENV)/.installed-planner: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[planner]'
 	touch $@
 
+$(VENV)/.installed-service: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[service]'
+	touch $@ $(VENV)/.installed-planner
+
 $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[runtime,dev]'
-	touch $@ $(VENV)/.installed-core
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed-service $(VENV)/.installed-planner
 
 # PostgreSQL and Chromium from Debian, for the tests that run them (no-op when present).
 system-deps:
 	bash scripts/install-system-deps.sh
 
-run: $(VENV)/.installed-core
+run: $(VENV)/.installed-service
 	mkdir -p $(dir $(DB))
 	$(BIN)/shardplan serve --host $(HOST) --port $(PORT) --db $(DB)
 
@@ -39,14 +45,14 @@ lint: $(VENV)/.installed-all
 
 # examples/plan.json is what `shardplan plan` makes for examples/request.json, indented.
 # Run this whenever the planner's output changes: tests/test_cli.py checks it byte for byte.
-examples: $(VENV)/.installed-core
+examples: $(VENV)/.installed-planner
 	$(BIN)/shardplan plan examples/request.json --output examples/plan.json.tmp > /dev/null
 	$(BIN)/python -m json.tool --indent 2 --no-ensure-ascii examples/plan.json.tmp examples/plan.json
 	rm examples/plan.json.tmp
 
 # tests/golden_plans.json: the plan ids of public workloads under this planner version.
 # After a deliberate change to plans: bump `version` in pyproject.toml, then run this.
-golden: $(VENV)/.installed-all
+golden: $(VENV)/.installed-planner
 	$(BIN)/python -m tests.golden --write
 
 clean:

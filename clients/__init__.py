@@ -1,2 +1,2 @@
-"""shardplan's clients: the ``shardplan`` command line (and, with the service, the HTTP
-client). Imports no torch."""
+"""shardplan's clients: the ``shardplan`` command line (``clients.cli``). Imports no torch,
+and needs the solver or the service stack only for the commands that run them."""

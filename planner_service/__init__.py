@@ -1,5 +1,19 @@
-"""shardplan's planner: the plan vocabulary, canonical plan format, validator and (later
-stages) enumerator, estimators and solver. Imports no torch."""
+"""shardplan's planner, one package per stage around one vocabulary. Imports no torch.
+
+- ``plan``: the vocabulary (requests, plans, shards, capacities), its canonical JSON and its
+  errors; pydantic and numpy only. The runtime and every client import it.
+- ``costs``: the options vocabulary, enumerating each table's ways to shard, estimating
+  their perf and storage.
+- ``validate``: the oracle that checks any plan against its request (recomputing per-rank
+  usage with the cost model).
+- ``solve``: from a request to a plan or an explained infeasibility (needs OR-Tools:
+  ``shardplan[planner]``).
+- ``reports``: documents and tables rendered from results, for the CLI and the service.
+- ``service``: the HTTP API (``shardplan[service]``).
+
+Each stage imports only those before it (tests/test_layout.py checks): plan <- costs <-
+validate; plan, costs <- solve; all of them <- service and the CLI.
+"""
 
 from importlib.metadata import PackageNotFoundError, version
 

@@ -220,12 +220,12 @@ def test_plan_exits_3_with_an_explanation(run_cli, tmp_path):
 
 
 def test_progress_line_for_long_solves(monkeypatch, capsys):
-    from clients import cli
+    from clients.cli.plan import ProgressLine
 
-    monkeypatch.setattr(cli._ProgressLine, "INTERVAL_S", 0.05)
+    monkeypatch.setattr(ProgressLine, "INTERVAL_S", 0.05)
     import time
 
-    with cli._ProgressLine() as progress:
+    with ProgressLine() as progress:
         progress.update("cp-sat", 1.25, 1.0)
         time.sleep(0.2)
     err = capsys.readouterr().err
@@ -405,3 +405,33 @@ def test_serve_refuses_protected_reads_without_tokens(shardplan_exe, tmp_path):
     assert process.returncode == 2, err
     assert "SHARDPLAN_PROTECT_READS" in err and "set SHARDPLAN_API_TOKENS" in err
     assert "Traceback" not in err and "serving on" not in err
+
+
+def test_serve_help_names_the_services_default_store(run_cli):
+    from planner_service.service.settings import DEFAULT_DATABASE
+
+    result = run_cli("serve", "--help")
+    assert result.returncode == 0, result.stderr
+    assert f"else {DEFAULT_DATABASE})" in " ".join(result.stdout.split())
+
+
+# --------------------------------------------------------------------------- extras
+
+
+def test_a_missing_extra_is_one_line_naming_it():
+    """tests/test_packaging.py runs the real thing in an install without the extras."""
+    from clients.cli.extras import MissingExtraError, needs_extra
+
+    with pytest.raises(MissingExtraError) as missing, needs_extra("plan", "planner"):
+        import shardplan_no_such_library  # noqa: F401
+    assert str(missing.value) == (
+        "shardplan plan: this install lacks the 'planner' extra (no module named "
+        "'shardplan_no_such_library'): pip install 'shardplan[planner]'"
+    )
+
+
+def test_a_missing_module_of_our_own_is_a_bug_not_an_extra():
+    from clients.cli.extras import needs_extra
+
+    with pytest.raises(ModuleNotFoundError), needs_extra("plan", "planner"):
+        import planner_service.no_such_module  # noqa: F401

@@ -1,14 +1,22 @@
-"""RFC 9457 problem+json responses: every error the API returns has this shape."""
+"""RFC 9457 problem+json responses: every error the API returns has this shape, from the
+exception handlers installed here by ``add_exception_handlers``."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.errors import FieldProblem, InputError, json_path
 from planner_service.service.schemas import schema_ref
+from planner_service.service.store import StoreUnavailableError
+
+log = logging.getLogger("shardplan.api")
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
@@ -67,6 +75,14 @@ COMMON_PROBLEMS: dict[int | str, dict[str, Any]] = {
 }
 
 
+SOLVE_UNAVAILABLE = (
+    "no answer for now, see Retry-After: the solver pool and its queue are full, the "
+    "solve overran options.time_limit_s plus SHARDPLAN_SOLVE_GRACE_S (its process was "
+    "killed), its solver process died, or the store is down"
+)
+UNAVAILABLE_RETRY_S = 5
+
+
 class ProblemError(Exception):
     """Raised by routes and dependencies; rendered as problem+json by the app."""
 
@@ -112,3 +128,64 @@ def input_problem(error: InputError) -> JSONResponse:
 
 def field_errors(problems: list[FieldProblem]) -> list[dict[str, str]]:
     return [field_problem.as_dict() for field_problem in problems]
+
+
+def store_unavailable(error: StoreUnavailableError) -> ProblemError:
+    return ProblemError(
+        503,
+        f"the plan store is unavailable: {error}",
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_S)},
+    )
+
+
+def add_exception_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ProblemError)
+    async def _problem(_: Request, error: ProblemError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(InputError)
+    async def _input(_: Request, error: InputError) -> JSONResponse:
+        return input_problem(error)
+
+    @app.exception_handler(StoreUnavailableError)
+    async def _store(_: Request, error: StoreUnavailableError) -> JSONResponse:
+        log.error("plan store unavailable: %s", error)
+        return store_unavailable(error).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, error: RequestValidationError) -> JSONResponse:
+        return _validation_problem(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        return problem(
+            error.status_code,
+            TITLES.get(error.status_code, "Error"),
+            str(error.detail),
+            headers=dict(error.headers or {}),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return problem(500, "Internal error", f"{type(error).__name__}: see the server log")
+
+
+def _validation_problem(error: RequestValidationError) -> JSONResponse:
+    """FastAPI's own validation (path parameters) in the words of ``input_problem``."""
+    errors = []
+    for item in error.errors():
+        loc = tuple(item.get("loc", ()))
+        # ("path", "plan_id") -> "plan_id"; the first element says where it came from
+        where, rest = (loc[0], loc[1:]) if loc else ("", ())
+        entry = {"path": json_path(rest), "in": str(where), "message": str(item.get("msg"))}
+        if "input" in item and not isinstance(item["input"], dict | list):
+            entry["value"] = repr(item["input"])[:80]
+        errors.append(entry)
+    detail = "; ".join(
+        f"{e['in']} {e['path']}"
+        + (f" = {e['value']}" if "value" in e else "")
+        + f": {e['message']}"
+        for e in errors
+    )
+    return problem(422, "Invalid input", detail, errors=errors)

@@ -3,18 +3,28 @@
 Routes read raw bodies (to refuse duplicate JSON keys and to name every bad field in our
 own words), so FastAPI cannot derive their schemas. ``schema_ref(Model)`` registers the
 model and its nested models under ``components.schemas`` and returns a ``$ref`` to it;
-``add_components`` puts them into the generated document. Referencing ``$defs`` inside an
-inline schema would leave dangling references, which is what this avoids.
+``document_raw_bodies`` puts them into the generated document. Referencing ``$defs``
+inside an inline schema would leave dangling references, which is what this avoids.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import BaseModel
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 _COMPONENTS: dict[str, dict[str, Any]] = {}
+# The example body of POST /v1/plans and POST /v1/check.
+REQUEST_EXAMPLE = {
+    "topology": {"world_size": 2, "hbm_bytes": 16 * 2**30},
+    "tables": [
+        {"name": "user_id", "num_embeddings": 1_000_000, "embedding_dim": 128},
+        {"name": "item_id", "num_embeddings": 200_000, "embedding_dim": 64},
+    ],
+    "options": {"time_limit_s": 2.0},
+}
 
 
 def schema_ref(model: type[BaseModel]) -> dict[str, str]:
@@ -32,7 +42,19 @@ def json_body(model: type[BaseModel], example: Any = None) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": content}}}
 
 
-def add_components(document: dict[str, Any]) -> dict[str, Any]:
+def document_raw_bodies(app: FastAPI) -> None:
+    """Adds the registered schemas to the app's OpenAPI document when it is generated."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _add_components(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_components(document: dict[str, Any]) -> dict[str, Any]:
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for name, schema in _COMPONENTS.items():
         schemas.setdefault(name, schema)

@@ -1,146 +1,146 @@
-"""Service settings, read from the environment once per process.
+"""Service settings, read from ``SHARDPLAN_*`` environment variables once per process.
 
 Every ``shardplan serve`` worker process reads the same variables (the CLI sets them from
-its flags before starting uvicorn), so replicas and workers agree. A malformed value is an
-``InputError`` naming the variable, the value and what is accepted.
+its flags before starting uvicorn), so replicas and workers agree. ``Settings.from_env``
+turns every malformed value into one ``InputError`` naming the variable, the value and
+what is accepted.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from planner_service.plan.errors import FieldProblem, InputError
 
 DEFAULT_DATABASE = "var/shardplan.db"
 MAX_SOLVE_GRACE_S = 3600.0
+ENV_PREFIX = "SHARDPLAN_"
 # Not a setting: `shardplan serve --workers N` names its own pid here, so that each uvicorn
-# worker process it supervises dies with it (main.py).
+# worker process it supervises dies with it (state.py).
 SUPERVISOR_PID_VARIABLE = "SHARDPLAN_SUPERVISOR_PID"
+MIN_TOKEN_CHARS = 16
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+_FLAG_WORDS = "/".join(TRUE_WORDS) + " or " + "/".join(FALSE_WORDS)
+_SHORT_TOKENS = (
+    f"each token must be at least {MIN_TOKEN_CHARS} characters (use e.g. `openssl rand -hex 32`)"
+)
 
 
-@dataclass(frozen=True)
-class Settings:
+def _flag(value: Any) -> Any:
+    """Only the words people write in an environment; pydantic alone also takes t, y, f, n."""
+    if not isinstance(value, str):
+        return value
+    lowered = value.strip().lower()
+    if lowered in TRUE_WORDS or lowered in FALSE_WORDS:
+        return lowered in TRUE_WORDS
+    raise PydanticCustomError("flag", "must be {words}", {"words": _FLAG_WORDS})
+
+
+def _tokens(value: Any) -> Any:
+    """``tok1,tok2`` or ``ci:tok1,trainer:tok2``; names show up in alias history, and a bare
+    token is named by its hash prefix."""
+    if not isinstance(value, str):
+        return value
+    tokens: dict[str, str] = {}
+    short: list[str] = []
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry:
+            continue
+        name, _, token = entry.rpartition(":")
+        if len(token) < MIN_TOKEN_CHARS:
+            short.append(f"{token[:2]}…")  # never the token itself
+            continue
+        tokens[name or "token-" + hashlib.sha256(token.encode()).hexdigest()[:8]] = token
+    if short:
+        raise PydanticCustomError("short_tokens", _SHORT_TOKENS, {"shown": short})
+    return tokens
+
+
+Flag = Annotated[bool, BeforeValidator(_flag)]
+Tokens = Annotated[dict[str, str], NoDecode, BeforeValidator(_tokens)]
+
+
+class Settings(BaseSettings):
+    """One service process's settings; each field is read from ``SHARDPLAN_<FIELD>``, and an
+    empty variable means the default."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, frozen=True)
+
     database_url: str = DEFAULT_DATABASE
-    # name -> token; a bare token in SHARDPLAN_API_TOKENS is named by its hash prefix.
-    api_tokens: Mapping[str, str] = field(default_factory=dict)
-    protect_reads: bool = False
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_tables: int = 100_000
-    max_world_size: int = 65_536
-    max_time_limit_s: float = 60.0
-    solve_workers: int = max(1, (os.cpu_count() or 1))
-    solve_queue: int = 8
+    # name -> token; kept out of repr, so that logging the settings shows no token
+    api_tokens: Tokens = Field(default_factory=dict, repr=False)
+    protect_reads: Flag = False
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_tables: int = Field(100_000, ge=1)
+    max_world_size: int = Field(65_536, ge=1)
+    max_time_limit_s: float = Field(60.0, ge=0.0, allow_inf_nan=False)
+    solve_workers: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1), ge=1)
+    solve_queue: int = Field(8, ge=0)
     # A solve still running this long past its options.time_limit_s is killed (solving.py).
-    solve_grace_s: float = 10.0
-    cache_bytes: int = 256 * 1024 * 1024
+    solve_grace_s: float = Field(10.0, ge=0.0, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
+    cache_bytes: int = Field(256 * 1024 * 1024, ge=0)
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_tokens)
 
+    @model_validator(mode="after")
+    def _reads_need_tokens(self) -> Settings:
+        """Reads protected by no token are open to all: refuse to start rather than serve them."""
+        if self.protect_reads and not self.auth_enabled:
+            raise PydanticCustomError(
+                "unprotected_reads",
+                "protects reads with the tokens in {tokens}, which is empty: set {tokens}, "
+                "or unset {flag}",
+                {"tokens": _variable("api_tokens"), "flag": _variable("protect_reads")},
+            )
+        return self
+
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
-        problems: list[FieldProblem] = []
-
-        def number(
-            name: str, default: float, kind: type, minimum: float, maximum: float = math.inf
-        ) -> float:
-            text = env.get(name)
-            if text is None or text == "":
-                return default
-            try:
-                value = kind(text)
-            except ValueError:
-                problems.append(FieldProblem(name, f"must be a {kind.__name__}", text))
-                return default
-            if not math.isfinite(value):
-                problems.append(FieldProblem(name, "must be a finite number", text))
-                return default
-            if value < minimum:
-                problems.append(FieldProblem(name, f"must be at least {minimum}", text))
-                return default
-            if value > maximum:
-                problems.append(FieldProblem(name, f"must be at most {maximum}", text))
-                return default
-            return value
-
-        defaults = cls()
-        settings = cls(
-            database_url=env.get("SHARDPLAN_DATABASE_URL") or DEFAULT_DATABASE,
-            api_tokens=_parse_tokens(env.get("SHARDPLAN_API_TOKENS", ""), problems),
-            protect_reads=_parse_bool(env.get("SHARDPLAN_PROTECT_READS", ""), problems),
-            max_body_bytes=int(
-                number("SHARDPLAN_MAX_BODY_BYTES", defaults.max_body_bytes, int, 1024)
-            ),
-            max_tables=int(number("SHARDPLAN_MAX_TABLES", defaults.max_tables, int, 1)),
-            max_world_size=int(number("SHARDPLAN_MAX_WORLD_SIZE", defaults.max_world_size, int, 1)),
-            max_time_limit_s=number(
-                "SHARDPLAN_MAX_TIME_LIMIT_S", defaults.max_time_limit_s, float, 0.0
-            ),
-            solve_workers=int(number("SHARDPLAN_SOLVE_WORKERS", defaults.solve_workers, int, 1)),
-            solve_queue=int(number("SHARDPLAN_SOLVE_QUEUE", defaults.solve_queue, int, 0)),
-            solve_grace_s=number(
-                "SHARDPLAN_SOLVE_GRACE_S", defaults.solve_grace_s, float, 0.0, MAX_SOLVE_GRACE_S
-            ),
-            cache_bytes=int(number("SHARDPLAN_CACHE_BYTES", defaults.cache_bytes, int, 0)),
-        )
-        _check_reads_protected(settings, env, problems)
-        if problems:
-            raise InputError("environment", problems)
-        return settings
+    def from_env(cls) -> Settings:
+        try:
+            return cls()
+        except ValidationError as error:
+            raise InputError("environment", _problems(error)) from None
 
 
-def _check_reads_protected(
-    settings: Settings, env: Mapping[str, str], problems: list[FieldProblem]
-) -> None:
-    """Reads protected by no token are open to all: refuse to start rather than serve them."""
-    token_problem = any(problem.path == "SHARDPLAN_API_TOKENS" for problem in problems)
-    if settings.protect_reads and not settings.auth_enabled and not token_problem:
-        problems.append(
-            FieldProblem(
-                "SHARDPLAN_PROTECT_READS",
-                "protects reads with the tokens in SHARDPLAN_API_TOKENS, which is empty: "
-                "set SHARDPLAN_API_TOKENS, or unset SHARDPLAN_PROTECT_READS",
-                env["SHARDPLAN_PROTECT_READS"],
-            )
-        )
+def _variable(field: str) -> str:
+    return ENV_PREFIX + field.upper()
 
 
-def _parse_bool(text: str, problems: list[FieldProblem]) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("", "0", "false", "no", "off"):
-        return False
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    problems.append(
-        FieldProblem("SHARDPLAN_PROTECT_READS", "must be 1/true/yes/on or 0/false/no/off", text)
-    )
-    return False
+_MESSAGES = {
+    "int_parsing": "must be an integer",
+    "float_parsing": "must be a float",
+    "finite_number": "must be a finite number",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}",
+}
 
 
-def _parse_tokens(text: str, problems: list[FieldProblem]) -> dict[str, str]:
-    """``tok1,tok2`` or ``ci:tok1,trainer:tok2``; names show up in alias history."""
-    tokens: dict[str, str] = {}
-    for entry in (part.strip() for part in text.split(",")):
-        if not entry:
-            continue
-        name, sep, token = entry.rpartition(":")
-        if not sep:
-            name, token = "", entry
-        if len(token) < 16:
-            problems.append(
-                FieldProblem(
-                    "SHARDPLAN_API_TOKENS",
-                    "each token must be at least 16 characters (use e.g. `openssl rand -hex 32`)",
-                    f"{token[:2]}…",
-                )
-            )
-            continue
-        name = name or "token-" + hashlib.sha256(token.encode()).hexdigest()[:8]
-        tokens[name] = token
-    return tokens
+def _problems(error: ValidationError) -> list[FieldProblem]:
+    """One problem per bad variable, in field order, in our words rather than pydantic's."""
+    problems: list[FieldProblem] = []
+    for details in error.errors():
+        if details["type"] == "unprotected_reads":
+            value = details["input"]["protect_reads"]  # the variable's text
+            problems.append(FieldProblem(_variable("protect_reads"), details["msg"], value))
+        else:
+            problems += _field_problems(details)
+    return problems
+
+
+def _field_problems(details: ErrorDetails) -> list[FieldProblem]:
+    variable = _variable(str(details["loc"][0]))
+    ctx = details.get("ctx", {})
+    if details["type"] == "short_tokens":
+        return [FieldProblem(variable, details["msg"], shown) for shown in ctx["shown"]]
+    template = _MESSAGES.get(details["type"])
+    message = details["msg"] if template is None else template.format(**ctx)
+    return [FieldProblem(variable, message, details["input"])]

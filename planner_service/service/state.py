@@ -1,23 +1,26 @@
-"""Per-process service state (settings, store, solve pool, plan cache) and the
-dependencies routes use to reach it and to check credentials."""
+"""Per-process service state: settings, store, solve pool, plan cache and CPU lane, and
+their life in a worker process (``ServiceState.running``, the app's lifespan)."""
 
 from __future__ import annotations
 
-import hmac
+import logging
+import os
 import threading
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
 from planner_service.service import metrics
 from planner_service.service.cpu import CpuLane
-from planner_service.service.problems import ProblemError
-from planner_service.service.settings import Settings
-from planner_service.service.solving import SolvePool
+from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
+from planner_service.service.solving import SolvePool, die_with_parent
 from planner_service.service.store import PlanStore, StoredPlan, StoreUnavailableError, open_store
+
+log = logging.getLogger("shardplan.api")
 
 
 class PlanCache:
@@ -67,6 +70,19 @@ class ServiceState:
                 self._store = open_store(self.settings.database_url)
             return self._store
 
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """A worker process's life: the app's lifespan."""
+        _die_with_supervisor()
+        try:
+            self.store()
+        except StoreUnavailableError as error:  # serve anyway; /readyz says why
+            log.warning("plan store not reachable at start: %s", error)
+        self.pool.start()
+        self.cpu.start()
+        yield
+        self.close()
+
     def close(self) -> None:
         self.pool.shutdown()
         self.cpu.shutdown()
@@ -102,56 +118,10 @@ class ServiceState:
         return await run_in_threadpool(lambda: self.store().get_plan(plan_id))
 
 
-def state_of(request: Request) -> ServiceState:
-    state: ServiceState = request.app.state.service
-    return state
-
-
-UNAVAILABLE_RETRY_S = 5
-
-
-def store_unavailable(error: StoreUnavailableError) -> ProblemError:
-    return ProblemError(
-        503,
-        f"the plan store is unavailable: {error}",
-        headers={"Retry-After": str(UNAVAILABLE_RETRY_S)},
-    )
-
-
-# --------------------------------------------------------------------------- credentials
-
-
-def _bearer_identity(request: Request, settings: Settings) -> str:
-    """The name of the token the request carries; 401 without one, 403 for a wrong one."""
-    header = request.headers.get("authorization", "")
-    scheme, _, credentials = header.partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
-        raise ProblemError(
-            401,
-            "this route needs `Authorization: Bearer <token>` (one of SHARDPLAN_API_TOKENS)",
-            headers={"WWW-Authenticate": 'Bearer realm="shardplan"'},
-        )
-    presented = credentials.strip().encode()
-    match = None
-    for name, token in settings.api_tokens.items():
-        # Compare against every token, in constant time each, so timing tells nothing.
-        if hmac.compare_digest(presented, token.encode()) and match is None:
-            match = name
-    if match is None:
-        raise ProblemError(403, "the bearer token is not one this service accepts")
-    return match
-
-
-def writer(request: Request) -> str:
-    """Dependency for writes: the caller's identity (``anonymous`` when auth is off)."""
-    settings = state_of(request).settings
-    if not settings.auth_enabled:
-        return "anonymous"
-    return _bearer_identity(request, settings)
-
-
-def reader(request: Request) -> None:
-    """Dependency for reads: open unless SHARDPLAN_PROTECT_READS=1 (with tokens set)."""
-    settings = state_of(request).settings
-    if settings.auth_enabled and settings.protect_reads:
-        _bearer_identity(request, settings)
+def _die_with_supervisor() -> None:
+    """Under ``shardplan serve --workers N`` this process is one of uvicorn's workers. If
+    the supervisor is SIGKILLed (no cleanup runs), this worker must go too, and with it
+    its solver processes (which die with it the same way)."""
+    supervisor_pid = os.environ.get(SUPERVISOR_PID_VARIABLE)
+    if supervisor_pid:
+        die_with_parent(int(supervisor_pid))

@@ -213,12 +213,6 @@ class PlanStore(ABC):
             rows: Sequence[Sequence[Any]] = cursor.fetchall()
         return [AliasChange(r[0], int(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in rows]
 
-    def count_plans(self) -> int:
-        with self._transaction() as cursor:
-            cursor.execute("SELECT COUNT(*) FROM plans")
-            row = cursor.fetchone()
-        return int(row[0])
-
 
 class SqliteStore(PlanStore):
     """One SQLite file; a connection per thread; WAL + synchronous=FULL."""

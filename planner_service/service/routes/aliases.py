@@ -12,15 +12,10 @@ from starlette.concurrency import run_in_threadpool
 
 from planner_service.plan.codec import load_json
 from planner_service.plan.errors import InputError, problems_from_validation_error
+from planner_service.service.deps import PLAN_ID_PATTERN, State, Writer, reader
 from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
-from planner_service.service.routes.plans import (
-    _PLAN_RESPONSE,
-    JSON,
-    PLAN_ID_PATTERN,
-    etag_matches,
-)
+from planner_service.service.responses import JSON, PLAN_RESPONSE, etag_matches
 from planner_service.service.schemas import json_body
-from planner_service.service.state import reader, state_of, writer
 from planner_service.service.store import AliasChange, UnknownPlanError
 
 router = APIRouter(tags=["aliases"])
@@ -83,7 +78,7 @@ class AliasHistory(BaseModel):
     },
 )
 async def put_alias(
-    name: AliasName, http_request: Request, actor: Annotated[str, Depends(writer)]
+    name: AliasName, http_request: Request, state: State, actor: Writer
 ) -> Response:
     """Point ``name`` at a stored plan (200; 201 when the alias is new). Every change is
     kept in the alias's history with who made it and when."""
@@ -93,7 +88,7 @@ async def put_alias(
         update = AliasUpdate.model_validate(document)
     except ValidationError as error:
         raise InputError("body", problems_from_validation_error(error, AliasUpdate)) from None
-    store = state_of(http_request).store()
+    store = state.store()
     try:
         change = await run_in_threadpool(
             lambda: store.set_alias(name, update.plan_id, actor=actor, comment=update.comment)
@@ -118,15 +113,14 @@ async def put_alias(
     "/v1/aliases/{name}",
     dependencies=[Depends(reader)],
     responses={
-        200: {"description": "the plan the alias points at", **_PLAN_RESPONSE},
+        200: {"description": "the plan the alias points at", **PLAN_RESPONSE},
         304: {"description": "If-None-Match matched the current plan"},
         404: {"description": "no such alias", **PROBLEM_CONTENT},
     },
 )
-async def get_alias(name: AliasName, http_request: Request) -> Response:
+async def get_alias(name: AliasName, http_request: Request, state: State) -> Response:
     """The plan the alias points at now; ``X-Shardplan-Plan-Id`` and ``ETag`` name it.
     Not cacheable without revalidation: an alias can move."""
-    state = state_of(http_request)
     current = await run_in_threadpool(state.store().get_alias, name)
     if current is None:
         raise ProblemError(404, f"no alias named {name!r}")
@@ -149,12 +143,10 @@ async def get_alias(name: AliasName, http_request: Request) -> Response:
     dependencies=[Depends(reader)],
     responses={404: {"description": "no such alias", **PROBLEM_CONTENT}},
 )
-async def alias_history(name: AliasName, http_request: Request) -> AliasHistory:
+async def alias_history(name: AliasName, state: State) -> AliasHistory:
     """Every change of the alias, newest first (up to 100): to see who moved it and to
     roll back, PUT an earlier plan_id."""
-    changes = await run_in_threadpool(
-        lambda: state_of(http_request).store().alias_history(name, limit=100)
-    )
+    changes = await run_in_threadpool(lambda: state.store().alias_history(name, limit=100))
     if not changes:
         raise ProblemError(404, f"no alias named {name!r}")
     return AliasHistory(name=name, changes=[AliasRecord.of(change) for change in changes])

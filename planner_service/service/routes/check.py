@@ -6,13 +6,13 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from planner_service.plan.capacity import usable_capacity
-from planner_service.plan.codec import canonical_bytes, parse_plan, request_hash
+from planner_service.plan.codec import parse_plan, request_hash
 from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
+from planner_service.service.deps import State, reader
 from planner_service.service.limits import decode_plan_request
-from planner_service.service.problems import PROBLEM_CONTENT
-from planner_service.service.routes.plans import REQUEST_EXAMPLE, SOLVE_UNAVAILABLE, _solve
-from planner_service.service.schemas import json_body
-from planner_service.service.state import reader, state_of
+from planner_service.service.planning import solve_only
+from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE
+from planner_service.service.schemas import REQUEST_EXAMPLE, json_body
 
 router = APIRouter(tags=["plans"])
 
@@ -50,16 +50,15 @@ class CheckResult(BaseModel):
     openapi_extra=json_body(PlanRequest, REQUEST_EXAMPLE),
     responses={503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT}},
 )
-async def check(http_request: Request) -> CheckResult:
+async def check(http_request: Request, state: State) -> CheckResult:
     """Solve without storing and report whether it fits, each rank's free memory, and,
     when it does not fit, why and the smallest fixes. 200 either way."""
-    state = state_of(http_request)
     request = decode_plan_request(await http_request.body(), state.settings)
     key = request_hash(request)
     existing = await state.plan_for_request(key)
     if existing is not None:
         return await state.cpu.run(_fits, request, existing[1], stored=True)
-    result, _ = await _solve(state, "check:" + key, request, canonical_bytes(request), lambda r: r)
+    result = await solve_only(state, request, key)
     if result.plan is None:
         assert result.infeasibility is not None
         infeasibility = Infeasibility.model_validate_json(result.infeasibility)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from planner_service.service import metrics
+from planner_service.service.deps import State
 from planner_service.service.problems import ProblemError
-from planner_service.service.state import state_of
 from planner_service.service.store import StoreUnavailableError
 
 router = APIRouter(tags=["health"])
@@ -20,12 +20,9 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get(
-    "/readyz",
-)
-async def readyz(request: Request) -> dict[str, str]:
+@router.get("/readyz")
+async def readyz(state: State) -> dict[str, str]:
     """Ready to serve: the plan store answers a query."""
-    state = state_of(request)
     try:
         await run_in_threadpool(lambda: state.store().ping())
     except StoreUnavailableError as error:

@@ -14,10 +14,10 @@ from pydantic import BaseModel
 from planner_service.plan.codec import load_json, parse_plan, parse_request
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import PlanRequest, ShardingPlan, Violation
+from planner_service.service.deps import State, reader
 from planner_service.service.limits import tables_limit, world_size_limit
 from planner_service.service.schemas import json_body
 from planner_service.service.settings import Settings
-from planner_service.service.state import reader, state_of
 from planner_service.validate.validator import validate_plan
 
 router = APIRouter(tags=["plans"])
@@ -41,9 +41,8 @@ class ValidateResult(BaseModel):
     dependencies=[Depends(reader)],
     openapi_extra=json_body(ValidateBody),
 )
-async def validate(http_request: Request) -> Any:
+async def validate(http_request: Request, state: State) -> Any:
     """Check ``plan`` against ``request``; 200 with every violation (empty when valid)."""
-    state = state_of(http_request)
     body = await http_request.body()
     # Decoding and checking take time in proportion to the plan: off the event loop.
     return JSONResponse(await state.cpu.run(_validate_body, body, state.settings))

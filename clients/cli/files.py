@@ -1,0 +1,51 @@
+"""Reading the commands' input files (``-`` is stdin) and writing their output files, with
+failures as ``InputError``s that name the path, the option and what to change."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from planner_service.plan.errors import FieldProblem, InputError
+
+STDIN = Path("-")
+
+
+def source_name(path: Path) -> str:
+    return "<stdin>" if path == STDIN else str(path)
+
+
+def read_input(path: Path) -> bytes:
+    try:
+        return sys.stdin.buffer.read() if path == STDIN else path.read_bytes()
+    except OSError as error:
+        raise InputError(
+            str(path), [FieldProblem("", f"cannot read file: {error.strerror}")]
+        ) from None
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Fail as writing ``path`` would, but before a long solve rather than after it, and
+    without leaving a file behind."""
+    try:
+        if path.exists():
+            path.open("ab").close()
+        else:
+            tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as error:
+        raise cannot_write(path, option, error) from None
+
+
+def write_output(path: Path, option: str, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as error:
+        raise cannot_write(path, option, error) from None
+
+
+def cannot_write(path: Path, option: str, error: OSError) -> InputError:
+    reason = f"{error.strerror} (choose another path)"
+    if isinstance(error, FileNotFoundError | NotADirectoryError | FileExistsError):
+        reason = f"{path.parent} is not a directory (create it, or choose another path)"
+    return InputError(str(path), [FieldProblem(option, f"cannot write: {reason}")])

@@ -1,0 +1,26 @@
+"""``shardplan schema``: the JSON Schemas of requests and plans."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pydantic import BaseModel
+
+from clients.cli.exits import EXIT_OK
+from planner_service.plan.types import PlanRequest, ShardingPlan
+
+MODELS: dict[str, type[BaseModel]] = {"request": PlanRequest, "plan": ShardingPlan}
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("schema", help="print the JSON Schemas of requests and plans")
+    parser.add_argument("--model", choices=sorted(MODELS), help="print only this one")
+    parser.set_defaults(command=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = [args.model] if args.model else sorted(MODELS)
+    schemas = {MODELS[name].__name__: MODELS[name].model_json_schema() for name in names}
+    print(json.dumps(schemas, indent=2, sort_keys=True))
+    return EXIT_OK

@@ -1,0 +1,64 @@
+"""What routes depend on, as ``Annotated`` aliases: the process's service state, the
+caller's identity (bearer tokens from SHARDPLAN_API_TOKENS) and the plan-id path
+parameter. Tests replace any of these with ``app.dependency_overrides``."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+
+from planner_service.service.problems import ProblemError
+from planner_service.service.settings import Settings
+from planner_service.service.state import ServiceState
+
+PLAN_ID_PATTERN = r"^[0-9a-f]{64}$"
+
+
+def state_of(request: Request) -> ServiceState:
+    state: ServiceState = request.app.state.service
+    return state
+
+
+def writer(request: Request) -> str:
+    """Dependency for writes: the caller's identity (``anonymous`` when auth is off)."""
+    settings = state_of(request).settings
+    if not settings.auth_enabled:
+        return "anonymous"
+    return _bearer_identity(request, settings)
+
+
+def reader(request: Request) -> None:
+    """Dependency for reads: open unless SHARDPLAN_PROTECT_READS=1 (with tokens set)."""
+    settings = state_of(request).settings
+    if settings.auth_enabled and settings.protect_reads:
+        _bearer_identity(request, settings)
+
+
+def _bearer_identity(request: Request, settings: Settings) -> str:
+    """The name of the token the request carries; 401 without one, 403 for a wrong one."""
+    header = request.headers.get("authorization", "")
+    scheme, _, credentials = header.partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        raise ProblemError(
+            401,
+            "this route needs `Authorization: Bearer <token>` (one of SHARDPLAN_API_TOKENS)",
+            headers={"WWW-Authenticate": 'Bearer realm="shardplan"'},
+        )
+    presented = credentials.strip().encode()
+    match = None
+    for name, token in settings.api_tokens.items():
+        # Compare against every token, in constant time each, so timing tells nothing.
+        if hmac.compare_digest(presented, token.encode()) and match is None:
+            match = name
+    if match is None:
+        raise ProblemError(403, "the bearer token is not one this service accepts")
+    return match
+
+
+State = Annotated[ServiceState, Depends(state_of)]
+Writer = Annotated[str, Depends(writer)]
+PlanId = Annotated[
+    str, Path(pattern=PLAN_ID_PATTERN, description="a plan's content address (sha256, hex)")
+]

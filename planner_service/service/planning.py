@@ -1,0 +1,109 @@
+"""Solving a request in the solve pool, for POST /v1/plans (which stores the plan) and
+POST /v1/check (which does not), and the problems a solve answers with."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+from planner_service import PLANNER_VERSION
+from planner_service.plan.codec import canonical_bytes
+from planner_service.plan.types import Infeasibility, PlanRequest
+from planner_service.service import metrics
+from planner_service.service.problems import ProblemError
+from planner_service.service.solving import (
+    PoolFullError,
+    ShuttingDownError,
+    SolveResult,
+    SolveUnavailableError,
+    T,
+)
+from planner_service.service.state import ServiceState
+
+
+async def solve_and_store(
+    state: ServiceState, request: PlanRequest, key: str
+) -> tuple[SolveResult, bool]:
+    """The solve's result, and whether this call stored a new plan (not when an identical
+    request in flight shared the solve, nor when the plan was already stored). The plan is
+    stored by the solve itself, so it is kept even when this caller has gone away."""
+    store = state.store()
+    request_document = canonical_bytes(request)
+
+    def finish(result: SolveResult) -> tuple[SolveResult, bool]:
+        if result.plan is None or result.plan_id is None:
+            return result, False
+        inserted = store.put_plan(
+            plan_id=result.plan_id,
+            request_hash=key,
+            planner_version=PLANNER_VERSION,
+            request=request_document,
+            plan=result.plan,
+        )
+        state.cache.put(result.plan_id, result.plan)
+        return result, inserted
+
+    (result, inserted), shared = await _solve(
+        state, "plan:" + key, request, request_document, finish
+    )
+    metrics.CACHE.labels("shared" if shared else "miss").inc()
+    return result, inserted and not shared
+
+
+async def solve_only(state: ServiceState, request: PlanRequest, key: str) -> SolveResult:
+    result, _ = await _solve(state, "check:" + key, request, canonical_bytes(request), _same)
+    return result
+
+
+def _same(result: SolveResult) -> SolveResult:
+    return result
+
+
+async def _solve(
+    state: ServiceState,
+    key: str,
+    request: PlanRequest,
+    request_document: bytes,
+    finish: Callable[[SolveResult], T],
+) -> tuple[T, bool]:
+    """Solve in the pool (timing every solve once), or 503 when the pool is full, the
+    solve overran its time limit, its solver process died or the service is stopping."""
+
+    def timed(result: SolveResult) -> T:
+        outcome = "plan" if result.plan is not None else "no_plan"
+        metrics.SOLVE_SECONDS.labels(outcome).observe(result.wall_time_s)
+        return finish(result)
+
+    try:
+        return await state.pool.solve(key, request_document, request.options.time_limit_s, timed)
+    except SolveUnavailableError as error:
+        if isinstance(error, PoolFullError):
+            metrics.REJECTED.inc()
+        raise _unavailable(error) from None
+    except asyncio.CancelledError:
+        # uvicorn cancels the requests still running when its graceful shutdown period
+        # ends, and the pool kills their solves next: say so, rather than uvicorn's bare 500.
+        raise _unavailable(ShuttingDownError()) from None
+
+
+def _unavailable(error: SolveUnavailableError) -> ProblemError:
+    return ProblemError(
+        503,
+        f"{error}; retry in {error.retry_after_s} s",
+        title=error.title,
+        headers={"Retry-After": str(error.retry_after_s)},
+        **error.extensions,
+    )
+
+
+def no_plan(result: SolveResult) -> ProblemError:
+    """422 with the reasons and the smallest fixes, for a solve that found no plan."""
+    assert result.infeasibility is not None
+    infeasibility = Infeasibility.model_validate_json(result.infeasibility)
+    return ProblemError(
+        422,
+        infeasibility.render(),
+        title="No plan exists" if infeasibility.status.value == "infeasible" else "No plan found",
+        infeasibility=json.loads(result.infeasibility),
+    )

@@ -1,0 +1,255 @@
+"""The import rules between shardplan's packages: each stage imports only the stages before
+it, so that a training worker needs neither solver nor service, and the vocabulary needs
+nothing but pydantic and numpy.
+
+An AST scan of every module of ``planner_service``, ``runtime`` and ``clients``, imports
+inside functions included, against ``RULES``; then, in a fresh interpreter, what importing
+the vocabulary and the CLI actually loads.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("planner_service", "runtime", "clients")
+# The core install's libraries (pyproject.toml's dependencies), as imported.
+CORE = frozenset({"pydantic", "pydantic_core", "numpy"})
+PLAN, COSTS, VALIDATE, SOLVE = (
+    f"planner_service.{stage}" for stage in ("plan", "costs", "validate", "solve")
+)
+REPORTS, SERVICE = "planner_service.reports", "planner_service.service"
+# planner_service/__init__.py holds the version only: every module may import it.
+VERSION = "planner_service"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the modules of ``covers`` may import: first-party modules under ``ours``,
+    third-party ones under ``theirs`` (None: any), and, inside functions only (the
+    commands that need an extra import it when they run), anything under ``lazy``."""
+
+    covers: str
+    ours: tuple[str, ...]
+    theirs: frozenset[str] | None
+    says: str
+    lazy: tuple[str, ...] = ()
+
+
+CLIENT_OURS = (PLAN, COSTS, VALIDATE, REPORTS, "clients")
+RULES = (
+    Rule(VERSION, (), frozenset(), "planner_service/__init__.py imports only the standard library"),
+    Rule(PLAN, (PLAN,), CORE, "plan (the vocabulary) imports only plan, pydantic and numpy"),
+    Rule(COSTS, (PLAN, COSTS), CORE, "costs imports only plan and costs (and pydantic, numpy)"),
+    Rule(
+        VALIDATE,
+        (PLAN, COSTS, VALIDATE),
+        CORE,
+        "validate imports only plan, costs and validate (and pydantic, numpy)",
+    ),
+    Rule(
+        SOLVE,
+        (PLAN, COSTS, SOLVE),
+        CORE | {"ortools"},
+        "solve imports only plan, costs and solve (and pydantic, numpy, ortools)",
+    ),
+    Rule(REPORTS, (PLAN, COSTS, REPORTS), CORE, "reports imports only plan and costs"),
+    Rule(SERVICE, ("planner_service",), None, "service may import all of planner_service"),
+    Rule(
+        "runtime",
+        (PLAN, COSTS, VALIDATE, "runtime"),
+        CORE | {"torch", "fbgemm_gpu"},
+        "runtime imports only plan, costs and validate of the planner (never solve, service "
+        "or clients), and torch, fbgemm_gpu, pydantic, numpy",
+    ),
+    Rule(
+        "clients",
+        CLIENT_OURS,
+        CORE | {"httpx"},
+        "clients import plan, costs, validate, reports and the core install's libraries; "
+        "solve only inside a command (shardplan plan); never planner_service.service",
+        lazy=(SOLVE,),
+    ),
+    Rule(
+        "clients.cli.serve",
+        CLIENT_OURS,
+        CORE | {"httpx"},
+        "clients import plan, costs, validate, reports and the core install's libraries; "
+        "only the serve command imports planner_service.service and uvicorn, inside the "
+        "command",
+        lazy=(SERVICE, "uvicorn"),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    name: str  # the module imported, absolute
+    line: int
+    text: str  # the statement as written
+    in_function: bool
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield module_name(path), path
+
+
+def is_first_party_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports(module: str, source: str, is_package: bool = False) -> Iterator[Import]:
+    """Every import statement, at module level or in a function, with absolute names;
+    ``from package import module`` counts as importing the module."""
+    lines = source.splitlines()
+    package = module if is_package else module.rpartition(".")[0]
+
+    def visit(node: ast.AST, in_function: bool) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                text = " ".join(line.strip() for line in lines[child.lineno - 1 : child.end_lineno])
+                for name in imported_names(child, package):
+                    yield Import(name, child.lineno, text, in_function)
+            yield from visit(child, inner)
+
+    yield from visit(ast.parse(source), False)
+
+
+def imported_names(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from .x import y
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, base] if base else anchor)
+    names = [f"{base}.{alias.name}" for alias in node.names]
+    return [name if is_first_party_module(name) else base for name in names]
+
+
+def rule_for(module: str) -> Rule | None:
+    """The most specific rule covering ``module`` (the version's rule covers only itself)."""
+
+    def covers(rule: Rule) -> bool:
+        return rule.covers == module or (rule.covers != VERSION and under(module, rule.covers))
+
+    return max(filter(covers, RULES), key=lambda rule: len(rule.covers), default=None)
+
+
+def allowed(rule: Rule, found: Import) -> bool:
+    name = found.name
+    top = name.partition(".")[0]
+    if top in sys.stdlib_module_names or name == VERSION:
+        return True
+    if found.in_function and any(under(name, prefix) for prefix in rule.lazy):
+        return True
+    if top in PACKAGES:
+        return any(under(name, prefix) for prefix in rule.ours)
+    return rule.theirs is None or top in rule.theirs
+
+
+def violations(module: str, path: str, source: str, is_package: bool = False) -> list[str]:
+    rule = rule_for(module)
+    if rule is None:
+        return [f"{path}: no rule in tests/test_layout.py covers {module}: add one to RULES"]
+    return [
+        f"{path}:{found.line}: {module} imports {found.name} (`{found.text}`)"
+        f"{' inside a function' if found.in_function else ''}, but {rule.says}"
+        for found in imports(module, source, is_package)
+        if not allowed(rule, found)
+    ]
+
+
+def test_every_module_imports_only_what_its_stage_may():
+    found: list[str] = []
+    scanned = 0
+    for module, path in modules():
+        source = path.read_text()
+        relative = str(path.relative_to(ROOT))
+        found += violations(module, relative, source, path.name == "__init__.py")
+        scanned += 1
+    assert scanned > 50  # every package was scanned, not an empty folder
+    assert not found, "import rules broken:\n" + "\n".join(found)
+
+
+def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
+    source = textwrap.dedent(
+        """
+        import math
+        from pydantic import BaseModel
+
+        def late():
+            from planner_service.solve.pipeline import solve
+        """
+    )
+    assert violations("planner_service.plan.late", "planner_service/plan/late.py", source) == [
+        "planner_service/plan/late.py:6: planner_service.plan.late imports "
+        "planner_service.solve.pipeline (`from planner_service.solve.pipeline import solve`) "
+        "inside a function, but plan (the vocabulary) imports only plan, pydantic and numpy"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "broken"),
+    [
+        ("runtime.late", "from planner_service import solve", True),
+        ("runtime.late", "from planner_service.validate import validator", False),
+        ("clients.cli.late", "import ortools", True),
+        ("clients.cli.late", "from planner_service.solve.pipeline import solve", True),
+        ("clients.cli.late", "def run():\n    from planner_service.solve import pipeline", False),
+        ("clients.cli.late", "def run():\n    from planner_service.service import settings", True),
+        (
+            "clients.cli.serve",
+            "def run():\n    from planner_service.service import settings",
+            False,
+        ),
+        ("clients.cli.serve", "from planner_service.service import settings", True),
+        ("planner_service.costs.late", "from . import options", False),
+        ("planner_service.costs.late", "from ..solve import problem", True),
+        ("planner_service.costs.late", "import fastapi", True),
+        ("planner_service.service.late", "import fastapi", False),
+    ],
+)
+def test_rules(module, source, broken):
+    assert bool(violations(module, "late.py", source)) == broken
+
+
+def test_the_vocabulary_and_the_cli_load_no_solver_service_or_torch():
+    """What a training worker (plan, costs, validate) or a CLI user loads on import."""
+    script = textwrap.dedent(
+        """
+        import importlib, pkgutil, sys
+        import planner_service.plan, planner_service.costs, planner_service.validate
+        for package in (planner_service.plan, planner_service.costs, planner_service.validate):
+            for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+                importlib.import_module(info.name)
+        import clients.cli
+        heavy = ("ortools", "fastapi", "uvicorn", "starlette", "psycopg", "torch", "fbgemm_gpu")
+        print(" ".join(sorted(name for name in sys.modules if name.partition(".")[0] in heavy)))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == []
