@@ -26,6 +26,21 @@ TORCH_DTYPES = {
 }
 
 
+def check_table_name(name: str) -> None:
+    """Refuse a name the state dict cannot key. A table's weight is
+    ``embedding_bags.{name}.weight`` (TorchRec's key): torch refuses '.' in a module name,
+    and ``embedding_bags.a.b.weight`` would not say which table it is. The planner accepts
+    any non-empty name, so a dotted one stops here, before anything is allocated."""
+    if name and "." not in name:
+        return
+    fix = f" (e.g. {name.replace('.', '_')!r})" if name.strip(".") else ""
+    raise ValueError(
+        f"table {name!r}: the runtime keys a table's weight as 'embedding_bags.<name>.weight', "
+        f"so a table name must be non-empty and contain no '.'; rename the table in the "
+        f"request and the module{fix}"
+    )
+
+
 @dataclass(frozen=True)
 class EmbeddingBagConfig:
     """One pooled table (TorchRec's ``EmbeddingBagConfig``)."""
@@ -39,6 +54,7 @@ class EmbeddingBagConfig:
     is_weighted: bool = False
 
     def __post_init__(self) -> None:
+        check_table_name(self.name)
         if not self.feature_names:
             object.__setattr__(self, "feature_names", [self.name])
         if self.num_embeddings <= 0 or self.embedding_dim <= 0:

@@ -171,6 +171,18 @@ def test_tables_named_like_module_attributes_shard_train_and_round_trip_on_one_r
     runtime_cases.attribute_names(0, 1)
 
 
+@pytest.mark.parametrize("name", ["", ".", "users.v2"])
+def test_a_name_the_state_dict_cannot_key_is_refused_naming_the_table(name):
+    with pytest.raises(ValueError, match=rf"table {re.escape(repr(name))}: .*'\.'"):
+        EmbeddingBagConfig(name, 10, 8)
+
+
+def test_a_planner_table_with_a_dotted_name_is_refused_on_conversion():
+    table = Table(name="users.v2", num_embeddings=10, embedding_dim=8)
+    with pytest.raises(ValueError, match=r"table 'users.v2': .*users_v2"):
+        EmbeddingBagConfig.from_table(table)
+
+
 # --------------------------------------------------------------------------- plans
 
 
