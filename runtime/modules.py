@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +24,21 @@ TORCH_DTYPES = {
     DataType.FP16: torch.float16,
     DataType.BF16: torch.bfloat16,
 }
+
+
+def check_table_name(name: str) -> None:
+    """Refuse a name the state dict cannot key. A table's weight is
+    ``embedding_bags.{name}.weight`` (TorchRec's key): torch refuses '.' in a module name,
+    and ``embedding_bags.a.b.weight`` would not say which table it is. The planner accepts
+    any non-empty name, so a dotted one stops here, before anything is allocated."""
+    if name and "." not in name:
+        return
+    fix = f" (e.g. {name.replace('.', '_')!r})" if name.strip(".") else ""
+    raise ValueError(
+        f"table {name!r}: the runtime keys a table's weight as 'embedding_bags.<name>.weight', "
+        f"so a table name must be non-empty and contain no '.'; rename the table in the "
+        f"request and the module{fix}"
+    )
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,7 @@ class EmbeddingBagConfig:
     is_weighted: bool = False
 
     def __post_init__(self) -> None:
+        check_table_name(self.name)
         if not self.feature_names:
             object.__setattr__(self, "feature_names", [self.name])
         if self.num_embeddings <= 0 or self.embedding_dim <= 0:
@@ -72,6 +89,39 @@ class EmbeddingBagConfig:
     @property
     def dtype(self) -> torch.dtype:
         return TORCH_DTYPES[self.data_type]
+
+
+class TableModules(nn.ModuleDict):
+    """Modules keyed by table name, under any name the state dict can key.
+
+    ``nn.Module.add_module`` refuses a name that is already an attribute, and the planner
+    accepts tables called ``items``, ``keys``, ``train`` or ``to``. Torch finds children for
+    ``state_dict``, ``load_state_dict``, ``named_parameters``, ``.to()`` and iteration in
+    ``_modules``, never by attribute, so a table is registered there under its own name
+    (``embedding_bags.items.weight``, TorchRec's key) and reached by ``[name]``;
+    ``embedding_bags.items`` stays the method. Torch's other checks (a module, a non-empty
+    name without '.') still apply. What resolves dotted paths by attribute
+    (``get_submodule``, ``get_parameter``) cannot reach such a table."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__.get("_modules", ()):
+            # The container's own attribute (``train()`` sets ``training``), not a table.
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def add_module(self, name: str, module: nn.Module | None) -> None:
+        new = name not in self._modules
+        if new:
+            # A name already in _modules passes add_module's attribute check (torch's
+            # _modules holds None for a child registered as None).
+            self._modules[name] = None  # type: ignore[assignment]
+        try:
+            super().add_module(name, module)
+        except BaseException:
+            if new:
+                del self._modules[name]
+            raise
 
 
 def check_tables(tables: Sequence[EmbeddingBagConfig]) -> None:
@@ -120,7 +170,7 @@ class EmbeddingBagCollection(nn.Module):
         super().__init__()
         check_tables(tables)
         self._tables = list(tables)
-        self.embedding_bags = nn.ModuleDict()
+        self.embedding_bags = TableModules()
         generator = None if seed is None else torch.Generator().manual_seed(seed)
         for table in self._tables:
             bag = nn.EmbeddingBag(

@@ -292,6 +292,44 @@ def equivalence(rank: int, world: int, optimizer: str, names: list[str] | None =
             check_scenario(rank, world, scenario, optimizer)
 
 
+def attribute_named(world: int) -> Scenario:
+    """Tables named like attributes of ``nn.Module`` and ``nn.ModuleDict`` (methods, a flag,
+    the child registry), which the planner accepts, under every sharding type, with mean
+    pooling and a weighted table among them."""
+    last = world - 1
+    builders: dict[str, Callable[..., ParameterSharding]] = {
+        "items": table_wise(last),
+        "keys": column_wise([0, last]),
+        "values": row_wise(),
+        "train": table_row_wise(0),
+        "forward": table_column_wise(0),
+        "weight": data_parallel(),
+        "to": table_wise(0),
+        "training": row_wise(),
+        "_modules": data_parallel(),
+        "__dict__": table_wise(last),
+    }
+    tables = [
+        EmbeddingBagConfig(
+            name,
+            7 + 3 * i,
+            8,
+            pooling=PoolingType.MEAN if i % 3 == 1 else PoolingType.SUM,
+            is_weighted=name == "values",
+        )
+        for i, name in enumerate(builders)
+    ]
+    plan = construct_module_plan(tables, builders, world_size=world)
+    return Scenario("attribute_named", tables, plan)
+
+
+def attribute_names(rank: int, world: int) -> None:
+    """Tables named like module attributes shard, train and round-trip their state."""
+    scenario = attribute_named(world)
+    check_scenario(rank, world, scenario, "sgd")
+    check_state_round_trip(rank, world, scenario)
+
+
 def host_patterns(world: int) -> list[Scenario]:
     """Hosts of two ranks; table-row-wise tables on one host, on some, on all and on none,
     beside table-wise, row-wise, column-wise (ranks 2 and 3) and data-parallel tables. The
@@ -380,14 +418,17 @@ def exchange_layout(rank: int, world: int) -> None:
 
 def state_round_trip(rank: int, world: int) -> None:
     """state_dict offsets, load of a full state, and gathering the full tables back."""
-    scenario = next(s for s in scenarios(world) if s.name == "mixed")
+    check_state_round_trip(rank, world, next(s for s in scenarios(world) if s.name == "mixed"))
+
+
+def check_state_round_trip(rank: int, world: int, scenario: Scenario) -> None:
     meta = EmbeddingBagCollection(scenario.tables, device="meta")
     sharded = shard_modules(meta, plan=scenario.plan)
     source = EmbeddingBagCollection(scenario.tables, seed=99)
     full = {k: v.detach().clone() for k, v in source.state_dict().items()}
     sharded.load_state_dict(full)
     gathered = sharded.gather_state_dict()
-    assert sorted(gathered) == sorted(full)
+    assert list(gathered) == list(full) == list(sharded.state_dict())
     for key, value in full.items():
         assert torch.equal(gathered[key], value), key
     for table in scenario.tables:

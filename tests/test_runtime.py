@@ -3,6 +3,7 @@ sharded module on a single rank (no process group), all with real FBGEMM kernels
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -127,6 +128,59 @@ def test_unsharded_pooling_sum_mean_weighted_and_empty_bags():
 def test_meta_device_module_allocates_nothing():
     ebc = EmbeddingBagCollection([EmbeddingBagConfig("huge", 10**9, 128)], device="meta")
     assert ebc.embedding_bags["huge"].weight.device.type == "meta"
+
+
+# --------------------------------------------------------------------------- table names
+
+ATTRIBUTE_TABLES = runtime_cases.attribute_named(1).tables
+
+
+def test_tables_named_like_module_attributes_are_held_under_their_names():
+    names = [t.name for t in ATTRIBUTE_TABLES]
+    keys = [f"embedding_bags.{name}.weight" for name in names]
+    ebc = EmbeddingBagCollection(ATTRIBUTE_TABLES, seed=5)
+    assert list(ebc.state_dict()) == keys
+    assert [key for key, _ in ebc.named_parameters()] == keys
+    assert list(ebc.embedding_bags) == names and list(dict(ebc.embedding_bags.items())) == names
+    assert "items" in ebc.embedding_bags and ebc.embedding_bags["to"].weight.shape == (25, 8)
+    # The same weights (same seed, same shapes) under plain names pool the same.
+    plain = [dataclasses.replace(t, name=f"t{i}") for i, t in enumerate(ATTRIBUTE_TABLES)]
+    batch, _ = runtime_cases.global_batch(ATTRIBUTE_TABLES, [5], 1, 0)
+    expected = EmbeddingBagCollection(plain, seed=5)(batch)
+    assert torch.equal(ebc(batch).values(), expected.values())
+
+
+def test_tables_named_like_module_attributes_load_and_move():
+    ebc = EmbeddingBagCollection(ATTRIBUTE_TABLES, seed=5)
+    other = EmbeddingBagCollection(ATTRIBUTE_TABLES, seed=6)
+    other.load_state_dict(ebc.state_dict())
+    for key, value in ebc.state_dict().items():
+        assert torch.equal(other.state_dict()[key], value), key
+    other.eval()
+    assert not any(module.training for module in other.modules())
+    other.train()
+    assert all(module.training for module in other.modules())
+    other.to(torch.float64)
+    assert {p.dtype for p in other.parameters()} == {torch.float64}
+    assert len(list(other.parameters())) == len(ATTRIBUTE_TABLES)
+    meta = EmbeddingBagCollection(ATTRIBUTE_TABLES, device="meta")
+    assert meta.embedding_bags["items"].weight.device.type == "meta"
+
+
+def test_tables_named_like_module_attributes_shard_train_and_round_trip_on_one_rank():
+    runtime_cases.attribute_names(0, 1)
+
+
+@pytest.mark.parametrize("name", ["", ".", "users.v2"])
+def test_a_name_the_state_dict_cannot_key_is_refused_naming_the_table(name):
+    with pytest.raises(ValueError, match=rf"table {re.escape(repr(name))}: .*'\.'"):
+        EmbeddingBagConfig(name, 10, 8)
+
+
+def test_a_planner_table_with_a_dotted_name_is_refused_on_conversion():
+    table = Table(name="users.v2", num_embeddings=10, embedding_dim=8)
+    with pytest.raises(ValueError, match=r"table 'users.v2': .*users_v2"):
+        EmbeddingBagConfig.from_table(table)
 
 
 # --------------------------------------------------------------------------- plans

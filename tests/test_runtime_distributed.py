@@ -26,6 +26,10 @@ def test_state_dict_offsets_full_load_and_gather_round_trip(world_size):
     run_ranks(runtime_cases.state_round_trip, world_size)
 
 
+def test_tables_named_like_module_attributes_shard_train_and_round_trip():
+    run_ranks(runtime_cases.attribute_names, 2)
+
+
 def test_table_row_wise_reduces_inside_the_host_then_crosses_hosts():
     run_ranks(runtime_cases.exchange_layout, 4)
 
