@@ -13,8 +13,9 @@ import math
 from ortools.sat.python import cp_model
 
 from planner_service.plan.types import SolverStatus, StopReason
+from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.packing import packing_bound
-from planner_service.solve.bounds.simple import LinearRelaxation
+from planner_service.solve.construct import greedy_plan
 from planner_service.solve.cpsat import (
     WALL_SAFETY_FACTOR,
     deterministic_solver,
@@ -23,7 +24,7 @@ from planner_service.solve.cpsat import (
 )
 from planner_service.solve.deadline import Deadline, finish_slack_s
 from planner_service.solve.explain import explain
-from planner_service.solve.heuristic import greedy_plan, improve
+from planner_service.solve.improve import improve
 from planner_service.solve.pipeline import solve
 from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import loads_of

@@ -162,6 +162,17 @@ class SolverStatus(StrEnum):
     NO_SOLUTION_IN_TIME = "no_solution_in_time"
 
 
+class BoundSource(StrEnum):
+    """Which lower bound proved a plan's gap (``solver.lower_bound_source``)."""
+
+    WORK = "work/world_size"  # the least total work, spread evenly over the ranks
+    LARGEST_SHARD = "largest_shard"  # the table whose cheapest option has the dearest shard
+    LP_RELAXATION = "lp_relaxation"  # options chosen fractionally (GLOP)
+    OPTION_MIX = "option_mix"  # whole options, load spread fractionally (CP-SAT)
+    PACKING = "packing"  # whole shards packed into ranks, constraints dropped (CP-SAT)
+    CP_SAT = "cp-sat"  # the CP-SAT search on the complete model
+
+
 class StopReason(StrEnum):
     """What ended the search. The first three are reproducible (the same request gives the
     same plan in every process); ``time_limit`` means the wall clock cut a stage short, so
@@ -644,7 +655,7 @@ class SolverReport(_Value):
     objective: NonNegativeFloat
     lower_bound: NonNegativeFloat
     gap: NonNegativeFloat
-    lower_bound_source: str | None = None
+    lower_bound_source: BoundSource | None = None
     critical_path: NonNegativeFloat = 0.0
     stop_reason: StopReason | None = None
 

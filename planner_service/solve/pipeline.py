@@ -18,6 +18,7 @@ import numpy as np
 from planner_service import PLANNER_VERSION
 from planner_service.plan.codec import seal_plan_data
 from planner_service.plan.types import (
+    BoundSource,
     CostModel,
     Infeasibility,
     PlanOptions,
@@ -28,7 +29,8 @@ from planner_service.plan.types import (
     StopReason,
     gap,
 )
-from planner_service.solve.bounds.packing import OPTION_MIX_SHARE, option_mix_bound, packing_bound
+from planner_service.solve.bounds.option_mix import OPTION_MIX_SHARE, option_mix_bound
+from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.bounds.simple import OPTIMAL_GAP, LowerBound, best_bound, proven_within
 from planner_service.solve.cpsat import CpSatResult, ProgressCallback, solve_cpsat
 from planner_service.solve.deadline import Deadline
@@ -203,7 +205,7 @@ class _Search:
             cpsat_wall_s=result.wall_time_s,
         )
         if result.bound is not None:
-            self.bounds.append(LowerBound(result.bound, "cp-sat"))
+            self.bounds.append(LowerBound(result.bound, BoundSource.CP_SAT))
         return result
 
 

@@ -9,16 +9,11 @@ from dataclasses import dataclass
 from planner_service.costs.enumerate import FitResult, enumerate_options, fit_options
 from planner_service.costs.options import DeviceClasses
 from planner_service.plan.types import PlanRequest, TableProblem
-from planner_service.solve.bounds.simple import (
-    LinearRelaxation,
-    LowerBound,
-    Relaxation,
-    RelaxationInfeasible,
-    best_bound,
-    simple_bounds,
-)
+from planner_service.solve.bounds.lp import LinearRelaxation, Relaxation, RelaxationInfeasible
+from planner_service.solve.bounds.simple import LowerBound, best_bound, simple_bounds
+from planner_service.solve.construct import greedy_plan
 from planner_service.solve.deadline import Deadline
-from planner_service.solve.heuristic import greedy_plan, improve
+from planner_service.solve.improve import improve
 from planner_service.solve.problem import Choice, Group, Problem, group_tables, without_equivalents
 
 GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
