@@ -19,11 +19,11 @@ from planner_service.plan.types import (
     ShardingType,
     SolverStatus,
 )
-from planner_service.solve import cpsat
 from planner_service.solve.bounds.lp import LinearRelaxation, RelaxationInfeasible
 from planner_service.solve.bounds.option_mix import option_mix_bound
 from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.bounds.simple import simple_bounds
+from planner_service.solve.cpsat import search as cpsat
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.pipeline import solve
 from planner_service.solve.problem import Choice, Problem, loads_of, without_equivalents

@@ -32,7 +32,12 @@ from planner_service.plan.types import (
 from planner_service.solve.bounds.option_mix import OPTION_MIX_SHARE, option_mix_bound
 from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.bounds.simple import OPTIMAL_GAP, LowerBound, best_bound, proven_within
-from planner_service.solve.cpsat import CpSatResult, ProgressCallback, solve_cpsat
+from planner_service.solve.cpsat.search import (
+    CpSatResult,
+    CpSatStatus,
+    ProgressCallback,
+    solve_cpsat,
+)
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.explain import explain, memory_reasons
 from planner_service.solve.prepare import prepare, warm_start
@@ -105,7 +110,7 @@ def solve(
         result = search.cpsat(hint, report)
         if result.choices is not None:
             candidates.append(result.choices)
-        proven_infeasible = result.status == "INFEASIBLE" and result.exact
+        proven_infeasible = result.status is CpSatStatus.INFEASIBLE and result.exact
     if not candidates:
         status = SolverStatus.INFEASIBLE if proven_infeasible else SolverStatus.NO_SOLUTION_IN_TIME
         infeasibility = explain(request, [], status, deadline, prepared.fitted)
