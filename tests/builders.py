@@ -8,6 +8,7 @@ from typing import Any
 from planner_service.plan.codec import parse_request, seal_plan
 from planner_service.plan.shards import column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
+    PERF_FIELDS,
     ComputeKernel,
     ParameterSharding,
     Perf,
@@ -19,7 +20,7 @@ from planner_service.plan.types import (
     SolverReport,
     SolverStatus,
 )
-from planner_service.validate.usage import PERF_FIELDS, rank_usage
+from planner_service.validate.usage import rank_usage
 
 
 def request(tables: list[dict[str, Any]], world_size: int = 4, **fields: Any) -> PlanRequest:

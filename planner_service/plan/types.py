@@ -629,6 +629,11 @@ class Perf(_Value):
     total: NonNegativeFloat = 0.0
 
 
+PERF_FIELDS = tuple(Perf.model_fields)  # the components, then ``total``
+PERF_COMPONENTS = PERF_FIELDS[:-1]  # what a cost model may sum into ``total``
+assert PERF_FIELDS[-1] == "total"
+
+
 class RankStats(_Value):
     """What a plan puts on one rank: bytes per memory tier and estimated time."""
 

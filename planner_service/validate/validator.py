@@ -17,6 +17,7 @@ from planner_service.plan.shards import COLUMN_ALIGNMENT, row_block_size, row_wi
 from planner_service.plan.types import (
     COLUMN_SHARDING_TYPES,
     HOST_LOCAL_SHARDING_TYPES,
+    PERF_FIELDS,
     UVM_KERNELS,
     ComputeDevice,
     ComputeKernel,
@@ -33,7 +34,7 @@ from planner_service.plan.types import (
     ViolationCode,
     gap,
 )
-from planner_service.validate.usage import PERF_FIELDS, RankLoad, RankUsage, rank_usage
+from planner_service.validate.usage import RankLoad, RankUsage, rank_usage
 
 _ROWS, _COLUMNS = 0, 1
 _GAP_TOLERANCE = 1e-9
