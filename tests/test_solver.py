@@ -793,7 +793,7 @@ def _plan_from(problem, choices, req):
     """The plan of ``choices``, with 0 as its (trivial) lower bound."""
     from planner_service.plan.types import BoundSource
     from planner_service.solve.bounds.simple import LowerBound
-    from planner_service.solve.pipeline import build_plan
+    from planner_service.solve.emit import build_plan
 
     loads = loads_of(problem, choices)
     return build_plan(problem, choices, loads, LowerBound(0.0, BoundSource.WORK))
