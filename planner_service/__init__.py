@@ -1,5 +1,6 @@
-"""shardplan's planner: the plan vocabulary, canonical plan format, validator and (later
-stages) enumerator, estimators and solver. Imports no torch."""
+"""shardplan's planner: the plan vocabulary (``plan/``), the cost model (``costs/``), the
+validator (``validate/``), the solver (``solve/``) and the HTTP service (``service/``).
+Imports no torch."""
 
 from importlib.metadata import PackageNotFoundError, version
 

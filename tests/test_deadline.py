@@ -25,7 +25,7 @@ from planner_service.solve.pipeline import solve
 from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import loads_of
 from planner_service.validate.validator import validate_plan
-from tests.builders import request, table
+from tests.builders import request, seal_plan, table
 
 
 class _Ticking:
@@ -274,7 +274,6 @@ def test_a_report_without_stop_reason_keeps_its_canonical_form():
     from tests.builders import table_wise
 
     req = request([table("a")], world_size=2)
-    from planner_service.plan.codec import seal_plan
     from planner_service.plan.types import RankStats, SolverReport
 
     report = SolverReport(status=SolverStatus.FEASIBLE, objective=1.0, lower_bound=0.5, gap=0.5)

@@ -30,8 +30,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-GiB = 1024**3
-MiB = 1024**2
+from planner_service.plan.units import GiB
 
 # TorchRec's public defaults (torchrec/distributed/planner/constants.py), converted to bytes/s.
 DEFAULT_HBM_BYTES = 32 * GiB
@@ -74,7 +73,6 @@ MAX_JSON_DEPTH = 64
 # languages' JSON readers) can hold them; valid plans stay within MAX_MEMORY_BYTES.
 MAX_PLAN_BYTES = 2**63 - 1
 
-Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
 Name = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
@@ -541,9 +539,6 @@ class PlanRequest(_Value):
                         raise _unknown_table(f"constraints.{field}[{g}]", name, names)
         return self
 
-    def tables_by_name(self) -> dict[str, Table]:
-        return {table.name: table for table in self.tables}
-
 
 def _check_pinned_ranks(name: str, ranks: list[int], world: int) -> None:
     """Pinned ranks are distinct ranks of the topology, so there are at most world_size."""
@@ -676,7 +671,7 @@ class ShardingPlan(_Value):
     """A complete, content-addressed sharding plan.
 
     ``plan_id`` is the sha256 of the canonical JSON of every other field, so a plan's
-    identity is its content (see ``planner_service.canonical``).
+    identity is its content (see ``plan.codec``).
     """
 
     schema_version: Annotated[str, Strict(), Field(pattern=SCHEMA_VERSION_PATTERN)] = SCHEMA_VERSION
