@@ -31,9 +31,9 @@ def improve(
     would, against the current max as target). Swap: exchange a whole single-shard table
     there with a cheaper one elsewhere. Repartition: re-split the whole single-shard tables
     of that rank and another between the two; then the table-row-wise tables of its host
-    and another host. A move is kept if the max drops, or stays and
-    fewer ranks sit at it. Deterministic; stops at a local optimum, after
-    ``MAX_IMPROVEMENT_ROUNDS`` moves, or at the deadline."""
+    and another host. A move is kept if the max drops, or stays and fewer ranks sit at it.
+    Deterministic; stops at a local optimum, after ``MAX_IMPROVEMENT_ROUNDS`` moves, or at
+    the deadline."""
     deadline = deadline or Deadline.never()
     current = list(choices)
     loads = loads_of(problem, current)
@@ -56,6 +56,9 @@ def improve(
 def _improve_once(
     problem: Problem, groups: GroupIndex, choices: list[Choice], loads: Loads
 ) -> tuple[list[Choice], Loads] | None:
+    """Re-insertion: the first table on the most loaded rank (dearest there first) that,
+    taken out and put back with its best option and placement, lowers the max, or the
+    number of ranks at it."""
     peak = loads.objective
     at_peak = _at_peak(loads.perf, peak)
     bottleneck = int(np.argmax(loads.perf))

@@ -60,6 +60,8 @@ class Score(NamedTuple):
 
 @dataclass(frozen=True)
 class Candidate:
+    """An option of a table placed tentatively, and how good that is."""
+
     score: Score
     choice: Choice
 
