@@ -25,12 +25,17 @@ from typing import Any
 from planner_service.costs.enumerate import enumerate_options
 from planner_service.costs.options import ShardingOption
 from planner_service.plan.codec import parse_request
-from planner_service.plan.types import ComputeDevice, Perf, PlanRequest, PoolingType, ShardingType
+from planner_service.plan.types import (
+    PERF_FIELDS,
+    ComputeDevice,
+    PlanRequest,
+    PoolingType,
+    ShardingType,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHREC_PYTHON = ROOT / ".venv-torchrec" / "bin" / "python"
 HARNESS = ROOT / "benchmarks" / "torchrec_reference.py"
-PERF_FIELDS = tuple(Perf.model_fields)  # every component, and the total
 TOLERANCE = 0.005
 
 

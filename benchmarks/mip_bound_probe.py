@@ -17,7 +17,10 @@ from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
 
 from benchmarks.workloads import nvidia_tables, workload_request
-from planner_service.solve import cpsat
+from planner_service.solve.cpsat.model import PlacementModel
+from planner_service.solve.cpsat.run import COST_RESOLUTION
+from planner_service.solve.cpsat.search import makespan_upper
+from planner_service.solve.deadline import Deadline
 from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import loads_of
 
@@ -64,11 +67,11 @@ def main() -> None:
     assert problem is not None and groups is not None
     hint = warm_start(prepared)
     assert hint is not None
-    scale = cpsat.COST_RESOLUTION / loads_of(problem, hint).objective
+    scale = COST_RESOLUTION / loads_of(problem, hint).objective
 
     def model() -> cp_model.CpModel:
-        built = cpsat._Model(problem, groups, hint, scale, False)
-        built.model.minimize(built.makespan(0, cpsat._makespan_upper(problem, hint, scale)))
+        built = PlacementModel(problem, groups, hint, scale, False, Deadline.never())
+        built.model.minimize(built.makespan(0, makespan_upper(problem, hint, scale)))
         built.add_hint(hint)
         return built.model
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from planner_service.plan.codec import canonical_bytes, parse_request
-from planner_service.plan.types import GiB, PlanRequest
+from planner_service.plan.types import PlanRequest
+from planner_service.plan.units import GiB
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 NVIDIA_CSV = DATA / "nvidia_distributed_embeddings_synthetic_tables.csv"

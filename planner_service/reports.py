@@ -6,7 +6,13 @@ from typing import Any
 
 from planner_service.costs.options import DeviceClasses, Placement, ShardingOption, TableOptions
 from planner_service.plan.capacity import Capacity
-from planner_service.plan.types import ComputeDevice, PlanRequest, ShardingPlan, TableProblem
+from planner_service.plan.types import (
+    PERF_COMPONENTS,
+    ComputeDevice,
+    PlanRequest,
+    ShardingPlan,
+    TableProblem,
+)
 
 
 def options_document(
@@ -115,7 +121,8 @@ def rank_ranges(ranks: list[int]) -> str:
 
 # --------------------------------------------------------------------------- plan tables
 
-_PERF_COLUMNS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch")
+# TorchRec's stats table's perf columns: every component but input_dist.
+_PERF_COLUMNS = tuple(name for name in PERF_COMPONENTS if name != "input_dist")
 _TYPE_ABBREVIATIONS = {
     "table_wise": "TW",
     "row_wise": "RW",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from planner_service.plan.codec import parse_request, seal_plan
+from planner_service.plan.codec import parse_request, seal_plan_data
 from planner_service.plan.shards import column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
+    PERF_FIELDS,
     ComputeKernel,
     ParameterSharding,
     Perf,
@@ -18,8 +19,9 @@ from planner_service.plan.types import (
     ShardingType,
     SolverReport,
     SolverStatus,
+    Table,
 )
-from planner_service.validate.usage import PERF_FIELDS, rank_usage
+from planner_service.validate.usage import rank_usage
 
 
 def request(tables: list[dict[str, Any]], world_size: int = 4, **fields: Any) -> PlanRequest:
@@ -31,6 +33,28 @@ def request(tables: list[dict[str, Any]], world_size: int = 4, **fields: Any) ->
 
 def table(name: str, rows: int = 100, dim: int = 16, **fields: Any) -> dict[str, Any]:
     return {"name": name, "num_embeddings": rows, "embedding_dim": dim, **fields}
+
+
+def _table(req: PlanRequest, name: str) -> Table:
+    return next(t for t in req.tables if t.name == name)
+
+
+def seal_plan(
+    *,
+    request: PlanRequest,
+    planner_version: str,
+    tables: dict[str, ParameterSharding],
+    rank_stats: list[RankStats],
+    solver: SolverReport,
+) -> ShardingPlan:
+    """A plan for ``request`` assembled from models and stamped with its content address."""
+    return seal_plan_data(
+        request=request,
+        planner_version=planner_version,
+        tables={name: sharding.model_dump(mode="json") for name, sharding in tables.items()},
+        rank_stats=[stats.model_dump(mode="json") for stats in rank_stats],
+        solver=solver.model_dump(mode="json"),
+    )
 
 
 def sharding(
@@ -48,21 +72,21 @@ def sharding(
 def table_wise(
     req: PlanRequest, name: str, rank: int, kernel: ComputeKernel = ComputeKernel.FUSED
 ) -> ParameterSharding:
-    t = req.tables_by_name()[name]
+    t = _table(req, name)
     shard = Shard(offsets=(0, 0), sizes=(t.num_embeddings, t.embedding_dim), rank=rank)
     clf = 0.2 if kernel is ComputeKernel.FUSED_UVM_CACHING else None
     return sharding(ShardingType.TABLE_WISE, kernel, [shard], clf)
 
 
 def row_wise(req: PlanRequest, name: str) -> ParameterSharding:
-    t = req.tables_by_name()[name]
+    t = _table(req, name)
     ranks = list(range(req.topology.world_size))
     shards = row_wise_shards(t.num_embeddings, t.embedding_dim, ranks)
     return sharding(ShardingType.ROW_WISE, ComputeKernel.FUSED, shards)
 
 
 def table_row_wise(req: PlanRequest, name: str, host: int) -> ParameterSharding:
-    t = req.tables_by_name()[name]
+    t = _table(req, name)
     ranks = list(req.topology.host_ranks(host))
     shards = row_wise_shards(t.num_embeddings, t.embedding_dim, ranks)
     return sharding(ShardingType.TABLE_ROW_WISE, ComputeKernel.FUSED, shards)
@@ -75,12 +99,12 @@ def column_wise(
     ranks: list[int],
     kind: ShardingType = ShardingType.COLUMN_WISE,
 ) -> ParameterSharding:
-    t = req.tables_by_name()[name]
+    t = _table(req, name)
     return sharding(kind, ComputeKernel.FUSED, column_wise_shards(t.num_embeddings, widths, ranks))
 
 
 def data_parallel(req: PlanRequest, name: str) -> ParameterSharding:
-    t = req.tables_by_name()[name]
+    t = _table(req, name)
     shards = [
         Shard(offsets=(0, 0), sizes=(t.num_embeddings, t.embedding_dim), rank=rank)
         for rank in range(req.topology.world_size)

@@ -13,22 +13,19 @@ import math
 from ortools.sat.python import cp_model
 
 from planner_service.plan.types import SolverStatus, StopReason
+from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.packing import packing_bound
-from planner_service.solve.bounds.simple import LinearRelaxation
-from planner_service.solve.cpsat import (
-    WALL_SAFETY_FACTOR,
-    deterministic_solver,
-    solve_cpsat,
-    solve_within,
-)
+from planner_service.solve.construct import greedy_plan
+from planner_service.solve.cpsat.run import WALL_SAFETY_FACTOR, deterministic_solver, solve_within
+from planner_service.solve.cpsat.search import solve_cpsat
 from planner_service.solve.deadline import Deadline, finish_slack_s
 from planner_service.solve.explain import explain
-from planner_service.solve.heuristic import greedy_plan, improve
+from planner_service.solve.improve import improve
 from planner_service.solve.pipeline import solve
 from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import loads_of
 from planner_service.validate.validator import validate_plan
-from tests.builders import request, table
+from tests.builders import request, seal_plan, table
 
 
 class _Ticking:
@@ -277,7 +274,6 @@ def test_a_report_without_stop_reason_keeps_its_canonical_form():
     from tests.builders import table_wise
 
     req = request([table("a")], world_size=2)
-    from planner_service.plan.codec import seal_plan
     from planner_service.plan.types import RankStats, SolverReport
 
     report = SolverReport(status=SolverStatus.FEASIBLE, objective=1.0, lower_bound=0.5, gap=0.5)

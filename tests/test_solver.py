@@ -19,13 +19,11 @@ from planner_service.plan.types import (
     ShardingType,
     SolverStatus,
 )
-from planner_service.solve import cpsat
-from planner_service.solve.bounds.packing import option_mix_bound, packing_bound
-from planner_service.solve.bounds.simple import (
-    LinearRelaxation,
-    RelaxationInfeasible,
-    simple_bounds,
-)
+from planner_service.solve.bounds.lp import LinearRelaxation, RelaxationInfeasible
+from planner_service.solve.bounds.option_mix import option_mix_bound
+from planner_service.solve.bounds.packing import packing_bound
+from planner_service.solve.bounds.simple import simple_bounds
+from planner_service.solve.cpsat import search as cpsat
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.pipeline import solve
 from planner_service.solve.problem import Choice, Problem, loads_of, without_equivalents
@@ -397,10 +395,10 @@ def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
     loads = loads_of(problem, packing.plan)
     assert loads.fits(problem) and loads.objective == pytest.approx(optimum, rel=1e-12)
 
-    import planner_service.solve.bounds.packing as module
+    from planner_service.solve.bounds.relaxed import MemoryWeights
 
     # Blind to memory, every item weighing nothing, the relaxation pairs the big two.
-    monkeypatch.setattr(module._MemoryWeights, "weight", staticmethod(lambda size, capacity: 0))
+    monkeypatch.setattr(MemoryWeights, "weight", staticmethod(lambda size, capacity: 0))
     blind = packing_bound(problem, groups, 3 * unit, time_limit_s=1, seed=0)
     assert blind is not None and blind.bound is not None
     assert blind.bound.value == pytest.approx(2 * unit, rel=1e-6)
@@ -417,10 +415,10 @@ def test_packing_keeps_apart_tables_that_cannot_share_a_rank(monkeypatch):
 def test_items_that_fit_a_rank_weigh_at_most_its_memory_units(case):
     """The relaxation's memory weights never exclude a rank's real contents, and two items
     over half a rank always exceed it."""
-    from planner_service.solve.bounds.packing import MEMORY_UNITS, _MemoryWeights
+    from planner_service.solve.bounds.relaxed import MEMORY_UNITS, MemoryWeights
 
     capacity, sizes = case
-    weights = [_MemoryWeights.weight(size, capacity) for size in sizes]
+    weights = [MemoryWeights.weight(size, capacity) for size in sizes]
     if sum(sizes) <= capacity:
         assert sum(weights) <= MEMORY_UNITS
     over_half = [w for size, w in zip(sizes, weights, strict=True) if 2 * size > capacity]
@@ -792,11 +790,13 @@ def _problem(req):
 
 
 def _plan_from(problem, choices, req):
+    """The plan of ``choices``, with 0 as its (trivial) lower bound."""
+    from planner_service.plan.types import BoundSource
     from planner_service.solve.bounds.simple import LowerBound
-    from planner_service.solve.pipeline import build_plan
+    from planner_service.solve.emit import build_plan
 
     loads = loads_of(problem, choices)
-    return build_plan(problem, choices, loads, LowerBound(0.0, "test"))
+    return build_plan(problem, choices, loads, LowerBound(0.0, BoundSource.WORK))
 
 
 def _cpsat_alone(req):
@@ -868,7 +868,7 @@ def test_cpsat_alone_honours_colocate_separate_and_pins():
 def test_restricted_model_improves_the_warm_start_without_claiming_a_bound(monkeypatch):
     """Past MAX_PLACEMENT_VARS the model is a neighbourhood of the warm start: its answer is
     valid and no worse, but its bound is not reported as a proof."""
-    from planner_service.solve.heuristic import greedy_plan
+    from planner_service.solve.construct import greedy_plan
 
     monkeypatch.setattr(cpsat, "MAX_PLACEMENT_VARS", 10)
     tables = [table(f"t{i}", rows=10**4 * (i + 1), dim=64 * (1 + i % 3)) for i in range(12)]
@@ -899,7 +899,7 @@ def _lpt_trap(**options) -> tuple[PlanRequest, float]:
 def test_warm_start_moves_out_of_the_lpt_trap(monkeypatch, kept):
     """Swaps and two-rank repartitions each get out of the trap alone; without both the
     warm start stays in it."""
-    import planner_service.solve.heuristic as heuristic
+    import planner_service.solve.improve as local_search
 
     req, unit = _lpt_trap(time_limit_s=0.01)
     assert solve(req, deadline=Deadline.never()).plan.solver.objective == pytest.approx(
@@ -907,12 +907,12 @@ def test_warm_start_moves_out_of_the_lpt_trap(monkeypatch, kept):
     )  # {3,3} {2,2,2}
 
     other = {"_swap_once", "_repartition_once"} - {kept}
-    monkeypatch.setattr(heuristic, other.pop(), lambda *args: None)
+    monkeypatch.setattr(local_search, other.pop(), lambda *args: None)
     assert solve(req, deadline=Deadline.never()).plan.solver.objective == pytest.approx(
         3 * unit, rel=1e-4
     )
 
-    monkeypatch.setattr(heuristic, kept, lambda *args: None)
+    monkeypatch.setattr(local_search, kept, lambda *args: None)
     without = solve(req, deadline=Deadline.never()).plan.solver.objective
     assert without == pytest.approx(3.5 * unit, rel=1e-4)  # LPT: {3, 2, 2} and {3, 2}
 
@@ -922,7 +922,7 @@ def test_warm_start_repartitions_table_row_wise_tables_between_hosts(monkeypatch
     units: largest first, each on the host least loaded after it, they end as {3, 2, 2}
     and {3, 2} (7 units), where moving or swapping one table never helps; re-splitting the
     two hosts' tables reaches {3, 3} and {2, 2, 2} (6)."""
-    import planner_service.solve.heuristic as heuristic
+    import planner_service.solve.improve as local_search
 
     topology = {"world_size": 4, "local_world_size": 2}
     tables, unit = _costing([3, 3, 2, 2, 2], [1000] * 5, "table_row_wise", topology)
@@ -938,7 +938,7 @@ def test_warm_start_repartitions_table_row_wise_tables_between_hosts(monkeypatch
     hosts = {name: s.ranks[0] // 2 for name, s in plan.tables.items()}
     assert hosts["t0"] == hosts["t1"] != hosts["t2"] == hosts["t3"] == hosts["t4"]
 
-    monkeypatch.setattr(heuristic, "_repartition_hosts", lambda *args: None)
+    monkeypatch.setattr(local_search, "_repartition_hosts", lambda *args: None)
     assert solve(req, deadline=Deadline.never()).plan.solver.objective == pytest.approx(
         7 * unit, rel=1e-4
     )
@@ -948,10 +948,10 @@ def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
     """Without swaps and repartitions the warm start is 3.5 units against a bound of 3
     (work / world size), a gap of 1/7: a 20% limit accepts it without searching; a 10%
     limit searches on to the optimum."""
-    import planner_service.solve.heuristic as heuristic
+    import planner_service.solve.improve as local_search
 
-    monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
-    monkeypatch.setattr(heuristic, "_repartition_once", lambda *args: None)
+    monkeypatch.setattr(local_search, "_swap_once", lambda *args: None)
+    monkeypatch.setattr(local_search, "_repartition_once", lambda *args: None)
     req, unit = _lpt_trap(time_limit_s=5, gap_limit=0.2)
     outcome = solve(req)
     report = outcome.plan.solver
@@ -970,10 +970,10 @@ def test_default_gap_limit_accepts_a_plan_proven_within_two_percent(monkeypatch)
     repartitions) is 57 units, {50, 3, 2, 2} and {50, 3, 2}, against the bound and optimum
     56, a gap of 1/57. The default gap limit (2%) accepts it without searching; 0 searches
     on to the optimum."""
-    import planner_service.solve.heuristic as heuristic
+    import planner_service.solve.improve as local_search
 
-    monkeypatch.setattr(heuristic, "_swap_once", lambda *args: None)
-    monkeypatch.setattr(heuristic, "_repartition_once", lambda *args: None)
+    monkeypatch.setattr(local_search, "_swap_once", lambda *args: None)
+    monkeypatch.setattr(local_search, "_repartition_once", lambda *args: None)
     tables, unit = _costing([50, 50, 3, 3, 2, 2, 2], [100] * 7)
     only_tw = {
         t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables

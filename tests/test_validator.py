@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 
 from planner_service.costs.enumerate import enumerate_options
-from planner_service.plan.codec import request_hash, seal_plan
+from planner_service.plan.codec import request_hash
 from planner_service.plan.types import (
     MAX_WORLD_SIZE,
     ComputeKernel,
@@ -18,7 +18,7 @@ from planner_service.plan.types import (
 )
 from planner_service.validate.validator import validate_plan
 from tests import builders
-from tests.builders import request, table
+from tests.builders import request, seal_plan, table
 
 GIB = 2**30
 CW = ShardingType.COLUMN_WISE

@@ -49,6 +49,7 @@ from planner_service.plan.types import (
     TableProblemCode,
     Topology,
 )
+from planner_service.plan.units import gib
 
 # TorchRec's EmbeddingCollection (sequence tables) supports only these sharding types.
 SEQUENCE_SHARDING_TYPES = (
@@ -320,9 +321,9 @@ def _explain(
         message=(
             f"table {table.name!r} fits no rank under any allowed option: its smallest option "
             f"({smallest.sharding_type.value}/{smallest.compute_kernel.value}) needs "
-            f"{_gib(worst.storage.hbm_bytes)} HBM and {_gib(worst.storage.ddr_bytes)} DDR for "
+            f"{gib(worst.storage.hbm_bytes)} HBM and {gib(worst.storage.ddr_bytes)} DDR for "
             f"one shard, but the largest {'pinned ' if pinned else ''}rank offers "
-            f"{_gib(largest_hbm)} HBM and {_gib(largest_ddr)} DDR after the reservation"
+            f"{gib(largest_hbm)} HBM and {gib(largest_ddr)} DDR after the reservation"
         ),
         smallest_option=f"{smallest.sharding_type.value}/{smallest.compute_kernel.value}",
         needed_hbm_bytes=worst.storage.hbm_bytes,
@@ -365,7 +366,3 @@ def _no_option_message(request: PlanRequest, table: Table) -> str:
     return f"table {table.name!r}: constraints {limits} leave no sharding option; " + "; ".join(
         hint
     )
-
-
-def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.3f} GiB"

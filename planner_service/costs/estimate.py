@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from planner_service.plan.types import (
+    PERF_COMPONENTS,
     ComputeDevice,
     ComputeKernel,
     CostModel,
@@ -186,6 +187,14 @@ def _input_dist(ctx: OptionContext) -> float:
     size = math.ceil(ctx.load.batch_inputs * ctx.world_size * INDEX_BYTES)
     bw = comms_bandwidth(ctx.topology, Collective.ALL_TO_ALL, ctx.world_size, ctx.local_world_size)
     return size / bw
+
+
+def total_components(cost_model: CostModel) -> tuple[str, ...]:
+    """The perf components ``cost_model`` sums into ``total`` (as ``_perf`` does): all of
+    them in ours, all but ``input_dist`` in TorchRec's."""
+    if cost_model is CostModel.SHARDPLAN:
+        return PERF_COMPONENTS
+    return tuple(name for name in PERF_COMPONENTS if name != "input_dist")
 
 
 def _perf(

@@ -36,13 +36,10 @@ from planner_service.plan.types import (
     MAX_PLAN_BYTES,
     SCHEMA_VERSION,
     SCHEMA_VERSION_PATTERN,
-    MiB,
-    ParameterSharding,
     PlanRequest,
-    RankStats,
     ShardingPlan,
-    SolverReport,
 )
+from planner_service.plan.units import MiB
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -118,24 +115,6 @@ def plan_id_of(body: dict[str, Any]) -> str:
     return sha256_hex(canonical_bytes({k: v for k, v in body.items() if k != "plan_id"}))
 
 
-def seal_plan(
-    *,
-    request: PlanRequest,
-    planner_version: str,
-    tables: dict[str, ParameterSharding],
-    rank_stats: list[RankStats],
-    solver: SolverReport,
-) -> ShardingPlan:
-    """Assemble a plan for ``request`` and stamp it with its content address."""
-    return seal_plan_data(
-        request=request,
-        planner_version=planner_version,
-        tables={name: sharding.model_dump(mode="json") for name, sharding in tables.items()},
-        rank_stats=[stats.model_dump(mode="json") for stats in rank_stats],
-        solver=solver.model_dump(mode="json"),
-    )
-
-
 def seal_plan_data(
     *,
     request: PlanRequest,
@@ -144,8 +123,9 @@ def seal_plan_data(
     rank_stats: list[dict[str, Any]],
     solver: dict[str, Any],
 ) -> ShardingPlan:
-    """``seal_plan`` from the plan's parts as JSON data: a plan of many shards is validated
-    once, at the end, instead of once per object and again when sealed."""
+    """Assemble a plan for ``request`` from its parts as JSON data and stamp it with its
+    content address: a plan of many shards is validated once, at the end, instead of once
+    per object and again when sealed."""
     body = {
         "schema_version": SCHEMA_VERSION,
         "request_hash": request_hash(request),

@@ -30,8 +30,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-GiB = 1024**3
-MiB = 1024**2
+from planner_service.plan.units import GiB
 
 # TorchRec's public defaults (torchrec/distributed/planner/constants.py), converted to bytes/s.
 DEFAULT_HBM_BYTES = 32 * GiB
@@ -74,7 +73,6 @@ MAX_JSON_DEPTH = 64
 # languages' JSON readers) can hold them; valid plans stay within MAX_MEMORY_BYTES.
 MAX_PLAN_BYTES = 2**63 - 1
 
-Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
 Name = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
@@ -160,6 +158,17 @@ class SolverStatus(StrEnum):
     FEASIBLE = "feasible"
     INFEASIBLE = "infeasible"
     NO_SOLUTION_IN_TIME = "no_solution_in_time"
+
+
+class BoundSource(StrEnum):
+    """Which lower bound proved a plan's gap (``solver.lower_bound_source``)."""
+
+    WORK = "work/world_size"  # the least total work, spread evenly over the ranks
+    LARGEST_SHARD = "largest_shard"  # the table whose cheapest option has the dearest shard
+    LP_RELAXATION = "lp_relaxation"  # options chosen fractionally (GLOP)
+    OPTION_MIX = "option_mix"  # whole options, load spread fractionally (CP-SAT)
+    PACKING = "packing"  # whole shards packed into ranks, constraints dropped (CP-SAT)
+    CP_SAT = "cp-sat"  # the CP-SAT search on the complete model
 
 
 class StopReason(StrEnum):
@@ -530,9 +539,6 @@ class PlanRequest(_Value):
                         raise _unknown_table(f"constraints.{field}[{g}]", name, names)
         return self
 
-    def tables_by_name(self) -> dict[str, Table]:
-        return {table.name: table for table in self.tables}
-
 
 def _check_pinned_ranks(name: str, ranks: list[int], world: int) -> None:
     """Pinned ranks are distinct ranks of the topology, so there are at most world_size."""
@@ -618,6 +624,11 @@ class Perf(_Value):
     total: NonNegativeFloat = 0.0
 
 
+PERF_FIELDS = tuple(Perf.model_fields)  # the components, then ``total``
+PERF_COMPONENTS = PERF_FIELDS[:-1]  # what a cost model may sum into ``total``
+assert PERF_FIELDS[-1] == "total"
+
+
 class RankStats(_Value):
     """What a plan puts on one rank: bytes per memory tier and estimated time."""
 
@@ -644,7 +655,7 @@ class SolverReport(_Value):
     objective: NonNegativeFloat
     lower_bound: NonNegativeFloat
     gap: NonNegativeFloat
-    lower_bound_source: str | None = None
+    lower_bound_source: BoundSource | None = None
     critical_path: NonNegativeFloat = 0.0
     stop_reason: StopReason | None = None
 
@@ -660,7 +671,7 @@ class ShardingPlan(_Value):
     """A complete, content-addressed sharding plan.
 
     ``plan_id`` is the sha256 of the canonical JSON of every other field, so a plan's
-    identity is its content (see ``planner_service.canonical``).
+    identity is its content (see ``plan.codec``).
     """
 
     schema_version: Annotated[str, Strict(), Field(pattern=SCHEMA_VERSION_PATTERN)] = SCHEMA_VERSION

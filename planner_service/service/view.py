@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from html import escape
 
 from planner_service.plan.capacity import Capacity, usable_capacity
-from planner_service.plan.types import GiB, PlanRequest, RankStats, ShardingPlan
+from planner_service.plan.types import PlanRequest, RankStats, ShardingPlan
+from planner_service.plan.units import gib
 from planner_service.reports import rank_ranges
 
 PERF_COLOURS = {
@@ -34,7 +35,7 @@ th{background:#f6f6f6} td.num{text-align:right;font-variant-numeric:tabular-nums
 
 
 def _bytes(num: int) -> str:
-    return f"{num / GiB:.2f} GiB"
+    return gib(num, decimals=2)
 
 
 def _rank_runs(

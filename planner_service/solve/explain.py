@@ -1,11 +1,12 @@
-"""Why no plan exists, with numbers, and the smallest fixes found by re-solving relaxed
-requests: the least world size (same devices) that fits, and which tables would fit if
-``fused_uvm_caching`` were allowed.
+"""The explain stage: why no plan exists, with numbers, and the smallest fixes found by
+re-solving relaxed requests: the least world size (same devices) that fits, and which
+tables would fit if ``fused_uvm_caching`` were allowed.
 
 The least world size is searched cheaply first with the LP relaxation (a world size whose
 relaxation has no solution certainly has no plan), then confirmed by running the warm start
-(enumeration, fit, LP-guided heuristic) at that size and a few larger ones; a world size
-reported as a fix is one where a plan was actually found. Everything is deterministic.
+(``prepare.py``: enumeration, fit, LP-guided construction and local search) at that size
+and a few larger ones; a world size reported as a fix is one where a plan was actually
+found. Everything is deterministic.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from planner_service.plan.types import (
     TableProblem,
     TableProblemCode,
 )
+from planner_service.plan.units import gib
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.prepare import prepare, warm_start
 
@@ -158,8 +160,8 @@ def _total_reason(
         return InfeasibilityReason(
             code=InfeasibilityCode.TOTAL_MEMORY,
             message=(
-                f"the tables need at least {_gib(least_total)} of HBM+DDR together (each at "
-                f"its smallest option) but {where} offer {_gib(hbm_cap + ddr_cap)} after the "
+                f"the tables need at least {gib(least_total)} of HBM+DDR together (each at "
+                f"its smallest option) but {where} offer {gib(hbm_cap + ddr_cap)} after the "
                 "reservation"
             ),
             tables=names,
@@ -170,8 +172,8 @@ def _total_reason(
         return InfeasibilityReason(
             code=InfeasibilityCode.TOTAL_MEMORY,
             message=(
-                f"the tables need at least {_gib(least_hbm)} of HBM together (each at its "
-                f"least-HBM option) but {where} offer {_gib(hbm_cap)} of HBM after the "
+                f"the tables need at least {gib(least_hbm)} of HBM together (each at its "
+                f"least-HBM option) but {where} offer {gib(hbm_cap)} of HBM after the "
                 "reservation"
             ),
             tables=names,
@@ -351,7 +353,3 @@ def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
     after = {p.table for p in fit_options(relaxed, enumerate_options(relaxed)).problems}
     helped = sorted((before - after) & set(relaxed_names))
     return {"tables_fit_with_uvm_caching": helped, "uvm_caching_makes_it_fit": False}
-
-
-def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.3f} GiB"

@@ -1,10 +1,14 @@
-"""Plan a request end to end: enumerate -> fit -> bound -> warm start -> option mix ->
-packing -> CP-SAT -> plan.
+"""Plan a request end to end, one stage per module:
+
+    enumerate, fit, estimate (``costs/``) -> prepare: problem and LP (``prepare.py``,
+    ``bounds/lp.py``) -> construct (``construct.py``) -> improve (``improve.py``) ->
+    bound: option mix, packing (``bounds/``) -> search (``cpsat/``) -> emit (``emit.py``),
+    or explain why there is no plan (``explain.py``)
 
 ``solve`` is the one entry point the CLI and the service call. It returns either a sealed
-``ShardingPlan`` (which passes ``validate_plan``) or an ``Infeasibility`` explaining why no
-plan exists and what would fix it, plus the wall time, which is kept out of the plan so
-that the same request always yields byte-identical plans.
+``ShardingPlan`` (which passes ``validate.validator.validate_plan``) or an
+``Infeasibility`` explaining why no plan exists and what would fix it, plus the wall time,
+which is kept out of the plan so that the same request always yields byte-identical plans.
 """
 
 from __future__ import annotations
@@ -13,28 +17,28 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from planner_service import PLANNER_VERSION
-from planner_service.plan.codec import seal_plan_data
 from planner_service.plan.types import (
-    CostModel,
+    BoundSource,
     Infeasibility,
     PlanOptions,
     PlanRequest,
     ShardingPlan,
-    SolverReport,
     SolverStatus,
-    StopReason,
-    gap,
 )
-from planner_service.solve.bounds.packing import OPTION_MIX_SHARE, option_mix_bound, packing_bound
-from planner_service.solve.bounds.simple import OPTIMAL_GAP, LowerBound, best_bound, proven_within
-from planner_service.solve.cpsat import CpSatResult, ProgressCallback, solve_cpsat
+from planner_service.solve.bounds.option_mix import OPTION_MIX_SHARE, option_mix_bound
+from planner_service.solve.bounds.packing import packing_bound
+from planner_service.solve.bounds.simple import LowerBound, best_bound, proven_within
+from planner_service.solve.cpsat.search import (
+    CpSatResult,
+    CpSatStatus,
+    ProgressCallback,
+    solve_cpsat,
+)
 from planner_service.solve.deadline import Deadline
+from planner_service.solve.emit import build_plan, rank_io
 from planner_service.solve.explain import explain, memory_reasons
-from planner_service.solve.prepare import prepare, warm_start
-from planner_service.solve.problem import Choice, Group, Loads, Problem, loads_of
+from planner_service.solve.prepare import Prepared, prepare, warm_start
+from planner_service.solve.problem import Choice, Loads, Problem, loads_of
 
 log = logging.getLogger("shardplan.solver")
 MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
@@ -42,7 +46,6 @@ MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
 # 41 us measured on large/128 (13,480 shards, 0.56 s) on a loaded 2-core machine. The
 # search stops this much before the deadline (a plan's shard count barely varies).
 SEAL_S_PER_SHARD = 40e-6
-PERF_FIELDS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch", "input_dist")
 
 
 @dataclass
@@ -78,56 +81,60 @@ def solve(
             request, prepared.table_problems, SolverStatus.INFEASIBLE, deadline, prepared.fitted
         )
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
-    problem, groups = prepared.problem, prepared.groups
-    assert groups is not None and prepared.bounds is not None
-    bounds = prepared.bounds
-    report("warm start", None, best_bound(bounds).value)
-    warm = warm_start(prepared, deadline)
-    details: dict[str, object] = {"groups": len(groups), "tables": len(problem.tables)}
-    if prepared.relaxation_infeasible:  # a bug in the LP, not a proof: search on
-        details["lp_relaxation"] = "infeasible"
-        log.warning("the LP relaxation found no solution, but the byte totals fit; searching")
-    candidates = [warm] if warm is not None else []
-    search = _Search(problem, groups, request.options, bounds, deadline, details)
-    if warm is not None:
-        details["warm_start_objective"] = loads_of(problem, warm).objective
-        shards = sum(
-            len(entry.options[c.option].shards)
-            for entry, c in zip(problem.tables, warm, strict=True)
-        )
-        deadline.reserve(shards * SEAL_S_PER_SHARD)
-        candidates += search.relaxations(warm, report)
-    proven_infeasible = False
-    hint = _best(problem, candidates)[0] if candidates else None
-    if search.worth_it(hint):
-        result = search.cpsat(hint, report)
-        if result.choices is not None:
-            candidates.append(result.choices)
-        proven_infeasible = result.status == "INFEASIBLE" and result.exact
+    search = _Search(prepared, request.options, deadline)
+    candidates = search.run(report)
     if not candidates:
-        status = SolverStatus.INFEASIBLE if proven_infeasible else SolverStatus.NO_SOLUTION_IN_TIME
+        status = (
+            SolverStatus.INFEASIBLE
+            if search.proven_infeasible
+            else SolverStatus.NO_SOLUTION_IN_TIME
+        )
         infeasibility = explain(request, [], status, deadline, prepared.fitted)
-        return SolveOutcome(None, infeasibility, time.perf_counter() - start, details)
-    choices, loads = _best(problem, candidates)
-    plan = build_plan(problem, choices, loads, best_bound(bounds), deadline.reached)
-    return SolveOutcome(plan, None, time.perf_counter() - start, details, rank_io(problem, choices))
+        return SolveOutcome(None, infeasibility, time.perf_counter() - start, search.details)
+    choices, loads = _best(search.problem, candidates)
+    plan = build_plan(search.problem, choices, loads, best_bound(search.bounds), deadline.reached)
+    io = rank_io(search.problem, choices)
+    return SolveOutcome(plan, None, time.perf_counter() - start, search.details, io)
 
 
-@dataclass
 class _Search:
-    """The search stages after the warm start, sharing the request's bounds (each stage
-    adds the bound it proves), its deadline and the details reported beside the plan."""
+    """The stages after preparing, sharing the request's bounds (each stage adds the bound
+    it proves), its deadline and the details reported beside the plan."""
 
-    problem: Problem
-    groups: list[Group]
-    options: PlanOptions
-    bounds: list[LowerBound]
-    deadline: Deadline
-    details: dict[str, object]
-    search_time_s: float = field(init=False)
+    def __init__(self, prepared: Prepared, options: PlanOptions, deadline: Deadline) -> None:
+        assert prepared.problem is not None and prepared.groups is not None
+        assert prepared.bounds is not None
+        self.prepared = prepared
+        self.problem, self.groups, self.bounds = prepared.problem, prepared.groups, prepared.bounds
+        self.options = options
+        self.deadline = deadline
+        self.details: dict[str, object] = {
+            "groups": len(self.groups),
+            "tables": len(self.problem.tables),
+        }
+        self.search_time_s = options.time_limit_s
+        self.proven_infeasible = False
 
-    def __post_init__(self) -> None:
-        self.search_time_s = self.options.time_limit_s
+    def run(self, report: ProgressCallback) -> list[list[Choice]]:
+        """Every plan the stages find: the warm start (construct, improve), the packing
+        relaxation's, and CP-SAT's."""
+        report("warm start", None, best_bound(self.bounds).value)
+        warm = warm_start(self.prepared, self.deadline)
+        if self.prepared.relaxation_infeasible:  # a bug in the LP, not a proof: search on
+            self.details["lp_relaxation"] = "infeasible"
+            log.warning("the LP relaxation found no solution, but the byte totals fit; searching")
+        candidates = [warm] if warm is not None else []
+        if warm is not None:
+            self.details["warm_start_objective"] = loads_of(self.problem, warm).objective
+            self.deadline.reserve(_seal_time_s(self.problem, warm))
+            candidates += self.relaxations(warm, report)
+        hint = _best(self.problem, candidates)[0] if candidates else None
+        if self.worth_it(hint):
+            result = self.cpsat(hint, report)
+            if result.choices is not None:
+                candidates.append(result.choices)
+            self.proven_infeasible = result.status is CpSatStatus.INFEASIBLE and result.exact
+        return candidates
 
     def worth_it(self, plan: list[Choice] | None) -> bool:
         """Whether searching on could still improve ``plan``: time is left, and the plan is
@@ -203,7 +210,7 @@ class _Search:
             cpsat_wall_s=result.wall_time_s,
         )
         if result.bound is not None:
-            self.bounds.append(LowerBound(result.bound, "cp-sat"))
+            self.bounds.append(LowerBound(result.bound, BoundSource.CP_SAT))
         return result
 
 
@@ -214,102 +221,10 @@ def _best(problem: Problem, candidates: list[list[Choice]]) -> tuple[list[Choice
     return choices, loads
 
 
-# --------------------------------------------------------------------------- the plan
-
-
-def _stop_reason(plan_gap: float, options: PlanOptions, deadline_reached: bool) -> StopReason:
-    """Why the search ended. ``time_limit`` whenever the wall clock cut a stage short, even
-    if the plan was then proven optimal: the status says how good the plan is, the stop
-    reason whether the same request reproduces it."""
-    if deadline_reached:
-        return StopReason.TIME_LIMIT
-    if plan_gap <= OPTIMAL_GAP:
-        return StopReason.OPTIMAL
-    if plan_gap <= options.gap_limit:
-        return StopReason.GAP_LIMIT
-    return StopReason.WORK_BUDGET
-
-
-def _critical_path(problem: Problem, components: np.ndarray) -> float:
-    """Sum over the perf components in the total of their max over ranks: every rank waits
-    for the slowest at each collective."""
-    if not len(components):
-        return 0.0
-    counted = [
-        i
-        for i, name in enumerate(PERF_FIELDS)
-        if name != "input_dist" or problem.request.options.cost_model is CostModel.SHARDPLAN
-    ]
-    return float(components[:, counted].max(axis=0).sum())
-
-
-def rank_io(problem: Problem, choices: list[Choice]) -> list[tuple[int, int]]:
-    """(input id bytes, output embedding bytes) each rank's shards buffer per iteration."""
-    io = np.zeros((problem.world_size, 2), dtype=np.int64)
-    for entry, choice in zip(problem.tables, choices, strict=True):
-        for shard, rank in zip(entry.options[choice.option].shards, choice.ranks, strict=True):
-            io[rank] += (shard.storage.input_bytes, shard.storage.output_bytes)
-    return [(int(i), int(o)) for i, o in io]
-
-
-def build_plan(
-    problem: Problem,
-    choices: list[Choice],
-    loads: Loads,
-    bound: LowerBound,
-    deadline_reached: bool = False,
-) -> ShardingPlan:
-    """The sealed plan of ``choices``. Built as JSON data and validated once: a plan can
-    hold hundreds of thousands of shards, and sealing happens after the deadline."""
-    tables: dict[str, dict[str, object]] = {}
-    components = np.zeros((problem.world_size, len(PERF_FIELDS)))
-    vectors: dict[int, np.ndarray] = {}  # shards of one size share one Perf object
-    for entry, choice in zip(problem.tables, choices, strict=True):
-        option = entry.options[choice.option]
-        ranks = [int(rank) for rank in choice.ranks]
-        shards = []
-        for offsets, shard, rank in zip(option.offsets(), option.shards, ranks, strict=True):
-            shards.append({"offsets": list(offsets), "sizes": list(shard.sizes), "rank": rank})
-            perf = shard.perf[problem.class_of_rank[rank]]
-            vector = vectors.get(id(perf))
-            if vector is None:
-                vector = vectors[id(perf)] = np.array([getattr(perf, n) for n in PERF_FIELDS])
-            components[rank] += vector
-        tables[entry.table.name] = {
-            "sharding_type": option.sharding_type.value,
-            "compute_kernel": option.compute_kernel.value,
-            "ranks": ranks,
-            "shards": shards,
-            "cache_load_factor": option.cache_load_factor,
-        }
-    rank_stats = [
-        {
-            "rank": rank,
-            "hbm_bytes": int(loads.hbm[rank]),
-            "ddr_bytes": int(loads.ddr[rank]),
-            "perf": {
-                **dict(zip(PERF_FIELDS, map(float, components[rank]), strict=True)),
-                "total": float(loads.perf[rank]),
-            },
-        }
-        for rank in range(problem.world_size)
-    ]
-    objective = loads.objective
-    lower = min(bound.value, objective)
-    plan_gap = gap(objective, lower)
-    report = SolverReport(
-        status=SolverStatus.OPTIMAL if plan_gap <= OPTIMAL_GAP else SolverStatus.FEASIBLE,
-        objective=objective,
-        lower_bound=lower,
-        gap=plan_gap,
-        lower_bound_source=bound.source,
-        critical_path=_critical_path(problem, components),
-        stop_reason=_stop_reason(plan_gap, problem.request.options, deadline_reached),
+def _seal_time_s(problem: Problem, choices: list[Choice]) -> float:
+    """What sealing the plan of ``choices`` will take, by its shard count."""
+    shards = sum(
+        len(entry.options[c.option].shards)
+        for entry, c in zip(problem.tables, choices, strict=True)
     )
-    return seal_plan_data(
-        request=problem.request,
-        planner_version=PLANNER_VERSION,
-        tables=tables,
-        rank_stats=rank_stats,
-        solver=report.model_dump(mode="json"),
-    )
+    return shards * SEAL_S_PER_SHARD

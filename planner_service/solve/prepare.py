@@ -1,6 +1,8 @@
-"""Preparing a request for solving: fit its options, build the problem, bound it, and find
-a warm start. Shared by the solver and by the infeasibility fixes, which re-run it on
-relaxed requests."""
+"""The prepare stage: fit a request's options (``costs/``), build the problem
+(``problem.py``) and bound it (``bounds/simple.py``, ``bounds/lp.py``); then the warm start:
+the constructed plan (``construct.py``, guided by the LP's option mixes) improved by local
+search (``improve.py``). Shared by the pipeline (``pipeline.py``) and by the infeasibility
+fixes (``explain.py``), which re-run it on relaxed requests."""
 
 from __future__ import annotations
 
@@ -9,16 +11,11 @@ from dataclasses import dataclass
 from planner_service.costs.enumerate import FitResult, enumerate_options, fit_options
 from planner_service.costs.options import DeviceClasses
 from planner_service.plan.types import PlanRequest, TableProblem
-from planner_service.solve.bounds.simple import (
-    LinearRelaxation,
-    LowerBound,
-    Relaxation,
-    RelaxationInfeasible,
-    best_bound,
-    simple_bounds,
-)
+from planner_service.solve.bounds.lp import LinearRelaxation, Relaxation, RelaxationInfeasible
+from planner_service.solve.bounds.simple import LowerBound, best_bound, simple_bounds
+from planner_service.solve.construct import greedy_plan
 from planner_service.solve.deadline import Deadline
-from planner_service.solve.heuristic import greedy_plan, improve
+from planner_service.solve.improve import improve
 from planner_service.solve.problem import Choice, Group, Problem, group_tables, without_equivalents
 
 GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
@@ -71,7 +68,7 @@ def prepare(request: PlanRequest, deadline: Deadline | None = None) -> Prepared:
 
 
 def warm_start(prepared: Prepared, deadline: Deadline | None = None) -> list[Choice] | None:
-    """The heuristic's best plan, improved by local search; None if it places no plan
+    """The constructed plan, improved by local search; None if it places no plan
     (before the deadline)."""
     assert prepared.problem is not None and prepared.groups is not None
     deadline = deadline or Deadline.never()

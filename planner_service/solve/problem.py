@@ -121,6 +121,13 @@ class Loads:
     hbm: np.ndarray
     ddr: np.ndarray
 
+    @classmethod
+    def zeros(cls, world_size: int) -> Loads:
+        """Nothing on any rank."""
+        return cls(
+            np.zeros(world_size), np.zeros(world_size, np.int64), np.zeros(world_size, np.int64)
+        )
+
     @property
     def objective(self) -> float:
         return float(self.perf.max()) if len(self.perf) else 0.0
@@ -134,17 +141,28 @@ class Loads:
 
 
 def loads_of(problem: Problem, choices: list[Choice]) -> Loads:
-    perf = np.zeros(problem.world_size)
-    hbm = np.zeros(problem.world_size, dtype=np.int64)
-    ddr = np.zeros(problem.world_size, dtype=np.int64)
+    loads = Loads.zeros(problem.world_size)
     for entry, choice in zip(problem.tables, choices, strict=True):
-        costs = problem.costs(entry.options[choice.option])
-        ranks = np.asarray(choice.ranks, dtype=np.int64)
-        shard_cost = costs.cost[np.arange(costs.num_shards), problem.class_of_rank[ranks]]
-        np.add.at(perf, ranks, shard_cost)
-        np.add.at(hbm, ranks, costs.hbm)
-        np.add.at(ddr, ranks, costs.ddr)
-    return Loads(perf, hbm, ddr)
+        option = entry.options[choice.option]
+        add_choice(problem, option, choice.ranks, loads.perf, loads.hbm, loads.ddr)
+    return loads
+
+
+def add_choice(
+    problem: Problem,
+    option: ShardingOption,
+    ranks: tuple[int, ...],
+    perf: np.ndarray,
+    hbm: np.ndarray,
+    ddr: np.ndarray,
+) -> None:
+    """Add ``option`` with its shards on ``ranks`` onto the per-rank ``perf``, ``hbm`` and
+    ``ddr`` arrays, in place: each shard's cost on its rank's device class, and its bytes."""
+    costs = problem.costs(option)
+    idx = np.asarray(ranks, dtype=np.int64)
+    np.add.at(perf, idx, costs.cost[np.arange(costs.num_shards), problem.class_of_rank[idx]])
+    np.add.at(hbm, idx, costs.hbm)
+    np.add.at(ddr, idx, costs.ddr)
 
 
 # Among options that cost the same on every shard, the one with the freest placement wins:

@@ -20,22 +20,20 @@ from planner_service.costs.estimate import (
     TableLoad,
     estimate_perf,
     estimate_storage,
+    total_components,
 )
 from planner_service.costs.options import DeviceClasses
 from planner_service.plan.types import (
     DEFAULT_CACHE_LOAD_FACTOR,
+    PERF_COMPONENTS,
+    PERF_FIELDS,
     ComputeKernel,
     CostModel,
     ParameterSharding,
-    Perf,
     PlanRequest,
     Shard,
     Table,
 )
-
-PERF_FIELDS = tuple(Perf.model_fields)  # the components, then ``total``
-assert PERF_FIELDS[-1] == "total"
-_NOT_IN_CRITICAL_PATH = {CostModel.SHARDPLAN: (), CostModel.TORCHREC_1_8: ("input_dist",)}
 
 
 @dataclass
@@ -65,11 +63,11 @@ class RankUsage:
     @property
     def critical_path(self) -> float:
         """Sum over the perf components in the total of their max over ranks."""
-        skipped = _NOT_IN_CRITICAL_PATH[self.cost_model]
+        counted = total_components(self.cost_model)
         return sum(
             max((load.perf[i] for load in self.loads.values()), default=0.0)
-            for i, name in enumerate(PERF_FIELDS[:-1])
-            if name not in skipped
+            for i, name in enumerate(PERF_COMPONENTS)
+            if name in counted
         )
 
 

@@ -1,9 +1,10 @@
 """The oracle: checks any plan against its request and reports every violation.
 
-Tests, the solver and the service call ``validate_plan``; the runtime checks a served plan's
-layout with ``check_layout`` (it has no request). Each check is a
-small generator over one family of rules; the validator runs them all, so a user sees
-every problem at once rather than fixing them one by one.
+Tests, the service (``POST /v1/validate``) and the CLI (``shardplan validate``) call
+``validate_plan``; the runtime checks a served plan's layout with ``check_layout`` (it has no
+request). The solver does not call it: its plans are checked by the tests that use it as
+their oracle. Each check is a small generator over one family of rules; the validator runs
+them all, so a user sees every problem at once rather than fixing them one by one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from planner_service.plan.shards import COLUMN_ALIGNMENT, row_block_size, row_wi
 from planner_service.plan.types import (
     COLUMN_SHARDING_TYPES,
     HOST_LOCAL_SHARDING_TYPES,
+    PERF_FIELDS,
     UVM_KERNELS,
     ComputeDevice,
     ComputeKernel,
@@ -33,7 +35,8 @@ from planner_service.plan.types import (
     ViolationCode,
     gap,
 )
-from planner_service.validate.usage import PERF_FIELDS, RankLoad, RankUsage, rank_usage
+from planner_service.plan.units import gib
+from planner_service.validate.usage import RankLoad, RankUsage, rank_usage
 
 _ROWS, _COLUMNS = 0, 1
 _GAP_TOLERANCE = 1e-9
@@ -516,7 +519,7 @@ def _close(reported: float, recomputed: float) -> bool:
 
 
 def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.3f} GiB ({num_bytes:,} bytes)"
+    return f"{gib(num_bytes)} ({num_bytes:,} bytes)"
 
 
 def _brief(values: Sequence[int], limit: int = _BRIEF) -> str:

@@ -1,39 +1,29 @@
-"""A relaxation that sees how whole shards pack into ranks: a lower bound, and often a plan.
+"""The packing relaxation: how whole shards pack into ranks. A lower bound, and often a plan.
 
 The LP relaxation and CP-SAT's own bound spread load fractionally, so on the public
 workloads they stop short of optima set by the arithmetic of a few shard sizes (tiny on 8
 ranks: every rank carries the same row-wise load plus four or five whole tables of two
-sizes). This module solves, with CP-SAT, a relaxation small and symmetric enough to solve
-outright within a short budget:
+sizes). This module solves, with CP-SAT, the relaxed view of ``relaxed.py`` (constraints
+and pins dropped, coarse memory, shards at their cheapest class), small and symmetric
+enough to solve outright within a short budget.
 
-- pinned ranks and colocate/separate groups are dropped; memory is kept only as coarse
-  per-item weights (``_MemoryWeights``: a rank holds 16 units, a shard over half a rank
-  weighs 9), enough to keep apart two tables that cannot share a rank;
-- every shard costs what it costs on its cheapest device class;
-- an option on every rank (row-wise, data-parallel) adds its cheapest shard to every rank;
-- a table-row-wise table adds its cheapest shard to every rank of one host;
-- every other shard (table-wise, column-wise, table-column-wise) is an *item* any rank may
-  take, shards of one table included.
-
-Every plan maps onto a solution of this relaxation with no larger makespan, so its optimum
-(and any bound CP-SAT proves on it) is a lower bound for the request. In the relaxation the
-ranks of a host are interchangeable, and so are hosts with the same table-row-wise load, so
-it is written over *configurations* instead of ranks: a configuration is how many items of
-each kind (cost and memory weight) one rank holds, and the model counts how many ranks of
-each pool (a host, or all hosts of one table-row-wise mix) take each configuration.
-Symmetric rank-indexed models are what CP-SAT proves bounds on slowly; this one has no rank
-symmetry left.
+In the relaxation the ranks of a host are interchangeable, and so are hosts with the same
+table-row-wise load, so it is written over *configurations* instead of ranks: a
+configuration is how many items of each kind (cost and memory weight) one rank holds, and
+the model counts how many ranks of each pool (a host, or all hosts of one table-row-wise
+mix) take each configuration. Symmetric rank-indexed models are what CP-SAT proves bounds
+on slowly; this one has no rank symmetry left.
 
 The search starts from the warm start (mapped into configurations) and restarts from its
 best solution a few times (``PACKING_RUNS``). That best solution maps back onto ranks
 (``_RelaxedModel.decode``): when the request has no pins or link groups, and the items fit
 each rank's real memory, it is a plan costing what the relaxation says, up to rounding. On
-the public models with few shard shapes it is the optimum, proven by the same model.
+the public models with few shard shapes it is the optimum, proven by the same model; the
+pipeline (``pipeline.py``) takes it as a candidate beside the warm start.
 
 Only plans at least as good as the warm start matter, so configurations are enumerated up to
 the warm start's makespan; the model is skipped when they would be too many (many distinct
-shard sizes), and the other bounds stand. Perf is scaled to integers rounding down, as in
-``cpsat.py``, so the scaled optimum never exceeds the true one.
+shard sizes), and the other bounds stand.
 """
 
 from __future__ import annotations
@@ -46,42 +36,37 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner_service.costs.options import Placement
-from planner_service.plan.types import ShardingType
+from planner_service.plan.types import BoundSource, ShardingType
+from planner_service.solve.bounds.relaxed import (
+    MEMORY_UNITS,
+    RESOLUTION,
+    Expr,
+    Item,
+    MemoryWeights,
+    RelaxedOption,
+    item_of,
+    option_counts,
+    relaxation_solver,
+    relaxed_options,
+)
 from planner_service.solve.bounds.simple import LowerBound
-from planner_service.solve.cpsat import COST_RESOLUTION, deterministic_solver, solve_within
+from planner_service.solve.cpsat.run import solve_within
 from planner_service.solve.deadline import Deadline, OutOfTime
-from planner_service.solve.problem import Choice, Group, OptionCosts, Problem, loads_of
+from planner_service.solve.problem import Choice, Group, Problem, loads_of
 
 # Runs of the relaxation, each a share of the request's time limit in deterministic
 # seconds, each from the best solution so far with the next seed: restarts find the
 # relaxation's optimum more reliably than one long run (medium on 32 ranks, seeds 0-3: three
 # runs found it every time, one run of the same total never; see docs/solver.md).
 PACKING_RUNS = (0.1, 0.1, 0.1)
-OPTION_MIX_SHARE = 0.02  # of the time limit, for option_mix_bound (it needs milliseconds)
-# The most of what is left of the deadline each stage may take in wall time, so that the
-# stages after it keep time to run: the option mix needs milliseconds, the packing
-# relaxation leaves at least half to the CP-SAT search.
-OPTION_MIX_WALL_SHARE = 0.1
+# The most of what is left of the deadline it may take in wall time: at least half is left
+# to the CP-SAT search.
 PACKING_WALL_SHARE = 0.5
 DEADLINE_CHECK_EVERY = 256  # configurations added to the model between looks at the clock
-RESOLUTION = COST_RESOLUTION  # integer units per warm-start makespan, as in the main model
 MAX_CONFIG_VARS = 20_000  # pool x configuration counts; beyond this the bound is skipped
 PER_HOST_MAX_HOSTS = 4  # up to this many hosts, each host is its own pool
-MEMORY_UNITS = 16  # a rank's HBM (and DDR) in item weights, see _MemoryWeights (even)
 
-
-_Expr = cp_model.LinearExpr | int
-_Item = tuple[int, int, int]  # (perf units, HBM units, DDR units), rounded down
 _Configuration = tuple[int, tuple[int, ...]]  # (load, count of each item kind)
-
-
-@dataclass(frozen=True)
-class _Option:
-    group: int
-    option: int
-    every_rank: int  # units added to every rank
-    per_host_rank: int  # units added to every rank of one host (table-row-wise)
-    items: dict[_Item, int]  # item kind -> how many per table
 
 
 @dataclass
@@ -89,10 +74,10 @@ class _Pool:
     """Ranks that share an extra load: ``size`` ranks, each with ``base`` on top (at least
     ``base_least``); ``base_work`` is that load summed over the pool's ranks."""
 
-    size: _Expr
-    base: _Expr
+    size: Expr
+    base: Expr
     base_least: int
-    base_work: _Expr
+    base_work: Expr
     counts: list[cp_model.IntVar] = field(default_factory=list)  # ranks per configuration
 
 
@@ -131,8 +116,8 @@ def packing_bound(
     if upper <= 0 or problem.num_hosts * problem.local_world_size != problem.world_size:
         return None
     scale = RESOLUTION / upper
-    memory = _MemoryWeights.of(problem)
-    options = _options(problem, groups, upper, scale, memory)
+    memory = MemoryWeights.of(problem)
+    options = relaxed_options(problem, groups, upper, scale, memory)
     kinds = sorted({kind for o in options for kind in o.items if kind[0] > 0}, reverse=True)
     supply = [sum(groups[o.group].size * o.items.get(kind, 0) for o in options) for kind in kinds]
     host_sizes = sorted({o.per_host_rank for o in options if o.per_host_rank}, reverse=True)
@@ -176,7 +161,7 @@ def packing_bound(
     for run, share in enumerate(PACKING_RUNS):
         if stage.expired():
             break
-        solver = _solver(time_limit_s * share, seed + run)
+        solver = relaxation_solver(time_limit_s * share, seed + run)
         solver.parameters.relative_gap_limit = max(solver.parameters.relative_gap_limit, gap_limit)
         status = solve_within(solver, model.model, stage)
         spent += solver.deterministic_time
@@ -192,161 +177,8 @@ def packing_bound(
         if better:
             model.hint_solution(solver)  # where the next run starts
     deadline.reached |= stage.reached
-    bound = LowerBound(proven / scale, "packing") if proven > 0 else None
+    bound = LowerBound(proven / scale, BoundSource.PACKING) if proven > 0 else None
     return Packing(bound, model.decode(best) if best is not None else None, spent)
-
-
-def option_mix_bound(
-    problem: Problem,
-    groups: list[Group],
-    upper: float,
-    *,
-    time_limit_s: float,
-    seed: int,
-    deadline: Deadline | None = None,
-) -> LowerBound | None:
-    """The relaxation above without its placement: whole options per table, and load
-    spread over ranks fractionally, except that every rank carries the load of the options
-    fixed on every rank, and each chosen option's heaviest shard (or table-row-wise share)
-    sits on some rank on top of that. It knows what the LP cannot: a table is either
-    table-wise, with its one heavy shard on one rank, or row-wise, on every rank; so it
-    proves bounds set by a few big tables within milliseconds (Criteo on 8 ranks: 0.4% from
-    the optimum, where the LP stops 7% short). Memory: the items' weights, and every
-    option's bytes per tier in total (options on every rank and table-row-wise ones carry
-    no items). None if it cannot be built."""
-    if upper <= 0:
-        return None
-    scale = RESOLUTION / upper
-    options = _options(problem, groups, upper, scale, _MemoryWeights.of(problem))
-    model = cp_model.CpModel()
-    tables, every_rank = _option_counts(model, groups, options)
-    world, local = problem.world_size, problem.local_world_size
-    makespan = model.new_int_var(0, RESOLUTION, "T")
-    model.add(makespan >= every_rank)
-    work: list[_Expr] = []
-    memory: list[list[_Expr]] = [[], []]  # total weight per tier
-    over_half: list[list[_Expr]] = [[], []]  # items over half a rank per tier
-    kib: list[list[_Expr]] = [[], []]  # every shard's bytes per tier, in KiB rounded down
-    for o in options:
-        tables_on = tables[o.group, o.option]
-        costs = problem.costs(groups[o.group].options[o.option])
-        kib[0].append(costs.hbm_total // 1024 * tables_on)
-        kib[1].append(costs.ddr_total // 1024 * tables_on)
-        stacked = max([o.per_host_rank, *(kind[0] for kind in o.items)])
-        if stacked:
-            used = model.new_bool_var("")
-            model.add(tables_on == 0).only_enforce_if(~used)
-            model.add(makespan >= every_rank + stacked).only_enforce_if(used)
-        load = sum(kind[0] * n for kind, n in o.items.items()) + local * o.per_host_rank
-        work.append(load * tables_on)
-        for tier in (0, 1):
-            memory[tier].append(sum(kind[tier + 1] * n for kind, n in o.items.items()) * tables_on)
-            halves = sum(n for kind, n in o.items.items() if 2 * kind[tier + 1] > MEMORY_UNITS)
-            over_half[tier].append(halves * tables_on)
-    model.add(world * makespan >= world * every_rank + sum(work))
-    for tier, capacity in enumerate((problem.hbm_total, problem.ddr_total)):
-        model.add(sum(memory[tier]) <= MEMORY_UNITS * world)
-        model.add(sum(over_half[tier]) <= world)
-        model.add(sum(kib[tier]) <= capacity // 1024)
-    model.minimize(makespan)
-    solver = _solver(time_limit_s, seed)
-    status = solve_within(solver, model, deadline or Deadline.never(), share=OPTION_MIX_WALL_SHARE)
-    if status == cp_model.MODEL_INVALID:  # pragma: no cover - a bug, not an input
-        return None
-    if status == cp_model.INFEASIBLE:  # no plan within ``upper``: a plan there is optimal
-        return LowerBound(upper, "option_mix")
-    proven = min(solver.best_objective_bound, RESOLUTION)
-    return LowerBound(proven / scale, "option_mix") if proven > 0 else None
-
-
-def _option_counts(
-    model: cp_model.CpModel, groups: list[Group], options: list[_Option]
-) -> tuple[dict[tuple[int, int], cp_model.IntVar], _Expr]:
-    """Per (group, option) the count of the group's tables taking it, all of them placed;
-    and the load the options on every rank add to every rank."""
-    tables: dict[tuple[int, int], cp_model.IntVar] = {}
-    for g, group in enumerate(groups):
-        mine = [o for o in options if o.group == g]
-        for o in mine:
-            tables[g, o.option] = model.new_int_var(0, group.size, "")
-        model.add(sum(tables[g, o.option] for o in mine) == group.size)
-    every_rank = sum(o.every_rank * tables[o.group, o.option] for o in options if o.every_rank)
-    return tables, every_rank
-
-
-def _solver(budget: float, seed: int) -> cp_model.CpSolver:
-    """One deterministic worker without presolve: on these small, dense models presolve
-    (probing, clique merging) spent the whole budget, and a portfolio overshot its
-    deterministic limit several times over (measured on the public workloads, see
-    docs/solver.md)."""
-    solver = deterministic_solver(budget, seed)
-    parameters = solver.parameters
-    parameters.num_workers = 1
-    parameters.interleave_search = False
-    parameters.cp_model_presolve = False
-    return solver
-
-
-@dataclass(frozen=True)
-class _MemoryWeights:
-    """Item weights for memory: a rank holds ``MEMORY_UNITS``, and an item of ``b`` bytes
-    weighs ``b * MEMORY_UNITS // C`` (``C`` the largest rank's capacity in that tier), or
-    ``MEMORY_UNITS // 2 + 1`` if that is more and the item takes over half of ``C``.
-
-    Every set of items that fits a rank weighs at most ``MEMORY_UNITS``, so every plan stays
-    inside the relaxation: rounded-down shares add up to at most the whole, and beside an
-    item over half, the others share less than half (at most ``MEMORY_UNITS // 2 - 1``
-    units). And two items over half never share a rank in the relaxation, as in a plan."""
-
-    hbm: int
-    ddr: int
-
-    @classmethod
-    def of(cls, problem: Problem) -> _MemoryWeights:
-        return cls(int(problem.hbm_cap.max(initial=0)), int(problem.ddr_cap.max(initial=0)))
-
-    @staticmethod
-    def weight(size: int, capacity: int) -> int:
-        if capacity <= 0:
-            return 0
-        weight = size * MEMORY_UNITS // capacity
-        return max(weight, MEMORY_UNITS // 2 + 1) if 2 * size > capacity else weight
-
-
-def _item(costs: OptionCosts, shard: int, scale: float, memory: _MemoryWeights) -> _Item:
-    return (
-        _units(costs.min_cost[shard], scale),
-        memory.weight(int(costs.hbm[shard]), memory.hbm),
-        memory.weight(int(costs.ddr[shard]), memory.ddr),
-    )
-
-
-def _options(
-    problem: Problem, groups: list[Group], upper: float, scale: float, memory: _MemoryWeights
-) -> list[_Option]:
-    """Each group's options as the relaxation sees them; options with a shard over the upper
-    bound cannot be in a plan at least as good, and are left out."""
-    result = []
-    for g, group in enumerate(groups):
-        for o, option in enumerate(group.options):
-            costs = problem.costs(option)
-            if costs.largest_shard > upper:
-                continue
-            if option.placement is Placement.FIXED:
-                result.append(_Option(g, o, _units(costs.min_cost.min(), scale), 0, {}))
-            elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
-                result.append(_Option(g, o, 0, _units(costs.min_cost.min(), scale), {}))
-            else:
-                items: dict[_Item, int] = {}
-                for shard in range(costs.num_shards):
-                    kind = _item(costs, shard, scale, memory)
-                    items[kind] = items.get(kind, 0) + 1
-                result.append(_Option(g, o, 0, 0, items))
-    return result
-
-
-def _units(cost: float, scale: float) -> int:
-    return math.floor(cost * scale)
 
 
 def _configurations(
@@ -383,11 +215,11 @@ class _RelaxedModel:
         self,
         problem: Problem,
         groups: list[Group],
-        options: list[_Option],
-        kinds: list[_Item],
+        options: list[RelaxedOption],
+        kinds: list[Item],
         configs: list[_Configuration],
         scale: float,
-        memory: _MemoryWeights,
+        memory: MemoryWeights,
         least: int = 0,
     ) -> None:
         self.problem = problem
@@ -398,7 +230,7 @@ class _RelaxedModel:
         self.scale = scale
         self.memory = memory
         self.model = cp_model.CpModel()
-        self.tables, self.every_rank = _option_counts(self.model, groups, options)
+        self.tables, self.every_rank = option_counts(self.model, groups, options)
         self.makespan = self.model.new_int_var(least, RESOLUTION, "T")  # least: a known bound
         self.pools: list[_Pool] = []
         # Per host (pools_per_host): its table-row-wise tables of each size; per host mix
@@ -409,7 +241,7 @@ class _RelaxedModel:
         # Per pool, per configuration: (ranks taking it, whether any does).
         self.slots: list[dict[_Configuration, tuple[cp_model.IntVar, cp_model.IntVar]]] = []
 
-    def _host_tables(self, size: int) -> _Expr:
+    def _host_tables(self, size: int) -> Expr:
         return sum(self.tables[key] for key, o in self.options.items() if o.per_host_rank == size)
 
     def pools_per_host(self, host_sizes: list[int]) -> None:
@@ -473,7 +305,7 @@ class _RelaxedModel:
                         placed[i].append((ranks, count))
             model.add(sum(pool.counts) == pool.size)
             self.slots.append(slots)
-        supplied: dict[_Item, list[_Expr]] = {kind: [] for kind in self.kinds}
+        supplied: dict[Item, list[Expr]] = {kind: [] for kind in self.kinds}
         for key, o in self.options.items():
             for item, count in o.items.items():
                 if item in supplied:
@@ -519,7 +351,7 @@ class _RelaxedModel:
                     continue
                 costs = self.problem.costs(group.options[choice.option])
                 for shard, rank in enumerate(choice.ranks):
-                    kind = _item(costs, shard, self.scale, self.memory)
+                    kind = item_of(costs, shard, self.scale, self.memory)
                     if kind[0] > 0:
                         rank_kinds[rank][kind] += 1
         for key, var in self.tables.items():
@@ -584,7 +416,8 @@ class _RelaxedModel:
                         by_host_size.setdefault(per_host_rank, []).append((t, o))
                     else:
                         for shard in range(costs.num_shards):
-                            kind = kind_index.get(_item(costs, shard, self.scale, self.memory), -1)
+                            item = item_of(costs, shard, self.scale, self.memory)
+                            kind = kind_index.get(item, -1)
                             hbm, ddr = int(costs.hbm[shard]), int(costs.ddr[shard])
                             items.append((-hbm, -ddr, t, shard, o, kind))
         pool_hosts = self._decode_hosts(solver, by_host_size, choices)

@@ -1,48 +1,36 @@
 """Lower bounds on the best achievable max-rank cost, each valid for the full problem.
 
-- ``work``: total least work over world size (no rank can be below the average).
+- ``work/world_size``: total least work over world size (no rank can be below the average).
 - ``largest_shard``: the table whose cheapest option still has the most expensive shard.
-- ``lp``: a linear relaxation (GLOP) choosing options fractionally: the average-work and
-  largest-shard limits, the per-rank loads of options fixed on every rank, and total and
-  per-rank memory, so tables pushed by memory into slower options raise the bound; and
-  every other shard on top of what every rank carries at least (``LinearRelaxation``).
 
-The option-mix and packing relaxations (``packing_bound.py``) and the CP-SAT model (when
-it solved the complete model) add their own proven bounds.
+The relaxations add their own proven bounds: the LP (``lp.py``), the option mix
+(``option_mix.py``), the packing relaxation (``packing.py``), and the CP-SAT search
+(``cpsat/search.py``) when it solved the complete model. ``best_bound`` picks the
+strongest; ``proven_within`` says whether it proves a plan good enough to stop.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass
-from typing import Self
 
-import numpy as np
-from ortools.linear_solver import pywraplp
+from planner_service.plan.types import BoundSource, gap
+from planner_service.solve.problem import Problem
 
-from planner_service.costs.options import Placement
-from planner_service.plan.types import gap
-from planner_service.solve.deadline import Deadline
-from planner_service.solve.problem import Group, Problem
-
-LP_SAFETY = 1e-9  # relative slack for the LP's floating-point optimum
 OPTIMAL_GAP = 1e-4  # within the cost resolution of its proven bound: reported optimal
-MEMORY_RESOLUTION = 2.0**-24  # the LP's memory coefficients, in units (see _MemoryScale)
 
 
 @dataclass(frozen=True, order=True)
 class LowerBound:
     value: float
-    source: str
+    source: BoundSource
 
 
 def simple_bounds(problem: Problem) -> list[LowerBound]:
     least_work = [min(problem.costs(o).work for o in t.options) for t in problem.tables]
     largest = [min(problem.costs(o).largest_shard for o in t.options) for t in problem.tables]
     return [
-        LowerBound(sum(least_work) / problem.world_size, "work/world_size"),
-        LowerBound(max(largest, default=0.0), "largest_shard"),
+        LowerBound(sum(least_work) / problem.world_size, BoundSource.WORK),
+        LowerBound(max(largest, default=0.0), BoundSource.LARGEST_SHARD),
     ]
 
 
@@ -52,196 +40,6 @@ def proven_within(objective: float, bound: float, gap_limit: float) -> bool:
     return gap(objective, bound) <= max(OPTIMAL_GAP, gap_limit)
 
 
-class RelaxationInfeasible(Exception):
-    """Not even fractional option choices fit the memory: no plan exists."""
-
-
-@dataclass(frozen=True)
-class Relaxation:
-    """The LP's bound and its option mix: ``counts[g][o]`` tables of group ``g`` on option
-    ``o`` (fractional), which the heuristic rounds into option quotas."""
-
-    bound: LowerBound
-    counts: list[list[float]]
-
-    def quotas(self) -> list[list[int]]:
-        """Counts rounded to whole tables per group (largest remainders first)."""
-        return [_round_preserving_sum(row) for row in self.counts]
-
-
-def _round_preserving_sum(values: list[float]) -> list[int]:
-    floors = [int(v + 1e-9) for v in values]
-    missing = round(sum(values)) - sum(floors)
-    order = sorted(range(len(values)), key=lambda i: (-(values[i] - floors[i]), i))
-    for i in order[: max(missing, 0)]:
-        floors[i] += 1
-    return floors
-
-
-class LinearRelaxation:
-    """Options chosen fractionally (GLOP), built once and solvable at full memory (a bound)
-    or with capacities shrunk (``solve(memory_fraction)``: no longer a bound, but an option
-    mix that leaves room for packing whole shards into ranks). Its constraints:
-
-    - the makespan covers the average work, each group's largest shard, and every rank's
-      load from the options fixed on every rank;
-    - memory fits in total and on every rank (options fixed on every rank);
-    - every other shard sits on some rank on top of the *floor*, what every rank carries at
-      least of the options fixed on every rank (each option's least per-rank share, summed:
-      the least of a sum is at least the sum of the leasts); the floor plus the shard stays
-      within the makespan and the largest rank's memory. A group's mix averages over its
-      options, at most the worst option one of its tables really takes.
-
-    Memory is counted in units of the tier's largest rank, so that memory and time
-    coefficients are of similar size (bytes run to 1e11, milliseconds to 1e-3: a matter of
-    conditioning; GLOP also converges in bytes on the public workloads), or of twice what
-    the tables could ever need there, when that is less (``_MemoryScale``). Ranks whose
-    capacity and fixed shares are the same share one constraint."""
-
-    def __init__(
-        self, problem: Problem, groups: list[Group], deadline: Deadline | None = None
-    ) -> None:
-        self.deadline = deadline or Deadline.never()
-        self.solver = solver = pywraplp.Solver.CreateSolver("GLOP")
-        inf = solver.infinity()
-        self.makespan = makespan = solver.NumVar(0.0, inf, "T")
-        scales = [
-            _MemoryScale.of(capacity, groups, problem, tier)
-            for capacity, tier in ((problem.hbm_cap, "hbm_total"), (problem.ddr_cap, "ddr_total"))
-        ]
-        capacities = [scale.capacities for scale in scales]
-        largest_rank = [float(c.max(initial=0.0)) for c in capacities]  # 1, or 0 without the tier
-        fixed = [
-            (g, o, problem.costs(option))
-            for g, group in enumerate(groups)
-            for o, option in enumerate(group.options)
-            if option.placement is Placement.FIXED
-        ]
-        # Per rank, the shares of the fixed options: perf, then each memory tier in units.
-        shares = [
-            np.array([c.fixed_cost for _, _, c in fixed]).T.reshape(problem.world_size, -1),
-            *(
-                np.array([scale.down(getattr(c, tier)) for _, _, c in fixed]).T.reshape(
-                    problem.world_size, -1
-                )
-                for tier, scale in zip(("hbm", "ddr"), scales, strict=True)
-            ),
-        ]
-        # Every row bounded by memory, with its bound at full memory (``solve`` scales them).
-        self.capacity_rows: list[tuple[pywraplp.Constraint, float]] = []
-        # Per-rank rows (perf, HBM, DDR): (constraint, that rank's shares of the fixed options).
-        rows: list[list[tuple[pywraplp.Constraint, np.ndarray]]] = [[], [], []]
-        _, first = np.unique(shares[0], axis=0, return_index=True)
-        for r in sorted(first):
-            row = solver.Constraint(-inf, 0.0)
-            row.SetCoefficient(makespan, -1.0)
-            rows[0].append((row, shares[0][r]))
-        for tier in (0, 1):
-            keyed = np.column_stack([capacities[tier], shares[tier + 1]])
-            _, first = np.unique(keyed, axis=0, return_index=True)
-            for r in sorted(first):
-                row = solver.Constraint(-inf, capacities[tier][r])
-                self.capacity_rows.append((row, capacities[tier][r]))
-                rows[tier + 1].append((row, shares[tier + 1][r]))
-        work = solver.Constraint(-inf, 0.0)
-        work.SetCoefficient(makespan, -float(problem.world_size))
-        totals = [solver.Constraint(-inf, float(c.sum())) for c in capacities]
-        self.capacity_rows += [(row, row.ub()) for row in totals]
-        floors = [solver.NumVar(0.0, inf, f"F{i}") for i in range(3)]
-        floor_rows = [solver.Constraint(0.0, 0.0) for _ in floors]
-        for floor, definition in zip(floors, floor_rows, strict=True):
-            definition.SetCoefficient(floor, 1.0)
-        fixed_index = {(g, o): i for i, (g, o, _) in enumerate(fixed)}
-        self.variables: list[list[pywraplp.Variable]] = []
-        for g, group in enumerate(groups):
-            size = float(group.size)
-            choose = solver.Constraint(size, size)
-            largest = solver.Constraint(-inf, 0.0)
-            largest.SetCoefficient(makespan, -size)
-            stacked = solver.Constraint(-inf, 0.0)
-            stacked.SetCoefficient(makespan, -size)
-            stacked.SetCoefficient(floors[0], size)
-            stacked_memory = []
-            for tier in (0, 1):
-                row = solver.Constraint(-inf, largest_rank[tier] * size)
-                row.SetCoefficient(floors[tier + 1], size)
-                stacked_memory.append(row)
-                self.capacity_rows.append((row, largest_rank[tier] * size))
-            self.variables.append([])
-            for o, option in enumerate(group.options):
-                costs = problem.costs(option)
-                x = solver.NumVar(0.0, size, f"x{g}_{o}")
-                self.variables[g].append(x)
-                choose.SetCoefficient(x, 1.0)
-                work.SetCoefficient(x, costs.work)
-                largest.SetCoefficient(x, costs.largest_shard)
-                memory = [costs.hbm, costs.ddr]
-                for total, bytes_, scale in zip(totals, memory, scales, strict=True):
-                    total.SetCoefficient(x, float(scale.down(bytes_.sum())))
-                i = fixed_index.get((g, o))
-                if i is not None:
-                    for tier_rows in rows:
-                        for row, share in tier_rows:
-                            row.SetCoefficient(x, float(share[i]))
-                    for definition, tier_shares in zip(floor_rows, shares, strict=True):
-                        definition.SetCoefficient(x, -float(tier_shares[:, i].min()))
-                else:
-                    stacked.SetCoefficient(x, costs.largest_shard)
-                    for row, bytes_, scale in zip(stacked_memory, memory, scales, strict=True):
-                        row.SetCoefficient(x, float(scale.down(bytes_.max())))
-        solver.Minimize(makespan)
-
-    def solve(self, memory_fraction: float = 1.0) -> Relaxation | None:
-        for row, capacity in self.capacity_rows:
-            row.SetUb(capacity * memory_fraction)
-        limit_s = self.deadline.cap_s(math.inf)
-        if math.isfinite(limit_s):
-            self.solver.SetTimeLimit(max(1, int(limit_s * 1000)))
-        started = time.monotonic()
-        status = self.solver.Solve()
-        if math.isfinite(limit_s):
-            self.deadline.note_stop(limit_s, time.monotonic() - started)
-        if status == pywraplp.Solver.INFEASIBLE:
-            raise RelaxationInfeasible
-        if status != pywraplp.Solver.OPTIMAL:
-            return None
-        value = float(self.makespan.solution_value())
-        counts = [[max(0.0, x.solution_value()) for x in row] for row in self.variables]
-        bound = LowerBound(max(0.0, value * (1 - LP_SAFETY)), "lp_relaxation")
-        return Relaxation(bound, counts)
-
-
-@dataclass(frozen=True)
-class _MemoryScale:
-    """One memory tier in the LP's units: ``unit`` bytes, the smaller of the largest rank
-    and twice the tier's *demand* (every table at its option with the most bytes there).
-
-    Coefficients are rounded down to multiples of ``MEMORY_RESOLUTION`` units, which only
-    loosens the memory rows: GLOP's presolve drops coefficients below about 1e-9 and once
-    "proved" infeasible a table with 16 DDR bytes per shard (1.2e-10 of 128 GiB) and every
-    table on ranks of 2**51 bytes. Capacities are capped at twice the demand, which no
-    memory row's left side can reach (a rank's fixed shares, the totals and the floor plus
-    a shard each add up to at most the demand), so the cap removes no solution, nor does
-    it with capacities shrunk to half or more (``solve(memory_fraction)``)."""
-
-    unit: float
-    capacities: np.ndarray  # per rank, in units
-
-    @classmethod
-    def of(cls, capacity: np.ndarray, groups: list[Group], problem: Problem, tier: str) -> Self:
-        demand = sum(
-            group.size * max(getattr(problem.costs(o), tier) for o in group.options)
-            for group in groups
-        )
-        ceiling = float(2 * demand)
-        unit = min(float(capacity.max(initial=0)), ceiling) or 1.0
-        return cls(unit, np.minimum(capacity.astype(float), ceiling) / unit)
-
-    def down(self, num_bytes: np.ndarray | int) -> np.ndarray:
-        """Bytes in units, rounded down to the resolution."""
-        units = np.asarray(num_bytes, dtype=float) / self.unit
-        return np.floor(units / MEMORY_RESOLUTION) * MEMORY_RESOLUTION
-
-
 def best_bound(bounds: list[LowerBound]) -> LowerBound:
+    """The highest bound; of equal ones, the source last in alphabetical order."""
     return max(bounds, key=lambda bound: (bound.value, bound.source))

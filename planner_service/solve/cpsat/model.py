@@ -5,71 +5,28 @@ integer count of tables choosing it, and per free shard kind and rank an integer
 shards placed there. Column shards of one table may share a rank, so a column-wise option
 is just ``k`` interchangeable shards; a table-row-wise option is a count per host. The model
 therefore grows with distinct shapes x options x ranks, not with tables. When even that
-exceeds ``MAX_PLACEMENT_VARS``, each group keeps the options and ranks of the warm start plus
-its cheapest options and the least-loaded ranks; the model is then a neighbourhood of the
-warm start and its bound is not used as a proof.
+exceeds ``search.MAX_PLACEMENT_VARS``, each group keeps the options and ranks of the warm
+start plus its cheapest options and the least-loaded ranks (``restrict``); the model is then
+a neighbourhood of the warm start and its bound is not used as a proof.
 
-Perf is scaled to integers rounding down, so the model's optimum never exceeds the true one
-and its proven bound (divided by the scale) is a valid lower bound. Memory is exact bytes.
-Search is deterministic: interleaved workers and a deterministic time limit.
+Perf is scaled to integers rounding down (``run.COST_RESOLUTION``), so the model's optimum
+never exceeds the true one and its proven bound (divided by the scale) is a valid lower
+bound. Memory is exact bytes. The search that solves it is ``search.py``.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
 from planner_service.costs.options import Placement, ShardingOption
-from planner_service.plan.types import ShardingType, gap
-from planner_service.solve.bounds.simple import proven_within
-from planner_service.solve.deadline import Deadline, OutOfTime
+from planner_service.plan.types import ShardingType
+from planner_service.solve.deadline import Deadline
 from planner_service.solve.problem import Choice, Group, Problem, loads_of
 
-COST_RESOLUTION = 10_000_000  # integer units per warm-start makespan
-MAX_PLACEMENT_VARS = 150_000
 HBM_STEPS = 1000  # resolution of the peak-HBM tie-break
-NUM_WORKERS = 4  # interleaved subsolvers (LNS among them), run deterministically
-# The search budget is a fixed share of the request's time limit, never of the wall time
-# left, so the same request searches exactly as far in every process. Interleaved search
-# spends up to about 3x its deterministic budget in wall time on an idle 2-core machine
-# (measured on the public workloads), hence the small share; the deadline (what is left
-# of the time limit in wall time) stops it on a loaded machine, at the cost of
-# determinism (the plan then says stop_reason time_limit).
-SEARCH_SHARE = 0.2
-# Deterministic time does not advance evenly in every phase of a search: a run may spend
-# many times its deterministic budget in wall time (a packing relaxation with presolve off
-# was seen running for minutes on a 0.1 s budget). So every run also stops at this many
-# times its budget in wall time, deadline or not; such a stop is not reproducible, and is
-# recorded as one (stop_reason time_limit).
-WALL_SAFETY_FACTOR = 6.0
-RELATIVE_GAP_LIMIT = 1e-5  # stop once proven this close to optimal
-# The best bound known before the search (the packing bound, say) is the makespan's floor,
-# so CP-SAT stops once it reaches it; but interleaved search stops only between batches,
-# and a batch gives each full-problem worker up to one deterministic second. So when the
-# warm start is within PROBE_WITHIN of that bound, the budget is spent in runs: two short
-# probes, then the rest. A probe's budget caps its batches; after each run the best plan
-# is checked against every bound, and the next run starts from it (as its hint). Far from
-# the bound (jumbo on 32 ranks: 11%) restarts only cost the long run plans.
-PROBE_SHARES = (0.01, 0.1)
-PROBE_WITHIN = 0.05
-
-ProgressCallback = Callable[[str, float | None, float | None], None]
-
-
-@dataclass
-class CpSatResult:
-    choices: list[Choice] | None
-    status: str
-    bound: float | None  # proven lower bound in ms, only when the model was complete
-    exact: bool
-    num_variables: int
-    wall_time_s: float
-    runs: int  # CP-SAT runs (PROBE_SHARES): fewer than all when a bound stopped the search
-    deterministic_time_s: float  # of all runs together, out of SEARCH_SHARE x time limit
 
 
 @dataclass
@@ -81,7 +38,9 @@ class _OptionVars:
     per_host: dict[int, cp_model.IntVar] = field(default_factory=dict)  # host-local tables
 
 
-class _Model:
+class PlacementModel:
+    """The aggregated model of one request, with its hint and the decoding of a solution."""
+
     def __init__(
         self,
         problem: Problem,
@@ -121,7 +80,7 @@ class _Model:
 
     def _add_group(self, g: int, group: Group) -> None:
         counts = []
-        for o in self._kept_options(g, group):
+        for o in self._kept_options(group):
             option = group.options[o]
             count = self.model.new_int_var(0, group.size, f"y{g}_{o}")
             counts.append(count)
@@ -203,7 +162,7 @@ class _Model:
 
     # ---- restriction to a neighbourhood of the warm start
 
-    def _kept_options(self, g: int, group: Group) -> list[int]:
+    def _kept_options(self, group: Group) -> list[int]:
         everything = list(range(len(group.options)))
         if not self.restrict or self.hint is None:
             return everything
@@ -371,152 +330,3 @@ def _expand(counts: dict[int, int]) -> list[int]:
 
 def _weighted(terms: list[tuple[cp_model.IntVar, int]]) -> cp_model.LinearExpr:
     return cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [c for _, c in terms])
-
-
-# --------------------------------------------------------------------------- solving
-
-
-def solve_cpsat(
-    problem: Problem,
-    groups: list[Group],
-    hint: list[Choice] | None,
-    *,
-    time_limit_s: float,
-    seed: int,
-    lower_bound: float = 0.0,
-    gap_limit: float = 0.0,
-    on_progress: ProgressCallback | None = None,
-    deadline: Deadline | None = None,
-) -> CpSatResult:
-    """Minimise the max rank cost, ties broken by the lower peak HBM (lexicographically:
-    the HBM term, in thousandths of a rank's capacity, never outweighs one cost unit).
-
-    Stops early once the best plan is proven within ``gap_limit`` by ``lower_bound`` (the
-    best bound known before the search) or by CP-SAT's own bound (``PROBE_SHARES``), and
-    at the deadline with the best plan found so far."""
-    deadline = deadline or Deadline.never()
-    start = time.perf_counter()
-    reference = _reference_makespan(problem, hint)
-    scale = COST_RESOLUTION / reference if reference > 0 else 1.0
-    size = sum(
-        len(group.allowed)
-        for group in groups
-        for option in group.options
-        if option.placement is not Placement.FIXED
-    )
-    restrict = hint is not None and size > MAX_PLACEMENT_VARS
-    try:
-        built = _Model(problem, groups, hint, scale, restrict, deadline)
-    except OutOfTime:
-        wall = time.perf_counter() - start
-        return CpSatResult(None, "UNKNOWN", None, not restrict, 0, wall, 0, 0.0)
-    makespan = built.makespan(
-        math.floor(lower_bound * scale), _makespan_upper(problem, hint, scale)
-    )
-    peak = built.peak_hbm()
-    built.model.minimize(makespan * HBM_STEPS + peak)
-    callback = _Progress(makespan, scale, on_progress) if on_progress else None
-    budget = time_limit_s * SEARCH_SHARE
-    probes = hint is not None and gap(reference, lower_bound) <= PROBE_WITHIN  # hint's makespan
-    shares = [*PROBE_SHARES, 1.0 - sum(PROBE_SHARES)] if probes else [1.0]
-    best: list[Choice] | None = None
-    best_key = (math.inf, math.inf)
-    bound = None  # a proof only when the model is the whole problem
-    status_name = "UNKNOWN"
-    runs, spent = 0, 0.0
-    for run, share in enumerate(shares):
-        if deadline.expired():
-            break
-        start_from = best or hint
-        if start_from is not None:
-            built.model.clear_hints()
-            built.add_hint(start_from)
-        solver = deterministic_solver(budget * share, seed + run)
-        solver.parameters.relative_gap_limit = max(RELATIVE_GAP_LIMIT, gap_limit)
-        status = solve_within(solver, built.model, deadline, callback=callback)
-        runs, status_name = run + 1, solver.status_name(status)
-        spent += solver.deterministic_time
-        if status == cp_model.INFEASIBLE or status == cp_model.MODEL_INVALID:
-            break
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            continue
-        choices = built.decode(solver)
-        loads = loads_of(problem, choices)
-        if (loads.objective, loads.peak_hbm) < best_key:
-            best, best_key = choices, (loads.objective, loads.peak_hbm)
-        if not restrict:
-            proven = (solver.best_objective_bound - (HBM_STEPS - 1)) / HBM_STEPS / scale
-            bound = max(bound or 0.0, proven)
-        if status == cp_model.OPTIMAL or proven_within(
-            best_key[0], max(lower_bound, bound or 0.0), gap_limit
-        ):
-            break
-    num_variables = len(built.model.proto.variables)
-    wall = time.perf_counter() - start
-    return CpSatResult(best, status_name, bound, not restrict, num_variables, wall, runs, spent)
-
-
-def deterministic_solver(time_limit_s: float, seed: int) -> cp_model.CpSolver:
-    """A portfolio of workers interleaved deterministically, stopped by deterministic time:
-    the same request searches exactly as far, and answers the same, in every process
-    (unless a wall-clock limit stops it first, see ``solve_within``)."""
-    solver = cp_model.CpSolver()
-    parameters = solver.parameters
-    parameters.num_workers = NUM_WORKERS
-    parameters.interleave_search = True
-    parameters.random_seed = seed
-    parameters.max_deterministic_time = max(time_limit_s, 0.01)
-    parameters.relative_gap_limit = RELATIVE_GAP_LIMIT
-    # CP-SAT's own SIGINT handler only ends the current run (the solve would go on to its
-    # next stage) and resets SIGINT afterwards; callers decide what Ctrl-C means.
-    parameters.catch_sigint_signal = False
-    return solver
-
-
-def solve_within(
-    solver: cp_model.CpSolver,
-    model: cp_model.CpModel,
-    deadline: Deadline,
-    *,
-    share: float = 1.0,
-    callback: cp_model.CpSolverSolutionCallback | None = None,
-) -> cp_model.CpSolverStatus:
-    """Solve with at most ``share`` of what is left of the deadline as the wall-clock limit
-    (and at most ``WALL_SAFETY_FACTOR`` times the deterministic budget), and record on the
-    deadline whether a wall-clock limit, not the work budget, stopped the run."""
-    safety_s = solver.parameters.max_deterministic_time * WALL_SAFETY_FACTOR
-    limit_s = deadline.cap_s(safety_s, share)
-    solver.parameters.max_time_in_seconds = max(limit_s, 1e-3)
-    status = solver.solve(model, callback)
-    deadline.note_stop(limit_s, solver.wall_time)
-    return status
-
-
-def _reference_makespan(problem: Problem, hint: list[Choice] | None) -> float:
-    if hint is not None:
-        return loads_of(problem, hint).objective
-    work = sum(min(problem.costs(o).work for o in t.options) for t in problem.tables)
-    largest = max(
-        (min(problem.costs(o).largest_shard for o in t.options) for t in problem.tables),
-        default=0.0,
-    )
-    return work / problem.world_size + largest
-
-
-def _makespan_upper(problem: Problem, hint: list[Choice] | None, scale: float) -> int:
-    if hint is not None:
-        return math.ceil(loads_of(problem, hint).objective * scale) + 1
-    total = sum(max(problem.costs(o).work for o in t.options) for t in problem.tables)
-    return math.ceil(total * scale) + 1
-
-
-class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, makespan: cp_model.IntVar, scale: float, report: ProgressCallback) -> None:
-        super().__init__()
-        self._makespan = makespan
-        self._scale = scale
-        self._report = report
-
-    def on_solution_callback(self) -> None:
-        bound = self.best_objective_bound / HBM_STEPS / self._scale
-        self._report("cp-sat", self.value(self._makespan) / self._scale, bound)

@@ -1,0 +1,60 @@
+"""Running CP-SAT the way every model in the planner runs it: deterministically, within a
+deterministic budget, and stopped by the wall clock only as a last resort.
+
+Perf is scaled to integers rounding down (``COST_RESOLUTION`` units per reference
+makespan), so a scaled optimum never exceeds the true one and a proven bound divided by the
+scale is a valid lower bound. Used by the search (``search.py``) and by the option-mix and
+packing relaxations (``bounds/``).
+"""
+
+from __future__ import annotations
+
+from ortools.sat.python import cp_model
+
+from planner_service.solve.deadline import Deadline
+
+COST_RESOLUTION = 10_000_000  # integer units per warm-start makespan
+NUM_WORKERS = 4  # interleaved subsolvers (LNS among them), run deterministically
+# Deterministic time does not advance evenly in every phase of a search: a run may spend
+# many times its deterministic budget in wall time (a packing relaxation with presolve off
+# was seen running for minutes on a 0.1 s budget). So every run also stops at this many
+# times its budget in wall time, deadline or not; such a stop is not reproducible, and is
+# recorded as one (stop_reason time_limit).
+WALL_SAFETY_FACTOR = 6.0
+RELATIVE_GAP_LIMIT = 1e-5  # stop once proven this close to optimal
+
+
+def deterministic_solver(time_limit_s: float, seed: int) -> cp_model.CpSolver:
+    """A portfolio of workers interleaved deterministically, stopped by deterministic time:
+    the same request searches exactly as far, and answers the same, in every process
+    (unless a wall-clock limit stops it first, see ``solve_within``)."""
+    solver = cp_model.CpSolver()
+    parameters = solver.parameters
+    parameters.num_workers = NUM_WORKERS
+    parameters.interleave_search = True
+    parameters.random_seed = seed
+    parameters.max_deterministic_time = max(time_limit_s, 0.01)
+    parameters.relative_gap_limit = RELATIVE_GAP_LIMIT
+    # CP-SAT's own SIGINT handler only ends the current run (the solve would go on to its
+    # next stage) and resets SIGINT afterwards; callers decide what Ctrl-C means.
+    parameters.catch_sigint_signal = False
+    return solver
+
+
+def solve_within(
+    solver: cp_model.CpSolver,
+    model: cp_model.CpModel,
+    deadline: Deadline,
+    *,
+    share: float = 1.0,
+    callback: cp_model.CpSolverSolutionCallback | None = None,
+) -> cp_model.CpSolverStatus:
+    """Solve with at most ``share`` of what is left of the deadline as the wall-clock limit
+    (and at most ``WALL_SAFETY_FACTOR`` times the deterministic budget), and record on the
+    deadline whether a wall-clock limit, not the work budget, stopped the run."""
+    safety_s = solver.parameters.max_deterministic_time * WALL_SAFETY_FACTOR
+    limit_s = deadline.cap_s(safety_s, share)
+    solver.parameters.max_time_in_seconds = max(limit_s, 1e-3)
+    status = solver.solve(model, callback)
+    deadline.note_stop(limit_s, solver.wall_time)
+    return status

@@ -1,0 +1,118 @@
+"""Emitting a plan: the chosen placement as a sealed ``ShardingPlan``, with its rank stats
+and its solver report (status, bound, gap, critical path, stop reason), and the per-rank
+buffer sizes reported beside it. The last stage of ``pipeline.solve``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner_service import PLANNER_VERSION
+from planner_service.costs.estimate import total_components
+from planner_service.plan.codec import seal_plan_data
+from planner_service.plan.types import (
+    PERF_COMPONENTS,
+    PlanOptions,
+    ShardingPlan,
+    SolverReport,
+    SolverStatus,
+    StopReason,
+    gap,
+)
+from planner_service.solve.bounds.simple import OPTIMAL_GAP, LowerBound
+from planner_service.solve.problem import Choice, Loads, Problem
+
+
+def build_plan(
+    problem: Problem,
+    choices: list[Choice],
+    loads: Loads,
+    bound: LowerBound,
+    deadline_reached: bool = False,
+) -> ShardingPlan:
+    """The sealed plan of ``choices``. Built as JSON data and validated once: a plan can
+    hold hundreds of thousands of shards, and sealing happens after the deadline."""
+    tables: dict[str, dict[str, object]] = {}
+    components = np.zeros((problem.world_size, len(PERF_COMPONENTS)))
+    vectors: dict[int, np.ndarray] = {}  # shards of one size share one Perf object
+    for entry, choice in zip(problem.tables, choices, strict=True):
+        option = entry.options[choice.option]
+        ranks = [int(rank) for rank in choice.ranks]
+        shards = []
+        for offsets, shard, rank in zip(option.offsets(), option.shards, ranks, strict=True):
+            shards.append({"offsets": list(offsets), "sizes": list(shard.sizes), "rank": rank})
+            perf = shard.perf[problem.class_of_rank[rank]]
+            vector = vectors.get(id(perf))
+            if vector is None:
+                vector = vectors[id(perf)] = np.array([getattr(perf, n) for n in PERF_COMPONENTS])
+            components[rank] += vector
+        tables[entry.table.name] = {
+            "sharding_type": option.sharding_type.value,
+            "compute_kernel": option.compute_kernel.value,
+            "ranks": ranks,
+            "shards": shards,
+            "cache_load_factor": option.cache_load_factor,
+        }
+    rank_stats = [
+        {
+            "rank": rank,
+            "hbm_bytes": int(loads.hbm[rank]),
+            "ddr_bytes": int(loads.ddr[rank]),
+            "perf": {
+                **dict(zip(PERF_COMPONENTS, map(float, components[rank]), strict=True)),
+                "total": float(loads.perf[rank]),
+            },
+        }
+        for rank in range(problem.world_size)
+    ]
+    objective = loads.objective
+    lower = min(bound.value, objective)
+    plan_gap = gap(objective, lower)
+    report = SolverReport(
+        status=SolverStatus.OPTIMAL if plan_gap <= OPTIMAL_GAP else SolverStatus.FEASIBLE,
+        objective=objective,
+        lower_bound=lower,
+        gap=plan_gap,
+        lower_bound_source=bound.source,
+        critical_path=_critical_path(problem, components),
+        stop_reason=_stop_reason(plan_gap, problem.request.options, deadline_reached),
+    )
+    return seal_plan_data(
+        request=problem.request,
+        planner_version=PLANNER_VERSION,
+        tables=tables,
+        rank_stats=rank_stats,
+        solver=report.model_dump(mode="json"),
+    )
+
+
+def rank_io(problem: Problem, choices: list[Choice]) -> list[tuple[int, int]]:
+    """(input id bytes, output embedding bytes) each rank's shards buffer per iteration."""
+    io = np.zeros((problem.world_size, 2), dtype=np.int64)
+    for entry, choice in zip(problem.tables, choices, strict=True):
+        for shard, rank in zip(entry.options[choice.option].shards, choice.ranks, strict=True):
+            io[rank] += (shard.storage.input_bytes, shard.storage.output_bytes)
+    return [(int(i), int(o)) for i, o in io]
+
+
+def _stop_reason(plan_gap: float, options: PlanOptions, deadline_reached: bool) -> StopReason:
+    """Why the search ended. ``time_limit`` whenever the wall clock cut a stage short, even
+    if the plan was then proven optimal: the status says how good the plan is, the stop
+    reason whether the same request reproduces it."""
+    if deadline_reached:
+        return StopReason.TIME_LIMIT
+    if plan_gap <= OPTIMAL_GAP:
+        return StopReason.OPTIMAL
+    if plan_gap <= options.gap_limit:
+        return StopReason.GAP_LIMIT
+    return StopReason.WORK_BUDGET
+
+
+def _critical_path(problem: Problem, components: np.ndarray) -> float:
+    """Sum over the perf components in the total of their max over ranks: every rank waits
+    for the slowest at each collective."""
+    if not len(components):
+        return 0.0
+    in_total = total_components(problem.request.options.cost_model)
+    counted = [i for i, name in enumerate(PERF_COMPONENTS) if name in in_total]
+    return float(components[:, counted].max(axis=0).sum())

@@ -1,0 +1,270 @@
+"""Placing one table on the loads of the tables placed so far: the move that construction
+(``construct.py``) and local search (``improve.py``) both make.
+
+Every option of the table is placed tentatively: each free shard on the least-loaded rank
+that can hold it, a host-local option on the best host (ties go to the least-loaded host),
+an option fixed on every rank on every rank. Each placement gets a ``Score`` against a
+target makespan; the lowest wins. Colocate groups follow the ranks of their first placed
+member; separate groups avoid the ranks of theirs. Deterministic: every tie is broken by
+index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from planner_service.costs.options import Placement, ShardingOption
+from planner_service.plan.types import ShardingType
+from planner_service.solve.problem import Choice, OptionCosts, Problem
+
+
+@dataclass
+class State:
+    """What the tables placed so far put on each rank, and where they are."""
+
+    perf: np.ndarray
+    hbm: np.ndarray
+    ddr: np.ndarray
+    max_perf: float = 0.0
+    placed: dict[int, frozenset[int]] = field(default_factory=dict)
+    # What the tables not yet placed need at least, in total: an option may only use memory
+    # beyond this reserve, so early tables cannot starve later ones.
+    reserve_hbm: int = 0
+    reserve_bytes: int = 0
+    free_hbm: int = 0
+    free_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where one table may go, given the tables placed so far: ``allowed`` ranks (sorted in
+    ``ranks``) and, once a colocated table is placed, the rank set it must use exactly."""
+
+    allowed: set[int]
+    ranks: np.ndarray
+    colocated: frozenset[int] | None
+
+
+class Score(NamedTuple):
+    """How good a tentative placement is; lower is better, compared field by field."""
+
+    makespan: float  # the max load after it, or the target if that is higher
+    work: float  # what it adds over all ranks
+    peak_hbm: int  # the most HBM on a rank it touches, after it
+    option: int  # the option's index: the earlier option wins a tie
+    load_after: float  # the most loaded rank it touches, after it
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An option of a table placed tentatively, and how good that is."""
+
+    score: Score
+    choice: Choice
+
+
+class GroupIndex:
+    """Which already-placed tables constrain a table through colocate or separate groups."""
+
+    def __init__(self, problem: Problem) -> None:
+        index = {entry.table.name: i for i, entry in enumerate(problem.tables)}
+        constraints = problem.request.constraints
+        self.colocate: dict[int, list[int]] = {}
+        self.separate: dict[int, list[int]] = {}
+        for target, groups in (
+            (self.colocate, constraints.colocate),
+            (self.separate, constraints.separate),
+        ):
+            for group in groups:
+                members = [index[name] for name in group]
+                for member in members:
+                    target.setdefault(member, []).extend(m for m in members if m != member)
+        self.linked = set(self.colocate) | set(self.separate)  # tables in any group
+
+    def where(self, problem: Problem, state: State, t: int) -> Where:
+        allowed = set(problem.allowed[t])
+        for other in self.separate.get(t, ()):
+            allowed -= state.placed.get(other, frozenset())
+        colocated = next(
+            (state.placed[other] for other in self.colocate.get(t, ()) if other in state.placed),
+            None,
+        )
+        if colocated is not None:
+            allowed &= colocated
+        return Where(allowed, np.array(sorted(allowed), dtype=np.int64), colocated)
+
+
+def try_option(
+    problem: Problem,
+    state: State,
+    where: Where,
+    index: int,
+    option: ShardingOption,
+    makespan_target: float,
+) -> Candidate | None:
+    """Option ``index`` of a table placed where it scores best, or None where it fits
+    nowhere (without eating into what the tables still to place need)."""
+    costs = problem.costs(option)
+    allowed, colocated = where.allowed, where.colocated
+    if option.placement is Placement.FIXED:
+        ranks_options = [tuple(range(problem.world_size))]
+    elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
+        return _best_host(problem, state, costs, index, makespan_target, allowed, colocated)
+    elif option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+        ranks_options = []
+        host_of = where.ranks // problem.local_world_size
+        for host in range(problem.num_hosts):
+            placed = _place_free(problem, state, costs, where.ranks[host_of == host], colocated)
+            if placed is not None:
+                ranks_options.append(placed)
+    else:
+        placed = _place_free(problem, state, costs, where.ranks, colocated)
+        ranks_options = [placed] if placed is not None else []
+    best = None
+    for ranks in ranks_options:
+        if not set(ranks) <= allowed or (colocated is not None and set(ranks) != colocated):
+            continue
+        score = _score(problem, state, costs, ranks, index, makespan_target)
+        if score is not None and (
+            best is None or _between_hosts(score) < _between_hosts(best.score)
+        ):
+            best = Candidate(score, Choice(index, ranks))
+    return best
+
+
+def _best_host(
+    problem: Problem,
+    state: State,
+    costs: OptionCosts,
+    index: int,
+    target: float,
+    allowed: set[int],
+    colocated: frozenset[int] | None,
+) -> Candidate | None:
+    """A table-row-wise option on its best host: ``_score`` and ``_between_hosts`` for
+    every host at once."""
+    if _eats_reserve(state, costs):
+        return None
+    grid = problem.host_grid
+    usable = np.ones(len(grid), dtype=bool)
+    if colocated is not None or len(allowed) < problem.world_size:
+        usable = np.array(
+            [set(ranks) <= allowed and colocated in (None, set(ranks)) for ranks in grid.tolist()]
+        )
+    shard_cost = costs.cost[np.arange(grid.shape[1]), problem.class_of_rank[grid]]
+    hbm = state.hbm[grid] + costs.hbm
+    usable &= (hbm <= problem.hbm_cap[grid]).all(axis=1)
+    usable &= (state.ddr[grid] + costs.ddr <= problem.ddr_cap[grid]).all(axis=1)
+    if not usable.any():
+        return None
+    load_after = (state.perf[grid] + shard_cost).max(axis=1)
+    floor = np.maximum(np.maximum(load_after, state.max_perf), target)
+    work = shard_cost.sum(axis=1)
+    peak_hbm = hbm.max(axis=1)
+    hosts = np.flatnonzero(usable)
+    h = int(hosts[np.lexsort((peak_hbm[hosts], load_after[hosts], work[hosts], floor[hosts]))[0]])
+    score = Score(float(floor[h]), float(work[h]), int(peak_hbm[h]), index, float(load_after[h]))
+    return Candidate(score, Choice(index, tuple(int(r) for r in grid[h])))
+
+
+def _between_hosts(score: Score) -> tuple[float, float, float, int]:
+    """How one option's placements on different hosts compare: as between ranks in
+    ``_place_free``, the least loaded after the move wins once the target and the work tie
+    (not the least HBM, which would stack tables on one host while all are under the
+    target)."""
+    return score.makespan, score.work, score.load_after, score.peak_hbm
+
+
+def _place_free(
+    problem: Problem,
+    state: State,
+    costs: OptionCosts,
+    candidates: np.ndarray,
+    target: frozenset[int] | None,
+) -> tuple[int, ...] | None:
+    """Each shard to the allowed rank (of ``candidates``, sorted) with the lowest resulting
+    load that can hold it; with a colocate target, every target rank must receive a shard."""
+    if not len(candidates):
+        return None
+    perf = state.perf[candidates].copy()
+    hbm = state.hbm[candidates].copy()
+    ddr = state.ddr[candidates].copy()
+    hbm_cap, ddr_cap = problem.hbm_cap[candidates], problem.ddr_cap[candidates]
+    shard_costs = costs.cost[:, problem.class_of_rank[candidates]]
+    uncovered = np.ones(len(candidates), dtype=bool) if target is not None else None
+    ranks = []
+    for s in range(costs.num_shards):
+        fits = (hbm + costs.hbm[s] <= hbm_cap) & (ddr + costs.ddr[s] <= ddr_cap)
+        if uncovered is not None and uncovered.sum() >= costs.num_shards - s:
+            fits &= uncovered
+        if not fits.any():
+            return None
+        new_load = np.where(fits, perf + shard_costs[s], np.inf)
+        pick = int(np.argmin(new_load))
+        perf[pick] = new_load[pick]
+        hbm[pick] += costs.hbm[s]
+        ddr[pick] += costs.ddr[s]
+        if uncovered is not None:
+            uncovered[pick] = False
+        ranks.append(int(candidates[pick]))
+    return tuple(ranks)
+
+
+def _score(
+    problem: Problem,
+    state: State,
+    costs: OptionCosts,
+    ranks: tuple[int, ...],
+    index: int,
+    target: float,
+) -> Score | None:
+    """The placement's ``Score``, or None if it overflows a rank or eats into what the
+    tables still to place need."""
+    if _eats_reserve(state, costs):
+        return None
+    if costs.num_shards == 1:
+        return _score_one(problem, state, costs, ranks[0], index, target)
+    idx = np.asarray(ranks, dtype=np.int64)
+    shard_cost = costs.cost[np.arange(costs.num_shards), problem.class_of_rank[idx]]
+    if len(set(ranks)) == len(ranks):  # one shard per rank: no aggregation needed
+        touched, add_perf, add_hbm, add_ddr = idx, shard_cost, costs.hbm, costs.ddr
+    else:
+        touched, inverse = np.unique(idx, return_inverse=True)
+        add_perf = np.bincount(inverse, weights=shard_cost)
+        add_hbm = np.bincount(inverse, weights=costs.hbm)
+        add_ddr = np.bincount(inverse, weights=costs.ddr)
+    new_hbm = state.hbm[touched] + add_hbm
+    if (new_hbm > problem.hbm_cap[touched]).any():
+        return None
+    if (state.ddr[touched] + add_ddr > problem.ddr_cap[touched]).any():
+        return None
+    load_after = float((state.perf[touched] + add_perf).max())
+    new_max = max(state.max_perf, load_after)
+    return Score(
+        max(new_max, target), float(shard_cost.sum()), int(new_hbm.max()), index, load_after
+    )
+
+
+def _eats_reserve(state: State, costs: OptionCosts) -> bool:
+    """Whether the option would leave less memory than the tables still to place need."""
+    return state.free_hbm - costs.hbm_total < state.reserve_hbm or (
+        state.free_bytes - costs.hbm_total - costs.ddr_total < state.reserve_bytes
+    )
+
+
+def _score_one(
+    problem: Problem, state: State, costs: OptionCosts, rank: int, index: int, target: float
+) -> Score | None:
+    """``_score`` for a single shard, without arrays."""
+    new_hbm = int(state.hbm[rank]) + int(costs.hbm[0])
+    if (
+        new_hbm > problem.hbm_cap[rank]
+        or int(state.ddr[rank]) + int(costs.ddr[0]) > (problem.ddr_cap[rank])
+    ):
+        return None
+    cost = float(costs.cost[0, problem.class_of_rank[rank]])
+    load_after = float(state.perf[rank]) + cost
+    return Score(max(state.max_perf, load_after, target), cost, new_hbm, index, load_after)
