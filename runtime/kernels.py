@@ -49,7 +49,7 @@ OPTIMIZERS = {
     OptimizerType.ADAM: EmbOptimType.ADAM,
 }
 HYPERPARAMETERS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum")
-DEFAULT_FUSED_PARAMS: dict[str, Any] = {"optimizer": "sgd", "learning_rate": 0.01}
+DEFAULT_FUSED_PARAMS: dict[str, Any] = {"optimizer": OptimizerType.SGD.value, "learning_rate": 0.01}
 ADAM_DEFAULTS = {"learning_rate": 0.01, "eps": 1e-8, "beta1": 0.9, "beta2": 0.999}
 ADAM_HYPERPARAMETERS = (*ADAM_DEFAULTS, "weight_decay")
 WEIGHT_PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
@@ -167,7 +167,7 @@ def fused_optimizer(fused_params: Mapping[str, Any] | None) -> FusedOptimizer:
     """The optimizer ``fused_params`` names and its hyperparameters (default: SGD at 0.01);
     unknown names and keys are refused, and keys adam does not use."""
     params = dict(DEFAULT_FUSED_PARAMS if fused_params is None else fused_params)
-    name = str(params.pop("optimizer", "sgd"))
+    name = str(params.pop("optimizer", OptimizerType.SGD.value))
     if name not in OPTIMIZERS:
         raise ValueError(
             f"fused_params optimizer {name!r} is not supported; use one of "
