@@ -16,7 +16,12 @@ from planner_service.plan.types import SolverStatus, StopReason
 from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.construct import greedy_plan
-from planner_service.solve.cpsat.run import WALL_SAFETY_FACTOR, deterministic_solver, solve_within
+from planner_service.solve.cpsat.run import (
+    MIN_WALL_SAFETY_S,
+    WALL_SAFETY_FACTOR,
+    deterministic_solver,
+    solve_within,
+)
 from planner_service.solve.cpsat.search import solve_cpsat
 from planner_service.solve.deadline import Deadline, finish_slack_s
 from planner_service.solve.explain import explain
@@ -180,10 +185,14 @@ def test_cpsat_gets_what_is_left_of_the_deadline_as_its_wall_limit():
     assert 1.0 < solver.parameters.max_time_in_seconds <= 1.5
     assert solver.parameters.max_deterministic_time == 100.0
     assert not deadline.reached  # it proved the optimum long before its limit
-    # Without a deadline, a run still stops at 6x its deterministic budget in wall time.
+    # Without a deadline, a run still stops at 20x its deterministic budget in wall time,
+    # and a short run no sooner than MIN_WALL_SAFETY_S.
     solver = deterministic_solver(0.5, seed=0)
     solve_within(solver, model, Deadline.never())
     assert solver.parameters.max_time_in_seconds == 0.5 * WALL_SAFETY_FACTOR
+    solver = deterministic_solver(0.02, seed=0)
+    solve_within(solver, model, Deadline.never())
+    assert solver.parameters.max_time_in_seconds == MIN_WALL_SAFETY_S
 
 
 def test_the_fix_search_stops_at_the_deadline_and_says_how_far_it_got():

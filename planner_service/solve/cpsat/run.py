@@ -17,10 +17,14 @@ COST_RESOLUTION = 10_000_000  # integer units per warm-start makespan
 NUM_WORKERS = 4  # interleaved subsolvers (LNS among them), run deterministically
 # Deterministic time does not advance evenly in every phase of a search: a run may spend
 # many times its deterministic budget in wall time (a packing relaxation with presolve off
-# was seen running for minutes on a 0.1 s budget). So every run also stops at this many
-# times its budget in wall time, deadline or not; such a stop is not reproducible, and is
-# recorded as one (stop_reason time_limit).
-WALL_SAFETY_FACTOR = 6.0
+# was seen running for minutes on a 0.1 s budget), and CP-SAT looks at its deterministic
+# limit only now and then (large/8's search, on a 0.2 s budget, does 1 s of deterministic
+# work). So every run also stops at this many times its budget in wall time, and never
+# before MIN_WALL_SAFETY_S, deadline or not. Such a stop is not reproducible and is
+# recorded as one (stop_reason time_limit), so the cap is far enough out that a run which
+# ends by its own budget on one machine also does on a machine several times slower.
+WALL_SAFETY_FACTOR = 20.0
+MIN_WALL_SAFETY_S = 2.0
 RELATIVE_GAP_LIMIT = 1e-5  # stop once proven this close to optimal
 
 
@@ -50,11 +54,16 @@ def solve_within(
     callback: cp_model.CpSolverSolutionCallback | None = None,
 ) -> cp_model.CpSolverStatus:
     """Solve with at most ``share`` of what is left of the deadline as the wall-clock limit
-    (and at most ``WALL_SAFETY_FACTOR`` times the deterministic budget), and record on the
-    deadline whether a wall-clock limit, not the work budget, stopped the run."""
-    safety_s = solver.parameters.max_deterministic_time * WALL_SAFETY_FACTOR
+    (and at most ``WALL_SAFETY_FACTOR`` times the deterministic budget, or
+    ``MIN_WALL_SAFETY_S`` if that is more), and record on the deadline whether a wall-clock
+    limit, not the work budget, stopped the run. A run that ended with a proof (optimal,
+    infeasible) was not stopped, whatever the clock says: a deterministic search that
+    completes answers the same everywhere."""
+    budget_s = solver.parameters.max_deterministic_time
+    safety_s = max(budget_s * WALL_SAFETY_FACTOR, MIN_WALL_SAFETY_S)
     limit_s = deadline.cap_s(safety_s, share)
     solver.parameters.max_time_in_seconds = max(limit_s, 1e-3)
     status = solver.solve(model, callback)
-    deadline.note_stop(limit_s, solver.wall_time)
+    if status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
+        deadline.note_stop(limit_s, solver.wall_time)
     return status
