@@ -340,3 +340,109 @@ def test_checks_across_fields_name_the_field_and_value(document, path, value, me
     (problem,) = caught.value.problems
     assert problem.as_dict() == {"path": path, "message": problem.message, "value": value}
     assert message in problem.message
+
+
+# --------------------------------------------------------------------------- byte sizes
+
+SIZED = {
+    "topology": {
+        "world_size": 2,
+        "hbm_bytes": "80GiB",
+        "ddr_bytes": "0.5 TB",
+        "rank_overrides": [{"rank": 1, "hbm_bytes": "40 GiB", "ddr_bytes": "256000MB"}],
+    },
+    "tables": [table("t0", rows=100_000, dim=64)],
+    "constraints": {"dense_bytes_per_rank": "1.5GiB"},
+}
+COUNTED = {
+    "topology": {
+        "world_size": 2,
+        "hbm_bytes": 80 * 2**30,
+        "ddr_bytes": 500 * 10**9,
+        "rank_overrides": [{"rank": 1, "hbm_bytes": 40 * 2**30, "ddr_bytes": 256 * 10**9}],
+    },
+    "tables": [table("t0", rows=100_000, dim=64)],
+    "constraints": {"dense_bytes_per_rank": 3 * 2**29},
+}
+
+
+def test_byte_sizes_read_as_their_integers_with_the_same_hash_and_plan():
+    from planner_service.plan.codec import request_hash
+    from planner_service.solve.pipeline import solve
+
+    sized, counted = parse_request(json.dumps(SIZED)), parse_request(json.dumps(COUNTED))
+    assert sized == counted
+    assert sized.model_dump() == counted.model_dump()  # the integer is the canonical form
+    assert request_hash(sized) == request_hash(counted)
+    sized_plan, counted_plan = solve(sized).plan, solve(counted).plan
+    assert sized_plan is not None and counted_plan is not None
+    assert sized_plan.plan_id == counted_plan.plan_id
+
+
+@pytest.mark.parametrize(
+    ("written", "size"),
+    [
+        ("1B", 1),
+        ("1KB", 1000),
+        ("1KiB", 1024),
+        ("2MB", 2 * 10**6),
+        ("2MiB", 2 * 2**20),
+        ("80GB", 80 * 10**9),
+        ("80GiB", 80 * 2**30),
+        ("3TB", 3 * 10**12),
+        ("3TiB", 3 * 2**40),
+        (" 512 MB ", 512 * 10**6),
+        ("1.5KiB", 1536),
+        ("0.25GiB", 2**28),
+        ("8192TiB", MAX_MEMORY_BYTES),
+        ("0B", 0),
+    ],
+)
+def test_every_unit(written, size):
+    document = _doc(topology={"world_size": 1, "hbm_bytes": written})
+    assert parse_request(json.dumps(document)).topology.hbm_bytes == size
+
+
+@pytest.mark.parametrize(
+    ("where", "written", "message"),
+    [
+        (("topology", "hbm_bytes"), "80gib", "has unknown unit 'gib' (units are case-sensitive"),
+        (("topology", "ddr_bytes"), "80Gb", "units are case-sensitive: 'GB'"),
+        (("topology", "hbm_bytes"), "9PiB", "has unknown unit 'PiB'; units: B, KB, MB"),
+        (("topology", "hbm_bytes"), "80", "write an integer number of bytes, or a number and"),
+        (("topology", "hbm_bytes"), "-1GiB", "is not a byte size"),
+        (("topology", "hbm_bytes"), "1e9B", "is not a byte size"),
+        (("topology", "hbm_bytes"), "0.3B", "is 0.300 bytes, not a whole number"),
+        (
+            ("topology", "hbm_bytes"),
+            "8193TiB",
+            "is 9,008,298,766,368,768 bytes, more than the most accepted, 9007199254740992",
+        ),
+        (("constraints", "dense_bytes_per_rank"), "9008TB", "more than the most accepted"),
+        (("topology", "rank_overrides", 0, "ddr_bytes"), "1" * 30 + "GB", "is not a byte size"),
+    ],
+)
+def test_a_bad_size_names_the_field_the_value_as_written_and_what_is_accepted(
+    where, written, message
+):
+    document = _doc(topology={"world_size": 1, "rank_overrides": [{"rank": 0}]})
+    with pytest.raises(InputError) as caught:
+        parse_request(json.dumps(_at(document, where, written)))
+    (problem,) = caught.value.problems
+    assert problem.path == ".".join(map(str, where)).replace(".0.", "[0].")
+    assert problem.as_dict()["value"] == repr(written)
+    assert message in problem.message
+
+
+def test_sizes_are_only_for_byte_fields():
+    with pytest.raises(InputError, match="batch_size = '512': Input should be a valid integer"):
+        parse_request(json.dumps(_doc(batch_size="512")))
+    with pytest.raises(InputError, match="hbm_bw_bytes_per_s"):
+        parse_request(json.dumps(_doc(topology={"world_size": 1, "hbm_bw_bytes_per_s": "1GB"})))
+
+
+def test_the_json_schema_offers_integers_and_size_strings():
+    topology = PlanRequest.model_json_schema()["$defs"]["Topology"]["properties"]
+    integer, string = topology["ddr_bytes"]["anyOf"]
+    assert integer == {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_BYTES}
+    assert string["type"] == "string" and "80GiB" in string["examples"]

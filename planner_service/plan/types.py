@@ -19,18 +19,20 @@ from typing import Annotated, Any, Self
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     Strict,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from planner_service.plan.units import GiB
+from planner_service.plan.units import GiB, parse_byte_size
 
 # TorchRec's public defaults (torchrec/distributed/planner/constants.py), converted to bytes/s.
 DEFAULT_HBM_BYTES = 32 * GiB
@@ -84,6 +86,39 @@ WorldSize = Annotated[int, Strict(), Field(ge=1, le=MAX_WORLD_SIZE)]
 Rank = Annotated[int, Strict(), Field(ge=0, lt=MAX_WORLD_SIZE)]
 MemoryBytes = Annotated[int, Strict(), Field(ge=0, le=MAX_MEMORY_BYTES)]
 PlanBytes = Annotated[int, Strict(), Field(ge=0, le=MAX_PLAN_BYTES)]
+
+
+def _size_to_bytes(value: object) -> object:
+    """A size string (``"80GiB"``) as its integer, checked against the bound here so that
+    the error shows the value as written; anything else goes on to the strict int check."""
+    if not isinstance(value, str):
+        return value
+    try:
+        size = parse_byte_size(value)
+    except ValueError as error:
+        raise PydanticCustomError("byte_size", "{reason}", {"reason": str(error)}) from None
+    if size > MAX_MEMORY_BYTES:
+        raise PydanticCustomError(
+            "less_than_equal",
+            f"is {size:,} bytes, more than the most accepted, {MAX_MEMORY_BYTES} bytes "
+            '(2^53, "8192TiB")',
+        )
+    return size
+
+
+# A byte field of a request: an integer, or a size string (plan.units) read as its integer.
+ByteSize = Annotated[
+    MemoryBytes,
+    BeforeValidator(_size_to_bytes),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_BYTES},
+                {"type": "string", "examples": ["80GiB", "512 MB"]},
+            ]
+        }
+    ),
+]
 Bandwidth = Annotated[
     float,
     Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S, allow_inf_nan=False),
@@ -216,8 +251,8 @@ class RankOverride(_Value):
     """Per-rank capacities or bandwidths for heterogeneous clusters; unset fields inherit."""
 
     rank: Rank
-    hbm_bytes: MemoryBytes | None = None
-    ddr_bytes: MemoryBytes | None = None
+    hbm_bytes: ByteSize | None = None
+    ddr_bytes: ByteSize | None = None
     hbm_bw_bytes_per_s: Bandwidth | None = None
     ddr_bw_bytes_per_s: Bandwidth | None = None
 
@@ -243,8 +278,8 @@ class Topology(_Value):
     world_size: WorldSize
     local_world_size: WorldSize | None = None
     compute_device: ComputeDevice = ComputeDevice.CUDA
-    hbm_bytes: MemoryBytes | None = None
-    ddr_bytes: MemoryBytes = DEFAULT_DDR_BYTES
+    hbm_bytes: ByteSize | None = None
+    ddr_bytes: ByteSize = DEFAULT_DDR_BYTES
     hbm_bw_bytes_per_s: Bandwidth = DEFAULT_HBM_BW_BYTES_PER_S
     ddr_bw_bytes_per_s: Bandwidth = DEFAULT_DDR_BW_BYTES_PER_S
     hbm_to_ddr_bw_bytes_per_s: Bandwidth = DEFAULT_HBM_TO_DDR_BW_BYTES_PER_S
@@ -453,7 +488,7 @@ class Constraints(_Value):
 
     tables: dict[Name, ParameterConstraints] = Field(default_factory=dict)
     hbm_headroom_fraction: Fraction = DEFAULT_HBM_HEADROOM_FRACTION
-    dense_bytes_per_rank: MemoryBytes = 0
+    dense_bytes_per_rank: ByteSize = 0
     colocate: list[TableGroup] = Field(default_factory=list)
     separate: list[TableGroup] = Field(default_factory=list)
 
