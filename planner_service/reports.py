@@ -1,18 +1,34 @@
-"""Documents and text rendered from planner results, for the CLI and the service."""
+"""Documents and text rendered from planner results, for the CLI and the service.
+
+Every place a plan is shown (``shardplan plan --format table``, ``options --format
+table``, ``diff``, the plan page) prints it the same way: bytes in GiB (2^30, one helper,
+``plan.units``), shares in percent of the rank's *usable* capacity (after the
+reservation), every perf component with the rule that sums them into ``perf.total``
+(``perf_rule``), and tables in natural order (``plan.order``: ``t2`` before ``t10``).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+from planner_service.costs.estimate import total_components
 from planner_service.costs.options import DeviceClasses, Placement, ShardingOption, TableOptions
 from planner_service.plan.capacity import Capacity
+from planner_service.plan.diff import PlanDiff, RankChange, TableChange, diff_totals
+from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import (
     PERF_COMPONENTS,
     ComputeDevice,
+    CostModel,
+    ParameterSharding,
     PlanRequest,
+    RankStats,
     ShardingPlan,
     TableProblem,
 )
+from planner_service.plan.units import MiB, gib_number, percent
 
 
 def options_document(
@@ -121,8 +137,6 @@ def rank_ranges(ranks: list[int]) -> str:
 
 # --------------------------------------------------------------------------- plan tables
 
-# TorchRec's stats table's perf columns: every component but input_dist.
-_PERF_COLUMNS = tuple(name for name in PERF_COMPONENTS if name != "input_dist")
 _TYPE_ABBREVIATIONS = {
     "table_wise": "TW",
     "row_wise": "RW",
@@ -131,6 +145,22 @@ _TYPE_ABBREVIATIONS = {
     "table_column_wise": "TWCW",
     "data_parallel": "DP",
 }
+USABLE_NOTE = (
+    "% of usable: of what the rank offers to tables after the reservation "
+    "(hbm_headroom_fraction, dense_bytes_per_rank); GiB = 2^30 bytes"
+)
+
+
+def perf_rule(cost_model: CostModel) -> str:
+    """How the perf components add up to ``perf.total`` under ``cost_model``, as a line
+    printed under every table that shows them."""
+    summed = total_components(cost_model)
+    rule = f"perf ms = {' + '.join(summed)}"
+    left_out = [name for name in PERF_COMPONENTS if name not in summed]
+    if left_out:
+        rule += f" ({', '.join(left_out)} is shown but not summed under cost model "
+        rule += f"{cost_model.value}, as TorchRec does)"
+    return rule
 
 
 def plan_table(
@@ -163,47 +193,54 @@ def _rank_section(
             counts[label] = counts.get(label, 0) + 1
     header = [
         "rank",
-        "HBM GB (used %)",
-        "DDR GB",
+        "HBM GiB (% of usable)",
+        "DDR GiB (% of usable)",
         "perf ms",
-        *_PERF_COLUMNS,
-        "input MB",
-        "output MB",
+        *PERF_COMPONENTS,
+        "input MiB",
+        "output MiB",
         "shards",
     ]
     rows = []
     for stats in plan.rank_stats:
-        total_hbm = capacities[stats.rank].hbm_bytes + capacities[stats.rank].reserved_bytes
-        used = f"{stats.hbm_bytes / 1e9:.2f} ({_percent(stats.hbm_bytes, total_hbm)})"
+        capacity = capacities[stats.rank]
         io = rank_io_bytes[stats.rank] if stats.rank < len(rank_io_bytes) else (0, 0)
         rows.append(
             [
                 str(stats.rank),
-                used,
-                f"{stats.ddr_bytes / 1e9:.2f}",
+                usage_cell(stats.hbm_bytes, capacity.hbm_bytes),
+                usage_cell(stats.ddr_bytes, capacity.ddr_bytes),
                 f"{stats.perf.total:.4f}",
-                *(f"{getattr(stats.perf, name):.4f}" for name in _PERF_COLUMNS),
-                f"{io[0] / 1e6:.2f}",
-                f"{io[1] / 1e6:.2f}",
+                *(f"{getattr(stats.perf, name):.4f}" for name in PERF_COMPONENTS),
+                f"{io[0] / MiB:.2f}",
+                f"{io[1] / MiB:.2f}",
                 " ".join(f"{k}:{v}" for k, v in sorted(shard_counts[stats.rank].items())) or "-",
             ]
         )
-    return _render(header, rows)
+    notes = [USABLE_NOTE, perf_rule(request.options.cost_model)]
+    return text_table(header, rows) + "\n" + "\n".join(notes)
+
+
+def usage_cell(used_bytes: int, usable_bytes: int) -> str:
+    """ "12.00 (15.0%)": GiB used, and the share of the usable capacity."""
+    return f"{gib_number(used_bytes)} ({percent(used_bytes, usable_bytes)})"
 
 
 def _table_section(plan: ShardingPlan) -> str:
     header = ["table", "sharding type", "kernel", "shards", "ranks"]
-    rows = [
-        [
-            name,
-            sharding.sharding_type.value,
-            sharding.compute_kernel.value,
-            str(len(sharding.shards)),
-            rank_ranges(sorted(set(sharding.ranks))),
-        ]
-        for name, sharding in sorted(plan.tables.items())
-    ]
-    return _render(header, rows)
+    rows = []
+    for name in natural_sorted(plan.tables):
+        sharding = plan.tables[name]
+        rows.append(
+            [
+                name,
+                sharding.sharding_type.value,
+                sharding.compute_kernel.value,
+                str(len(sharding.shards)),
+                rank_ranges(sorted(set(sharding.ranks))),
+            ]
+        )
+    return text_table(header, rows)
 
 
 def _report_section(plan: ShardingPlan, wall_time_s: float) -> str:
@@ -221,11 +258,11 @@ def _report_section(plan: ShardingPlan, wall_time_s: float) -> str:
     )
 
 
-def _percent(used: int, total: int) -> str:
-    return f"{used / total:.0%}" if total else "-"
+# --------------------------------------------------------------------------- renderers
 
 
-def _render(header: list[str], rows: list[list[str]]) -> str:
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell, `` | `` between them, a rule under the header."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
         " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
@@ -233,3 +270,148 @@ def _render(header: list[str], rows: list[list[str]]) -> str:
     ]
     lines.insert(1, "-+-".join("-" * width for width in widths))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured markdown table (``|`` in cells escaped)."""
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+    return "\n".join([line(header), line(["---"] * len(header)), *(line(row) for row in rows)])
+
+
+# --------------------------------------------------------------------------- plan diffs
+
+
+def diff_report(diff: PlanDiff, *, top: int, markdown: bool) -> str:
+    """``shardplan diff`` as text or markdown: a verdict, the tables placed differently,
+    the totals before and after, and the ``top`` ranks whose estimates change most."""
+    table = markdown_table if markdown else text_table
+    sections = ["\n".join(_diff_summary(diff, markdown))]
+    if diff.tables:
+        sections.append(table(*_diff_tables(diff)))
+    sections.append(table(*_diff_totals(diff)))
+    changed = [rank for rank in diff.ranks if rank.changed]
+    if changed:
+        shown = _top_ranks(changed, top)
+        section = table(*_diff_ranks(shown))
+        if len(shown) < len(changed):
+            section += f"\n{len(changed) - len(shown)} more rank(s) changed (--top N shows N)"
+        sections.append(section)
+    return "\n\n".join(sections) + "\n"
+
+
+def _diff_summary(diff: PlanDiff, markdown: bool) -> list[str]:
+    verdict = (
+        "plans are identical: every table placed the same way, every rank estimated the same"
+        if diff.identical
+        else "plans differ"
+    )
+    counts = Counter(change.status for change in diff.tables)
+    assumed = "" if diff.element_bytes_from_request else " (4-byte elements; --request: exact)"
+    details = [
+        f"old {_plan_line(diff.old)}",
+        f"new {_plan_line(diff.new)}",
+        f"tables: {counts['changed']} changed, {counts['added']} added, "
+        f"{counts['removed']} removed, {diff.unchanged_tables} unchanged",
+        f"moved: {gib_number(diff.moved_bytes)} GiB of weights to ranks that did not hold "
+        f"them{assumed}",
+    ]
+    if markdown:
+        return [f"**{verdict}**", "", *(f"- {line}" for line in details)]
+    return [verdict, *details]
+
+
+def _plan_line(plan: ShardingPlan) -> str:
+    return (
+        f"{plan.plan_id[:12]} ({plan.planner_version}, {plan.world_size} ranks, "
+        f"{len(plan.tables)} tables, {plan.solver.status.value})"
+    )
+
+
+def _diff_tables(diff: PlanDiff) -> tuple[list[str], list[list[str]]]:
+    header = ["table", "status", "sharding type", "kernel", "ranks", "shards", "moved GiB"]
+    rows = [
+        [
+            change.name,
+            change.status,
+            _old_to_new(change, lambda s: s.sharding_type.value),
+            _old_to_new(change, lambda s: s.compute_kernel.value),
+            _old_to_new(change, lambda s: rank_ranges(sorted(set(s.ranks)))),
+            _old_to_new(change, lambda s: str(len(s.shards))),
+            gib_number(change.moved_bytes),
+        ]
+        for change in diff.tables
+    ]
+    return header, rows
+
+
+def _old_to_new(change: TableChange, show: Callable[[ParameterSharding], str]) -> str:
+    """ "old -> new" where they differ, the value alone where not, "-" for no table."""
+    before = show(change.old) if change.old is not None else "-"
+    after = show(change.new) if change.new is not None else "-"
+    return before if before == after else f"{before} -> {after}"
+
+
+def _diff_totals(diff: PlanDiff) -> tuple[list[str], list[list[str]]]:
+    totals = diff_totals(diff)
+    rows = []
+    for label, key in [
+        ("HBM GiB, all ranks", "hbm_bytes"),
+        ("DDR GiB, all ranks", "ddr_bytes"),
+        ("max rank perf ms", "max_rank_perf_ms"),
+        ("critical path ms", "critical_path_ms"),
+    ]:
+        show, signed = (_gib, _signed_gib) if key.endswith("bytes") else (_ms, _signed_ms)
+        entry = totals[key]
+        rows.append([label, show(entry["old"]), show(entry["new"]), signed(entry["delta"])])
+    return ["total", "old", "new", "change"], rows
+
+
+def _top_ranks(changed: list[RankChange], top: int) -> list[RankChange]:
+    """The ``top`` ranks whose time changes most, then whose HBM does, in rank order."""
+    ordered = sorted(
+        changed, key=lambda r: (-abs(r.perf_delta), -abs(r.hbm_delta), -r.bytes_in, r.rank)
+    )
+    return sorted(ordered[:top], key=lambda r: r.rank)
+
+
+def _diff_ranks(ranks: list[RankChange]) -> tuple[list[str], list[list[str]]]:
+    header = ["rank", "HBM GiB", "HBM change", "perf ms", "perf change", "in GiB", "out GiB"]
+    rows = [
+        [
+            str(rank.rank),
+            f"{_stat(rank.old, _gib, 'hbm_bytes')} -> {_stat(rank.new, _gib, 'hbm_bytes')}",
+            _signed_gib(rank.hbm_delta),
+            f"{_stat(rank.old, _ms, 'perf')} -> {_stat(rank.new, _ms, 'perf')}",
+            _signed_ms(rank.perf_delta),
+            _gib(rank.bytes_in),
+            _gib(rank.bytes_out),
+        ]
+        for rank in ranks
+    ]
+    return header, rows
+
+
+def _stat(stats: RankStats | None, show: Callable[[float], str], name: str) -> str:
+    """A rank's ``hbm_bytes`` or ``perf`` total as shown, "-" for a rank the plan lacks."""
+    if stats is None:
+        return "-"
+    return show(stats.perf.total if name == "perf" else getattr(stats, name))
+
+
+def _gib(num_bytes: float) -> str:
+    return gib_number(int(num_bytes))
+
+
+def _signed_gib(num_bytes: float) -> str:
+    return "+" + _gib(num_bytes) if num_bytes > 0 else _gib(num_bytes)
+
+
+def _ms(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def _signed_ms(value: float) -> str:
+    return f"{value:+.4f}" if value else "0.0000"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from planner_service.plan.codec import plan_bytes
-from planner_service.plan.types import ShardingPlan
+from planner_service.plan.types import PERF_COMPONENTS, ShardingPlan
 from tests import builders
 from tests.builders import request, table
 from tests.servers import free_port
@@ -196,7 +196,17 @@ def test_plan_table_format(run_cli, tmp_path):
     result = run_cli("plan", path, "--format", "table")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split(" | ")[:4] == ["rank", "HBM GB (used %)", "DDR GB", "perf ms"]
+    header = [cell.strip() for cell in lines[0].split(" | ")]
+    assert header[:4] == ["rank", "HBM GiB (% of usable)", "DDR GiB (% of usable)", "perf ms"]
+    components = header[4 : header.index("input MiB")]
+    assert components == list(PERF_COMPONENTS)  # input_dist included
+    for line in lines[2:4]:  # the ranks: the components add up to perf ms
+        cells = [cell.strip() for cell in line.split(" | ")]
+        assert sum(map(float, cells[4 : 4 + len(components)])) == pytest.approx(
+            float(cells[3]), abs=1e-3
+        )
+    assert "% of usable: of what the rank offers to tables after the reservation" in lines[4]
+    assert lines[5] == "perf ms = " + " + ".join(PERF_COMPONENTS)
     assert any(line.startswith("users ") for line in lines)
     assert any(line.startswith("status ") for line in lines)
     assert any(line.startswith("gap ") for line in lines)

@@ -253,3 +253,43 @@ def test_the_vocabulary_and_the_cli_load_no_solver_service_or_torch():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == []
+
+
+def _loaded_by(argv: list[str]) -> set[str]:
+    """The modules ``shardplan *argv`` loads, run in a fresh interpreter."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from clients.cli import main
+        try:
+            main({argv!r})
+        except SystemExit:
+            pass
+        print(" ".join(sorted(sys.modules)))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+def test_version_and_help_load_no_library_and_no_planner_module():
+    """The parser is built from every command module, so their tops stay light: what a
+    command runs with is imported inside its run (clients/cli/__init__.py, "Start-up")."""
+    for argv in (["--version"], ["--help"], ["diff", "--help"], ["plan", "--help"]):
+        loaded = _loaded_by(argv)
+        ours = {name for name in loaded if under(name, "planner_service")}
+        assert ours == {"planner_service"}, argv  # the version only
+        libraries = {name.partition(".")[0] for name in loaded} & (CORE | {"httpx", "ortools"})
+        assert not libraries, argv
+
+
+def test_diff_and_validate_load_no_solver_service_or_numpy(tmp_path):
+    missing = str(tmp_path / "missing.json")
+    heavy = {"ortools", "fastapi", "uvicorn", "starlette", "torch", "numpy", "httpx"}
+    for argv in (["diff", missing, missing], ["validate", missing, missing]):
+        loaded = {name.partition(".")[0] for name in _loaded_by(argv)}
+        assert "pydantic" in loaded  # it ran as far as reading the files
+        assert not loaded & heavy, argv

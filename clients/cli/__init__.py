@@ -1,11 +1,18 @@
 """The ``shardplan`` command line.
 
 Each command parses its arguments, calls one library function and renders the result; each
-lives in its own module here. Exit codes: 0 success, 1 the plan is invalid, 2 bad input
-(usage, unreadable or invalid files, output paths that cannot be written, checked before
-solving, or a command whose extra is not installed), 3 no plan exists (a table fits
-nowhere, or the solver proves it), 130 interrupted (Ctrl-C, at once, even mid-solve). Bad
-input never shows a traceback.
+lives in its own module here. Exit codes: 0 success, 1 the plan is invalid (``validate``)
+or the plans differ (``diff``), 2 bad input (usage, unreadable or invalid files, output
+paths that cannot be written, checked before solving, or a command whose extra is not
+installed), 3 no plan exists (a table fits nowhere, or the solver proves it), 130
+interrupted (Ctrl-C, at once, even mid-solve). Bad input never shows a traceback.
+
+Start-up: the parser is built from every command module, for ``--version`` and ``--help``
+too, so a command module imports only the standard library and ``clients.cli``'s light
+modules (exits, extras) at its top; what the command runs with (pydantic, the cost model,
+OR-Tools, the service) it imports inside ``run``. ``shardplan --version`` then loads no
+third-party library at all, and ``diff`` and ``validate`` only what they use
+(docs/benchmarks.md, "Start-up"; tests/test_layout.py checks).
 """
 
 from __future__ import annotations
@@ -14,12 +21,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from clients.cli import options, plan, schema, serve, validate
+from clients.cli import diff, options, plan, request, schema, serve, validate
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK
 from clients.cli.extras import MissingExtraError
 from clients.cli.interrupt import exit_on_ctrl_c
 from planner_service import __version__
-from planner_service.plan.errors import InputError
 
 __all__ = ["main"]
 
@@ -31,7 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command is serve.run:  # uvicorn shuts down gracefully on Ctrl-C itself
             return command(args)
         return exit_on_ctrl_c(lambda: command(args))
-    except InputError as error:
+    except ValueError as error:
+        # Imported here, not at start-up: if an InputError was raised, it is loaded.
+        from planner_service.plan.errors import InputError
+
+        if not isinstance(error, InputError):
+            raise
         print(error.render(), file=sys.stderr)
         return EXIT_BAD_INPUT
     except MissingExtraError as error:
@@ -46,6 +57,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (validate, plan, options, schema, serve):
+    for command in (validate, plan, options, diff, request, schema, serve):
         command.add_parser(sub)
     return parser

@@ -7,7 +7,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from planner_service.plan.codec import parse_plan, plan_id_of
 from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.types import ShardingPlan
 
 STDIN = Path("-")
 
@@ -23,6 +25,21 @@ def read_input(path: Path) -> bytes:
         raise InputError(
             str(path), [FieldProblem("", f"cannot read file: {error.strerror}")]
         ) from None
+
+
+def read_verified_plan(path: Path) -> ShardingPlan:
+    """A plan whose content still has its ``plan_id``: an edited or truncated file is an
+    InputError here, not a wrong answer later."""
+    source = source_name(path)
+    plan = parse_plan(read_input(path), source=source)
+    content_id = plan_id_of(plan.model_dump(mode="json"))
+    if content_id != plan.plan_id:
+        message = (
+            f"does not match the plan's content (sha256 {content_id}): the file was edited or "
+            "damaged after the plan was made; make or fetch it again"
+        )
+        raise InputError(source, [FieldProblem("plan_id", message, plan.plan_id)])
+    return plan
 
 
 def check_writable(path: Path, option: str) -> None:

@@ -6,26 +6,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
-from clients.cli.files import read_input, source_name
-from planner_service.costs.enumerate import enumerate_options, fit_options
-from planner_service.plan.codec import parse_request
-from planner_service.reports import options_document
+from clients.cli.request import add_request_arguments, read_request
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "options", help="print every table's sharding options with perf and storage estimates"
     )
-    parser.add_argument("request", type=Path, help="PlanRequest JSON file (- for stdin)")
+    add_request_arguments(parser)
     parser.add_argument("--all", action="store_true", help="include options that no rank can hold")
     parser.set_defaults(command=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    request = parse_request(read_input(args.request), source=source_name(args.request))
+    from planner_service.costs.enumerate import enumerate_options, fit_options
+    from planner_service.reports import options_document
+
+    request = read_request(args)
     enumerated = enumerate_options(request)
     fitted = fit_options(request, enumerated)
     tables = enumerated if args.all else fitted.tables

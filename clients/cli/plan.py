@@ -11,15 +11,12 @@ from pathlib import Path
 
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
 from clients.cli.extras import needs_extra
-from clients.cli.files import check_writable, read_input, source_name, write_output
-from planner_service.plan.capacity import usable_capacity
-from planner_service.plan.codec import parse_request, plan_bytes
-from planner_service.reports import plan_table
+from clients.cli.request import add_request_arguments, read_request
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("plan", help="solve a request and print the plan")
-    parser.add_argument("request", type=Path, help="PlanRequest JSON file (- for stdin)")
+    add_request_arguments(parser)
     parser.add_argument(
         "--format",
         choices=("json", "table"),
@@ -33,7 +30,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     with needs_extra("plan", "planner"):
         from planner_service.solve.pipeline import solve
-    request = parse_request(read_input(args.request), source=source_name(args.request))
+    from clients.cli.files import check_writable, write_output
+    from planner_service.plan.capacity import usable_capacity
+    from planner_service.plan.codec import plan_bytes
+    from planner_service.reports import plan_table
+
+    request = read_request(args)
     if args.output:
         check_writable(args.output, "--output")
     with ProgressLine() as progress:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from pydantic import BaseModel
-
 from clients.cli.exits import EXIT_OK
-from planner_service.plan.types import PlanRequest, ShardingPlan
 
-MODELS: dict[str, type[BaseModel]] = {"request": PlanRequest, "plan": ShardingPlan}
+MODELS = {"request": "PlanRequest", "plan": "ShardingPlan"}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,7 +17,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    names = [args.model] if args.model else sorted(MODELS)
-    schemas = {MODELS[name].__name__: MODELS[name].model_json_schema() for name in names}
+    from planner_service.plan import types
+
+    names = [MODELS[args.model]] if args.model else sorted(MODELS.values())
+    schemas = {name: getattr(types, name).model_json_schema() for name in names}
     print(json.dumps(schemas, indent=2, sort_keys=True))
     return EXIT_OK

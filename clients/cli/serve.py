@@ -11,9 +11,7 @@ from pathlib import Path
 
 from clients.cli.exits import EXIT_OK
 from clients.cli.extras import needs_extra
-from clients.cli.files import cannot_write, check_writable
 from planner_service import __version__
-from planner_service.plan.errors import FieldProblem, InputError
 
 # The service's default store (settings.DEFAULT_DATABASE), for the help text only.
 DEFAULT_DATABASE = "var/shardplan.db"
@@ -43,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
+    from planner_service.plan.errors import FieldProblem, InputError
+
     # Every worker process builds its app from the environment: flags become variables.
     if args.db:
         os.environ["SHARDPLAN_DATABASE_URL"] = args.db
@@ -91,6 +91,8 @@ def _check_store_path(url: str) -> None:
     """A SQLite file that cannot be created fails every worker's start with a traceback, so
     it is refused here. PostgreSQL is the service's to check: it serves anyway, and /readyz
     says why."""
+    from clients.cli.files import cannot_write, check_writable
+
     if url.startswith(("postgresql://", "postgres://")):
         return
     path = Path(url.removeprefix("sqlite://"))

@@ -10,8 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from enum import Enum
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from planner_service.costs.estimate import Storage
 from planner_service.plan.types import (
@@ -24,6 +23,9 @@ from planner_service.plan.types import (
     Table,
     Topology,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Placement(Enum):
@@ -134,7 +136,11 @@ class DeviceClasses:
 
     @functools.cached_property
     def class_of_rank(self) -> np.ndarray:
-        """Every rank's class, in rank order."""
+        """Every rank's class, in rank order. numpy is imported here rather than with the
+        module, which the validator loads: it is 130 ms of ``shardplan validate``'s start
+        (docs/benchmarks.md, "Start-up")."""
+        import numpy as np
+
         classes = np.zeros(self.world_size, dtype=np.int64)
         classes[list(self.overridden)] = list(self.overridden.values())
         return classes

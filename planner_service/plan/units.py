@@ -35,6 +35,12 @@ def gib_number(num_bytes: int, decimals: int = 2) -> str:
     return f"{num_bytes / GiB:.{decimals}f}"
 
 
+def percent(part: float, whole: float) -> str:
+    """``part`` as a share of ``whole``, as tables and pages print it: "12.5%"; "-" when
+    ``whole`` is 0 (a tier a rank does not have)."""
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
 def parse_byte_size(text: str) -> int:
     """The bytes a size string means (module docstring), or ValueError saying what is
     accepted: ``parse_byte_size("80GiB") == 85_899_345_920``."""

@@ -7,10 +7,11 @@ import itertools
 from collections.abc import Iterator
 from html import escape
 
+from planner_service.costs.estimate import total_components
 from planner_service.plan.capacity import Capacity, usable_capacity
+from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import PlanRequest, RankStats, ShardingPlan
-from planner_service.plan.units import gib
-from planner_service.reports import rank_ranges
+from planner_service.reports import USABLE_NOTE, perf_rule, rank_ranges, usage_cell
 
 PERF_COLOURS = {
     "fwd_compute": "#4e79a7",
@@ -31,11 +32,8 @@ th{background:#f6f6f6} td.num{text-align:right;font-variant-numeric:tabular-nums
 .bar>div{height:14px} .hbm{background:#76b7b2} .ddr{background:#edc948}
 .legend span{display:inline-block;margin-right:12px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+.note{color:#555;font-size:12px}
 """
-
-
-def _bytes(num: int) -> str:
-    return gib(num, decimals=2)
 
 
 def _rank_runs(
@@ -63,44 +61,55 @@ def _row_key(item: tuple[int, tuple[RankStats, Capacity]]) -> tuple[object, ...]
     )
 
 
-def _rank_row(label: str, stats: RankStats, capacity: Capacity, worst: float) -> str:
-    hbm_pct = 100 * stats.hbm_bytes / capacity.hbm_bytes if capacity.hbm_bytes else 0.0
-    ddr_pct = 100 * stats.ddr_bytes / capacity.ddr_bytes if capacity.ddr_bytes else 0.0
+def _rank_row(
+    label: str, stats: RankStats, capacity: Capacity, worst: float, summed: tuple[str, ...]
+) -> str:
+    """One row: HBM and DDR bars and numbers (GiB, % of usable), and the perf bar stacked
+    from the components that make up ``perf.total`` (``summed``), so that it adds up."""
     segments = "".join(
         f'<div title="{name} {getattr(stats.perf, name):.4g} ms" '
         f'style="width:{100 * getattr(stats.perf, name) / worst:.2f}%;'
         f'background:{colour}"></div>'
         for name, colour in PERF_COLOURS.items()
-        if getattr(stats.perf, name) > 0
+        if name in summed and getattr(stats.perf, name) > 0
     )
     return (
         f"<tr><td class=num>{label}</td>"
-        f'<td><div class=bar><div class=hbm style="width:{min(hbm_pct, 100):.2f}%">'
-        f"</div></div></td><td class=num>{_bytes(stats.hbm_bytes)} ({hbm_pct:.1f}%)</td>"
-        f'<td><div class=bar><div class=ddr style="width:{min(ddr_pct, 100):.2f}%">'
-        f"</div></div></td><td class=num>{_bytes(stats.ddr_bytes)} ({ddr_pct:.1f}%)</td>"
+        f"<td>{_bar('hbm', stats.hbm_bytes, capacity.hbm_bytes)}</td>"
+        f"<td class=num>{usage_cell(stats.hbm_bytes, capacity.hbm_bytes)}</td>"
+        f"<td>{_bar('ddr', stats.ddr_bytes, capacity.ddr_bytes)}</td>"
+        f"<td class=num>{usage_cell(stats.ddr_bytes, capacity.ddr_bytes)}</td>"
         f"<td><div class=bar>{segments}</div></td>"
-        f"<td class=num>{stats.perf.total:.4g}</td></tr>"
+        f"<td class=num>{stats.perf.total:.4f}</td></tr>"
     )
+
+
+def _bar(tier: str, used_bytes: int, usable_bytes: int) -> str:
+    width = min(100.0, 100 * used_bytes / usable_bytes) if usable_bytes else 0.0
+    return f'<div class=bar><div class={tier} style="width:{width:.2f}%"></div></div>'
 
 
 def render_plan_page(request: PlanRequest, plan: ShardingPlan) -> str:
     capacities = usable_capacity(request.topology, request.constraints)
     report = plan.solver
     worst = max((stats.perf.total for stats in plan.rank_stats), default=0.0) or 1.0
+    cost_model = request.options.cost_model
+    summed = total_components(cost_model)
     rows = [
-        _rank_row(label, stats, capacity, worst)
+        _rank_row(label, stats, capacity, worst, summed)
         for label, stats, capacity in _rank_runs(plan.rank_stats, capacities)
     ]
     tables = "".join(
-        f"<tr><td>{escape(name)}</td><td>{sharding.sharding_type.value}</td>"
-        f"<td>{sharding.compute_kernel.value}</td><td>{escape(rank_ranges(sharding.ranks))}</td>"
-        f"<td class=num>{len(sharding.shards)}</td></tr>"
-        for name, sharding in plan.tables.items()
+        f"<tr><td>{escape(name)}</td><td>{plan.tables[name].sharding_type.value}</td>"
+        f"<td>{plan.tables[name].compute_kernel.value}</td>"
+        f"<td>{escape(rank_ranges(sorted(set(plan.tables[name].ranks))))}</td>"
+        f"<td class=num>{len(plan.tables[name].shards)}</td></tr>"
+        for name in natural_sorted(plan.tables)
     )
     legend = "".join(
         f'<span><i style="background:{colour}"></i>{name}</span>'
         for name, colour in PERF_COLOURS.items()
+        if name in summed
     )
     solver_rows = [
         ("status", report.status.value),
@@ -127,9 +136,10 @@ cost model <code>{request.options.cost_model.value}</code></div>
 <h2>Ranks</h2>
 <div class=legend>perf (ms, bar relative to the most loaded rank): {legend}</div>
 <div>consecutive ranks with identical rows share one row (<code>first-last</code>)</div>
-<table><tr><th>ranks</th><th colspan=2>HBM used / usable</th><th colspan=2>DDR used / usable</th>
-<th>perf by component</th><th>perf total (ms)</th></tr>
+<table><tr><th>ranks</th><th colspan=2>HBM GiB (% of usable)</th>
+<th colspan=2>DDR GiB (% of usable)</th><th>perf by component</th><th>perf ms</th></tr>
 {"".join(rows)}</table>
+<p class=note>{escape(USABLE_NOTE)}.<br>{escape(perf_rule(cost_model))}.</p>
 <h2>Tables</h2>
 <table><tr><th>table</th><th>sharding type</th><th>compute kernel</th><th>ranks</th>
 <th>shards</th></tr>{tables}</table>

@@ -1,0 +1,71 @@
+"""``shardplan diff OLD NEW``: what changes between two plans. Exits 0 when they are the
+same (every table placed the same way, every rank estimated the same), 1 when they differ,
+as diff(1) does, and 2 when a plan cannot be read or its content does not match its
+``plan_id``. Needs no solver and no request (``--request`` gives exact element sizes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from clients.cli.exits import EXIT_DIFFERENT, EXIT_OK
+
+DEFAULT_TOP = 10
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "diff",
+        help="compare two plans: tables placed differently, bytes that move, rank deltas",
+    )
+    parser.add_argument("old", type=Path, help="ShardingPlan JSON file (- for stdin)")
+    parser.add_argument("new", type=Path, help="ShardingPlan JSON file (- for stdin)")
+    parser.add_argument(
+        "--format",
+        choices=("text", "markdown", "json"),
+        default="text",
+        help="text (default); markdown, for a pull request comment; json (documented schema)",
+    )
+    parser.add_argument(
+        "--request",
+        type=Path,
+        help="the new plan's PlanRequest JSON: tables' data types for exact bytes (default: "
+        "4 bytes per element)",
+    )
+    parser.add_argument(
+        "--top",
+        type=_count,
+        default=DEFAULT_TOP,
+        help=f"show the N ranks whose estimates change most (default {DEFAULT_TOP})",
+    )
+    parser.set_defaults(command=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from clients.cli.files import STDIN, read_input, read_verified_plan, source_name
+    from planner_service.plan.codec import parse_request
+    from planner_service.plan.diff import diff_document, diff_plans
+    from planner_service.plan.errors import FieldProblem, InputError
+    from planner_service.reports import diff_report
+
+    if args.old == args.new == STDIN:
+        problem = FieldProblem("new", "only one of old and new can be - (stdin)", "-")
+        raise InputError("diff", [problem])
+    old, new = read_verified_plan(args.old), read_verified_plan(args.new)
+    request = None
+    if args.request is not None:
+        request = parse_request(read_input(args.request), source=source_name(args.request))
+    diff = diff_plans(old, new, request)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(diff_document(diff), indent=2) + "\n")
+    else:
+        sys.stdout.write(diff_report(diff, top=args.top, markdown=args.format == "markdown"))
+    return EXIT_OK if diff.identical else EXIT_DIFFERENT
+
+
+def _count(text: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, not {text!r}")
+    return int(text)
