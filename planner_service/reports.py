@@ -135,6 +135,71 @@ def rank_ranges(ranks: list[int]) -> str:
     return ",".join(parts)
 
 
+OPTION_COLUMNS = (
+    "sharding type",
+    "kernel",
+    "shards",
+    "shard rows x cols",
+    "perf ms",
+    "HBM GiB",
+    "DDR GiB",
+)
+
+
+def options_table(request: PlanRequest, document: dict[str, Any]) -> str:
+    """``shardplan options --format table``: the options document (``options_document``)
+    as one table per table, in natural order, after what each rank offers."""
+    sections = [_reservation_section(document["reservation"])]
+    described = {table.name: table for table in request.tables}
+    for name in natural_sorted(document["tables"]):
+        table = described[name]
+        title = (
+            f"{name}: {table.num_embeddings:,} x {table.embedding_dim} {table.data_type.value}, "
+            f"{len(document['tables'][name])} option(s)"
+        )
+        rows = [_option_row(option) for option in document["tables"][name]]
+        sections.append(title + "\n" + text_table(list(OPTION_COLUMNS), rows))
+    note = (
+        "per option, its largest shard: the perf ms, HBM GiB and DDR GiB that the rank "
+        "holding it bears (--format json: every shard, with perf components); shard rows x "
+        "cols as count x rows x cols"
+    )
+    return "\n\n".join(sections) + "\n\n" + note + "\n"
+
+
+def _reservation_section(reservation: dict[str, Any]) -> str:
+    header = ["ranks", "usable HBM GiB", "usable DDR GiB", "headroom GiB", "dense GiB"]
+    rows = [
+        [
+            group["ranks"],
+            gib_number(group["usable_hbm_bytes"]),
+            gib_number(group["usable_ddr_bytes"]),
+            gib_number(group["headroom_bytes"]),
+            gib_number(group["dense_bytes"]),
+        ]
+        for group in reservation["ranks"]
+    ]
+    return f"usable capacity per rank ({reservation['why']})\n" + text_table(header, rows)
+
+
+def _option_row(option: dict[str, Any]) -> list[str]:
+    shards = option["shards"]
+    largest = max(shards, key=lambda shard: (shard["perf"]["total"], shard["sizes"]))
+    sizes = Counter(tuple(shard["sizes"]) for shard in shards)
+    kernel = option["compute_kernel"]
+    if option["cache_load_factor"] is not None:
+        kernel += f" (cache {option['cache_load_factor']:g})"
+    return [
+        option["sharding_type"],
+        kernel,
+        str(len(shards)),
+        ", ".join(f"{count} x {rows} x {cols}" for (rows, cols), count in sizes.items()),
+        f"{largest['perf']['total']:.4f}",
+        gib_number(max(shard["storage"]["hbm_bytes"] for shard in shards)),
+        gib_number(max(shard["storage"]["ddr_bytes"] for shard in shards)),
+    ]
+
+
 # --------------------------------------------------------------------------- plan tables
 
 _TYPE_ABBREVIATIONS = {

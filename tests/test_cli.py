@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from planner_service.plan.codec import plan_bytes
 from planner_service.plan.types import PERF_COMPONENTS, ShardingPlan
+from planner_service.reports import OPTION_COLUMNS
 from tests import builders
 from tests.builders import request, table
 from tests.servers import free_port
@@ -445,3 +447,182 @@ def test_a_missing_module_of_our_own_is_a_bug_not_an_extra():
 
     with pytest.raises(ModuleNotFoundError), needs_extra("plan", "planner"):
         import planner_service.no_such_module  # noqa: F401
+
+
+# --------------------------------------------------------------------------- natural order
+
+
+def test_tables_are_shown_in_natural_order(run_cli, tmp_path):
+    names = ["t10", "t2", "t1"]
+    path = _write_request(
+        tmp_path,
+        {
+            "topology": {"world_size": 2},
+            "tables": [{"name": n, "num_embeddings": 100, "embedding_dim": 8} for n in names],
+        },
+    )
+    plan = run_cli("plan", path, "--format", "table")
+    assert plan.returncode == 0, plan.stderr
+    shown = re.findall(r"^(t[0-9]+) ", plan.stdout, flags=re.MULTILINE)
+    assert shown == ["t1", "t2", "t10"]
+    options = run_cli("options", path, "--format", "table")
+    titles = re.findall(r"^(t[0-9]+): ", options.stdout, flags=re.MULTILINE)
+    assert titles == ["t1", "t2", "t10"]
+
+
+# --------------------------------------------------------------------------- options table
+
+
+def test_options_table_shows_what_the_json_says(run_cli):
+    as_json = run_cli("options", EXAMPLES / "request.json")
+    as_table = run_cli("options", EXAMPLES / "request.json", "--format", "table")
+    assert as_table.returncode == as_json.returncode == 0, as_table.stderr
+    document = json.loads(as_json.stdout)
+    sections = as_table.stdout.split("\n\n")
+    assert sections[0].splitlines()[1].split(" | ")[0] == "ranks"
+    for section in sections[1:-1]:
+        title, header, _, *rows = section.splitlines()
+        name = title.split(":")[0]
+        options = document["tables"][name]
+        assert title.endswith(f"{len(options)} option(s)") and len(rows) == len(options)
+        columns = [cell.strip() for cell in header.split(" | ")]
+        assert tuple(columns) == OPTION_COLUMNS
+        for row, option in zip(rows, options, strict=True):
+            cells = dict(zip(columns, (cell.strip() for cell in row.split(" | ")), strict=True))
+            assert cells["sharding type"] == option["sharding_type"]
+            assert cells["shards"] == str(len(option["shards"]))
+            worst = max(shard["perf"]["total"] for shard in option["shards"])
+            assert cells["perf ms"] == f"{worst:.4f}"
+            hbm = max(shard["storage"]["hbm_bytes"] for shard in option["shards"])
+            assert cells["HBM GiB"] == f"{hbm / 2**30:.2f}"
+    assert len(as_table.stdout) < len(as_json.stdout)
+
+
+# --------------------------------------------------------------------------- tables from CSV
+
+TEMPLATE = {"topology": {"world_size": 4, "hbm_bytes": "16GiB"}, "options": {"time_limit_s": 2}}
+CSV = (
+    "\ufeffname,num_embeddings,embedding_dim,pooling_factor,feature_names,data_type,optimizer\n"
+    "users,1000000,128,1,,,\n"
+    "\n"
+    'items,500000,256,20;45,"clicked;viewed",fp16,rowwise_adagrad\n'
+    "country,250,16,2.5,,,\n"
+)
+EQUIVALENT_TABLES = [
+    {"name": "users", "num_embeddings": 1000000, "embedding_dim": 128},
+    {
+        "name": "items",
+        "num_embeddings": 500000,
+        "embedding_dim": 256,
+        "feature_names": ["clicked", "viewed"],
+        "pooling_factors": [20.0, 45.0],
+        "data_type": "fp16",
+        "optimizer": "rowwise_adagrad",
+    },
+    {"name": "country", "num_embeddings": 250, "embedding_dim": 16, "pooling_factors": [2.5]},
+]
+
+
+@pytest.fixture
+def csv_files(tmp_path):
+    template, tables = tmp_path / "template.json", tmp_path / "tables.csv"
+    template.write_text(json.dumps(TEMPLATE))
+    tables.write_text(CSV)
+    return template, tables
+
+
+def test_request_from_a_csv_is_the_request_written_by_hand(run_cli, csv_files, tmp_path):
+    from planner_service.plan.codec import parse_request, request_hash
+
+    template, tables = csv_files
+    result = run_cli("request", template, "--tables", tables)
+    assert result.returncode == 0, result.stderr
+    made = json.loads(result.stdout)
+    assert made["topology"]["hbm_bytes"] == "16GiB"  # the template's spelling is kept
+    by_hand = parse_request(json.dumps({**TEMPLATE, "tables": EQUIVALENT_TABLES}))
+    assert request_hash(parse_request(result.stdout)) == request_hash(by_hand)
+    out = tmp_path / "request.json"
+    assert run_cli("request", template, "--tables", tables, "-o", out).stdout == ""
+    assert json.loads(out.read_text()) == made
+
+
+def test_plan_and_options_read_tables_from_csv(run_cli, csv_files, tmp_path):
+    template, tables = csv_files
+    planned = run_cli("plan", template, "--tables", tables, "-o", tmp_path / "plan.json")
+    assert planned.returncode == 0, planned.stderr
+    assert set(json.loads(planned.stdout)["tables"]) == {"users", "items", "country"}
+    request = tmp_path / "request.json"
+    request.write_text(run_cli("request", template, "--tables", tables).stdout)
+    assert run_cli("validate", request, tmp_path / "plan.json").returncode == 0
+    options = run_cli("options", template, "--tables", tables)
+    assert options.returncode == 0 and set(json.loads(options.stdout)["tables"]) == {
+        "users",
+        "items",
+        "country",
+    }
+
+
+@pytest.mark.parametrize(
+    ("csv", "expected"),
+    [
+        ("", ["(document): is empty; the header is name,num_embeddings,embedding_dim,"]),
+        (
+            "name,num_embeddings,embedding_dim,pooling_factor,colour\na,1,4,1,red\n",
+            ["line 1, column 5 = 'colour': unknown column; columns: name, num_embeddings,"],
+        ),
+        (
+            "name,num_embeddings,embedding_dim\na,1,4\n",
+            ["line 1: the header lacks pooling_factor; it needs name, num_embeddings,"],
+        ),
+        (
+            "name,num_embeddings,embedding_dim,pooling_factor\n",
+            ["(document): has a header but no tables"],
+        ),
+        (
+            "name,num_embeddings,embedding_dim,pooling_factor,feature_names,data_type\n"
+            "a,10x,4,1,,\n"
+            "b,10,0,1,f;g,fp64\n"
+            "c,10,4,1;2;3,f1;f2,\n"
+            "d,10,4,x,,\n"
+            "e,10,4\n",
+            [
+                "line 2, column num_embeddings = '10x': must be a whole number (digits only)",
+                "line 3, column embedding_dim = '0': Input should be greater than or equal to 1",
+                "line 3, column data_type = 'fp64': Input should be 'fp32', 'fp16', 'bf16' or",
+                "line 4, column pooling_factor = '1;2;3': pooling_factors of table 'c' has 3 "
+                "entries but the table has 2 feature_names; give one per feature",
+                "line 5, column pooling_factor = 'x': must be a number, or one per feature",
+                "line 6: has 3 cells, but the header names 6 columns",
+            ],
+        ),
+        (
+            "name,num_embeddings,embedding_dim,pooling_factor,feature_names\n"
+            "a,10,4,1,f\n"
+            "a,10,4,1,g\n"
+            "b,10,4,1,f\n",
+            [
+                "line 3, column name = 'a': is the name of the table on line 2 too",
+                "line 4, column feature_names = 'f': feature 'f' already looks up the table "
+                "on line 2",
+            ],
+        ),
+    ],
+)
+def test_a_bad_csv_names_the_line_and_column(run_cli, csv_files, csv, expected):
+    template, tables = csv_files
+    tables.write_text(csv)
+    result = run_cli("plan", template, "--tables", tables)
+    assert result.returncode == 2, result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == len(expected), result.stderr
+    for line, start in zip(lines, expected, strict=True):
+        assert line.startswith(f"{tables}: {start}"), result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_a_template_with_its_own_tables_is_refused(run_cli, csv_files):
+    template, tables = csv_files
+    template.write_text(json.dumps({**TEMPLATE, "tables": EQUIVALENT_TABLES}))
+    result = run_cli("request", template, "--tables", tables)
+    assert result.returncode == 2
+    assert result.stderr == f"{template}: tables: given here and by --tables {tables}; remove one\n"

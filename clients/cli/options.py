@@ -17,20 +17,29 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_request_arguments(parser)
     parser.add_argument("--all", action="store_true", help="include options that no rank can hold")
+    parser.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="json",
+        help="json: the options document on one line (default); table: a table per table",
+    )
     parser.set_defaults(command=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from planner_service.costs.enumerate import enumerate_options, fit_options
-    from planner_service.reports import options_document
+    from planner_service.reports import options_document, options_table
 
     request = read_request(args)
     enumerated = enumerate_options(request)
     fitted = fit_options(request, enumerated)
     tables = enumerated if args.all else fitted.tables
     document = options_document(request, tables, fitted.problems, fitted.capacities)
-    json.dump(document, sys.stdout, separators=(",", ":"))
-    sys.stdout.write("\n")
+    if args.format == "table":
+        sys.stdout.write(options_table(request, document))
+    else:
+        json.dump(document, sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
     for problem in fitted.problems:
         print(f"{problem.code.value}: {problem.message}", file=sys.stderr)
     return EXIT_NO_PLAN if fitted.problems else EXIT_OK

@@ -136,7 +136,7 @@ def _table(
         Table.model_validate(table)
     except ValidationError as error:
         return None, [
-            _located(line, problem) for problem in problems_from_validation_error(error, Table)
+            _located(line, problem, row) for problem in problems_from_validation_error(error, Table)
         ]
     return table, []
 
@@ -152,12 +152,14 @@ def _problem(line: int, column: str, message: str, row: dict[str, str]) -> Field
     return FieldProblem(f"line {line}, column {column}", message, row[column])
 
 
-def _located(line: int, problem: FieldProblem) -> FieldProblem:
-    """A problem the request format found in a table, placed at its line and column."""
+def _located(line: int, problem: FieldProblem, row: dict[str, str]) -> FieldProblem:
+    """A problem the request format found in a table, placed at its line and column, with
+    the cell as written."""
     field = re.split(r"[.\[]", problem.path, maxsplit=1)[0]
     column = _COLUMN_OF_FIELD.get(field, field)
-    where = f"line {line}, column {column}" if column in COLUMNS else f"line {line}"
-    return FieldProblem(where, problem.message, problem.value)
+    if column not in row:
+        return FieldProblem(f"line {line}", problem.message, problem.value)
+    return FieldProblem(f"line {line}, column {column}", problem.message, row[column])
 
 
 def _repeated(tables: list[dict[str, Any]], lines: list[int]) -> list[FieldProblem]:
