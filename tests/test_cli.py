@@ -579,6 +579,10 @@ def test_plan_and_options_read_tables_from_csv(run_cli, csv_files, tmp_path):
             ["(document): has a header but no tables"],
         ),
         (
+            'name,num_embeddings,embedding_dim,pooling_factor\n"a,1,4,1\n',
+            ["line 2: not valid CSV: unexpected end of data"],
+        ),
+        (
             "name,num_embeddings,embedding_dim,pooling_factor,feature_names,data_type\n"
             "a,10x,4,1,,\n"
             "b,10,0,1,f;g,fp64\n"

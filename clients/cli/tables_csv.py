@@ -59,7 +59,7 @@ def tables_from_csv(data: bytes, source: str) -> list[dict[str, Any]]:
 
 def _rows(text: str, source: str) -> Iterator[tuple[int, list[str]]]:
     """(line number, stripped cells) of every non-blank line."""
-    reader = csv.reader(text.splitlines())
+    reader = csv.reader(text.splitlines(), strict=True)
     try:
         for cells in reader:
             if any(cell.strip() for cell in cells):
