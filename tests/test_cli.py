@@ -630,3 +630,6 @@ def test_a_template_with_its_own_tables_is_refused(run_cli, csv_files):
     result = run_cli("request", template, "--tables", tables)
     assert result.returncode == 2
     assert result.stderr == f"{template}: tables: given here and by --tables {tables}; remove one\n"
+    both = run_cli("plan", "-", "--tables", "-")
+    assert both.returncode == 2
+    assert "only one of REQUEST and --tables can be - (stdin)" in both.stderr

@@ -66,11 +66,14 @@ def read_request(args: argparse.Namespace) -> PlanRequest:
 def merged_request(template: Path, tables: Path) -> tuple[dict[str, object], PlanRequest]:
     """``template`` with its ``tables`` read from a CSV file: as JSON data in the template's
     own spelling (a size written "80GiB" stays so), and validated."""
-    from clients.cli.files import read_input, source_name
+    from clients.cli.files import STDIN, read_input, source_name
     from clients.cli.tables_csv import tables_from_csv
     from planner_service.plan.codec import load_json, parse_request
     from planner_service.plan.errors import FieldProblem, InputError
 
+    if template == tables == STDIN:
+        problem = FieldProblem("--tables", "only one of REQUEST and --tables can be - (stdin)", "-")
+        raise InputError("request", [problem])
     source = source_name(template)
     document = load_json(read_input(template), source)
     if not isinstance(document, dict):
