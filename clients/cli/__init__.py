@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from clients.cli import options, plan, schema, serve, validate
+from clients.cli import check, options, plan, schema, serve, validate
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK
 from clients.cli.extras import MissingExtraError
 from clients.cli.interrupt import exit_on_ctrl_c
@@ -46,6 +46,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (validate, plan, options, schema, serve):
+    for command in (validate, plan, check, options, schema, serve):
         command.add_parser(sub)
     return parser
