@@ -4,8 +4,8 @@ Each command parses its arguments, calls one library function and renders the re
 lives in its own module here. Exit codes: 0 success, 1 the plan is invalid, 2 bad input
 (usage, unreadable or invalid files, output paths that cannot be written, checked before
 solving, or a command whose extra is not installed), 3 no plan exists (a table fits
-nowhere, or the solver proves it), 130 interrupted (Ctrl-C, at once, even mid-solve). Bad
-input never shows a traceback.
+nowhere, or the solver proves it; for ``check``: the model does not fit), 130 interrupted
+(Ctrl-C, at once, even mid-solve). Bad input never shows a traceback.
 """
 
 from __future__ import annotations
