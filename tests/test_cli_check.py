@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clients.cli.numbers import parse_byte_size
 from planner_service.plan.capacity import usable_capacity
 from planner_service.plan.codec import parse_request
 from planner_service.plan.units import GiB
@@ -337,6 +338,19 @@ def test_sweep_where_nothing_fits_exits_3(run_cli, too_big):
     ]
 
 
+def test_the_hbm_limit_applies_to_every_cell(run_cli, too_big):
+    result = run_cli(
+        "check", too_big, "--world-sizes", "4,8", "--max-hbm-utilization", "0.5", "--format", "json"
+    )
+    cells = {c["world_size"]: c["check"] for c in _json(result)["cells"]}
+    for check in cells.values():
+        fullest = max(u["utilization"] for u in check["headroom"]["tightest"])
+        assert check["verdict"] == ("over_limit" if fullest > 0.5 else "fits")
+        assert check["margin_fix"] is None  # a sweep does not plan again for the margin
+    assert cells[4]["verdict"] == "over_limit"  # 89% of usable HBM, as above
+    assert result.returncode == (0 if cells[8]["fits"] else 3)
+
+
 def test_sweep_progress_bar_on_a_terminal(shardplan_exe, too_big):
     """On a terminal, stderr gets one bar redrawn in place, then cleared."""
     controller, terminal = pty.openpty()
@@ -385,6 +399,18 @@ def test_min_world_size_above_a_request_that_does_not_fit(run_cli, too_big):
     assert row["check"]["fits"] and row["check"]["world_size"] == 4
 
 
+def test_min_world_size_exits_3_when_no_world_size_would_do(run_cli, too_big, tmp_path):
+    """A table-wise 24 GiB table fits no 8 GiB rank, however many there are."""
+    document = json.loads(too_big.read_text())
+    document["constraints"]["tables"]["users"]["sharding_types"] = ["table_wise"]
+    never = _write(tmp_path / "never.json", document)
+    result = run_cli("check", never, "--min-world-size", "--format", "json")
+    assert result.returncode == 3
+    (row,) = _json(result)["rows"]
+    # Searched up to 64 times the request's world size, the planner's fix search's limit.
+    assert (row["min_world_size"], row["searched_up_to"], row["check"]) == (None, 128, None)
+
+
 def test_min_world_size_below_a_request_that_fits_is_the_least_that_fits(
     run_cli, too_big, tmp_path
 ):
@@ -428,3 +454,42 @@ def test_check_reads_the_request_from_stdin(shardplan_exe):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("<stdin> fits: 3 table(s) on 4 rank(s)\n")
+
+
+def test_on_cpu_headroom_is_ddr_and_hbm_sizes_are_refused(run_cli, tmp_path):
+    """On cpu, tables live in DDR: the headroom and the limit are DDR's."""
+    request = _write(
+        tmp_path / "cpu.json",
+        {
+            "topology": {"world_size": 2, "compute_device": "cpu", "ddr_bytes": 8 * GiB},
+            "tables": [{"name": "users", "num_embeddings": 10_000_000, "embedding_dim": 128}],
+        },
+    )
+    report = _json(run_cli("check", request, "--format", "json"))
+    least = report["headroom"]["least"]
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    assert report["headroom"]["tier"] == "ddr"
+    assert least["used_bytes"] == ranks[least["rank"]]["ddr_used_bytes"] > 0
+    assert least["usable_bytes"] == 8 * GiB - int(8 * GiB * 0.15)
+    limit = math.floor(least["utilization"] * 100) / 100
+    over = run_cli("check", request, "--max-hbm-utilization", str(limit))
+    assert over.returncode == 3
+    assert f"of its usable DDR ({least['used_bytes'] / GiB:.3f} GiB of 6.800 GiB)" in over.stdout
+    refused = run_cli("check", request, "--hbm", "8GiB")
+    assert refused.returncode == 2
+    assert "--hbm applies to cuda topologies only" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("80GiB", 80 * GiB),
+        ("80 gib", 80 * GiB),
+        ("512MB", 512 * 10**6),
+        ("1.5TiB", 3 * 2**39),
+        ("17179869184", 16 * GiB),
+        ("0.5KiB", 512),
+    ],
+)
+def test_byte_sizes(text, expected):
+    assert parse_byte_size(text, "--hbm") == expected

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from clients.cli.check_report import CHECK_SCHEMA_VERSION, CheckReport, Verdict, check_report
 from clients.cli.extras import needs_extra
 from clients.cli.numbers import SOURCE
-from clients.cli.plan_source import PlanSource
+from clients.cli.plan_source import Answer, PlanSource
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import ComputeDevice, PlanRequest
 from planner_service.plan.units import gib
@@ -98,11 +98,8 @@ def sweep(
     for size, hbm, variant in variants:
         label = _label(size, hbm)
         progress.start(label)
-        answer = source(variant)
-        report = check_report(
-            variant, answer.plan, answer.infeasibility, max_hbm_utilization=max_hbm_utilization
-        )
-        cells.append(Cell(world_size=size, hbm_bytes=hbm, check=_without_ranks(report)))
+        report = _checked(variant, source(variant), max_hbm_utilization)
+        cells.append(Cell(world_size=size, hbm_bytes=hbm, check=report))
         progress.finish(label, cell_summary(report))
     progress.close()
     return Sweep(
@@ -123,9 +120,6 @@ def least_world_sizes(
     progress: Progress | None = None,
 ) -> LeastWorldSizes:
     """The least world size that plans, for the request's HBM or each of ``hbm_sizes``."""
-    with needs_extra("check --min-world-size", "planner"):
-        from planner_service.solve.deadline import Deadline
-        from planner_service.solve.explain import least_world_size
     columns = list(hbm_sizes) or [request.topology.hbm_bytes or 0]
     _check_cells(len(columns))
     variants = [
@@ -137,35 +131,38 @@ def least_world_sizes(
     for hbm, variant in variants:
         label = f"HBM {gib(hbm)}"
         progress.start(label)
-        answer = source(variant)
-        if answer.plan is not None:
-            deadline = Deadline.for_time_limit(variant.options.time_limit_s)
-            search = least_world_size(variant, deadline, fits=True)
-            found, searched_up_to = search.min_world_size, search.searched_up_to
-        else:
-            assert answer.infeasibility is not None
-            fixes = answer.infeasibility.fixes
-            found, searched_up_to = fixes.min_world_size, fixes.min_world_size_searched_up_to
-        check = None
-        if found is not None:
-            if found != variant.topology.world_size:
-                variant = resized(variant, found)
-                answer = source(variant)
-            check = _without_ranks(
-                check_report(
-                    variant,
-                    answer.plan,
-                    answer.infeasibility,
-                    max_hbm_utilization=max_hbm_utilization,
-                )
-            )
-        row = LeastWorldSize(
-            hbm_bytes=hbm, min_world_size=found, searched_up_to=searched_up_to, check=check
-        )
-        rows.append(row)
-        progress.finish(label, least_summary(row))
+        rows.append(_least_at(variant, source, max_hbm_utilization))
+        progress.finish(label, least_summary(rows[-1]))
     progress.close()
     return LeastWorldSizes(rows=rows)
+
+
+def _least_at(request: PlanRequest, source: PlanSource, limit: float | None) -> LeastWorldSize:
+    """Plan ``request``; search below its world size when it fits (the planner's search),
+    else take the planner's own fix; then check the size found."""
+    with needs_extra("check --min-world-size", "planner"):
+        from planner_service.solve.deadline import Deadline
+        from planner_service.solve.explain import least_world_size
+    answer = source(request)
+    if answer.plan is not None:
+        deadline = Deadline.for_time_limit(request.options.time_limit_s)
+        search = least_world_size(request, deadline, fits=True)
+        found, searched_up_to = search.min_world_size, search.searched_up_to
+    else:
+        assert answer.infeasibility is not None
+        fixes = answer.infeasibility.fixes
+        found, searched_up_to = fixes.min_world_size, fixes.min_world_size_searched_up_to
+    row = LeastWorldSize(
+        hbm_bytes=request.topology.hbm_bytes or 0,
+        min_world_size=found,
+        searched_up_to=searched_up_to,
+    )
+    if found is None:
+        return row
+    if found != request.topology.world_size:
+        request = resized(request, found)
+        answer = source(request)
+    return row.model_copy(update={"check": _checked(request, answer, limit)})
 
 
 def _check_cells(cells: int) -> None:
@@ -230,7 +227,9 @@ def _variant(request: PlanRequest, world_size: int, hbm_bytes: int, set_hbm: boo
         ) from None
 
 
-def _without_ranks(report: CheckReport) -> CheckReport:
+def _checked(request: PlanRequest, answer: Answer, limit: float | None) -> CheckReport:
+    """The check of one what-if, without the per-rank list."""
+    report = check_report(request, answer.plan, answer.infeasibility, max_hbm_utilization=limit)
     return report.model_copy(update={"ranks": []})
 
 
