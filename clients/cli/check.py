@@ -12,23 +12,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from clients.cli.check_report import (
-    CheckReport,
-    check_report,
-    margin_request,
-    render_markdown,
-    render_text,
-    with_margin_fix,
-)
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
 from clients.cli.files import read_input, source_name
 from clients.cli.numbers import parse_byte_size, parse_count, parse_fraction, parse_list
-from clients.cli.plan import ProgressLine
 from clients.cli.plan_source import PlanSource, solve_locally
-from clients.cli.what_if import least_table, least_world_sizes, sweep, sweep_table
 from planner_service.plan.codec import parse_request
-from planner_service.plan.types import PlanRequest
+
+if TYPE_CHECKING:
+    from clients.cli.check_report import CheckReport
+    from planner_service.plan.types import PlanRequest
 
 FORMATS = ("text", "json", "markdown")
 
@@ -82,6 +76,9 @@ def run(args: argparse.Namespace, source: PlanSource = solve_locally) -> int:
         else []
     )
     request = parse_request(read_input(args.request), source=source_name(args.request))
+    # Here, not at the top: every shardplan command imports this module when it starts.
+    from clients.cli.what_if import least_table, least_world_sizes, sweep, sweep_table
+
     markdown = args.format == "markdown"
     if args.min_world_size:
         least = least_world_sizes(request, hbm, source, max_hbm_utilization=limit)
@@ -111,6 +108,9 @@ def check(
     """Plan ``request`` (a progress line on stderr while it takes long) and report. Over
     the limit, plan again with the reservation that keeps the margin: that plan, or the
     planner's fixes when there is none, is the smallest fix."""
+    from clients.cli.check_report import check_report, margin_request, with_margin_fix
+    from clients.cli.plan import ProgressLine
+
     with ProgressLine() as progress:
         answer = source(request, on_progress=progress.update)
     report = check_report(
@@ -125,6 +125,8 @@ def check(
 
 
 def _render(report: CheckReport, request: PlanRequest, format: str, source: str) -> str:
+    from clients.cli.check_report import render_markdown, render_text
+
     if format == "json":
         return report.model_dump_json(indent=2) + "\n"
     if format == "markdown":
