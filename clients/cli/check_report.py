@@ -221,6 +221,12 @@ def _binding(
     if fullest.utilization >= BINDING_UTILIZATION:
         kind = BindingKind.HBM if fullest_tier == "hbm" else BindingKind.DDR
         return Binding(kind=kind, rank=fullest.rank, message=_uses(fullest, fullest_tier))
+    return _perf_binding(request, plan, ranks)
+
+
+def _perf_binding(request: PlanRequest, plan: ShardingPlan, ranks: list[RankHeadroom]) -> Binding:
+    """The slowest rank, with the largest part of its time, and how full memory is."""
+    tier = tier_of(request)
     slowest = max(plan.rank_stats, key=lambda stats: (stats.perf.total, -stats.rank))
     components = total_components(request.options.cost_model)
     component = max(components, key=lambda name: getattr(slowest.perf, name))
