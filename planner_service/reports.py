@@ -13,9 +13,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from planner_service.costs.estimate import total_components
 from planner_service.costs.options import DeviceClasses, Placement, ShardingOption, TableOptions
-from planner_service.plan.capacity import Capacity
+from planner_service.plan.capacity import Capacity, usable_capacity
 from planner_service.plan.diff import PlanDiff, RankChange, TableChange, diff_totals
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import (
@@ -480,3 +482,38 @@ def _ms(value: float) -> str:
 
 def _signed_ms(value: float) -> str:
     return f"{value:+.4f}" if value else "0.0000"
+
+
+# --------------------------------------------------------------------------- headroom
+
+
+class RankHeadroom(BaseModel):
+    """One rank's bytes per tier against what it can hold, and its estimated time."""
+
+    rank: int
+    hbm_used_bytes: int
+    hbm_usable_bytes: int = Field(description="after hbm_headroom_fraction and dense bytes")
+    hbm_free_bytes: int
+    ddr_used_bytes: int
+    ddr_usable_bytes: int
+    ddr_free_bytes: int
+    perf_total_ms: float
+
+
+def rank_headroom(request: PlanRequest, plan: ShardingPlan) -> list[RankHeadroom]:
+    """Every rank's headroom under ``plan`` (``POST /v1/check`` and ``shardplan check``);
+    usable is what the rank offers after the reservation (``plan/capacity.py``)."""
+    capacities = usable_capacity(request.topology, request.constraints)
+    return [
+        RankHeadroom(
+            rank=stats.rank,
+            hbm_used_bytes=stats.hbm_bytes,
+            hbm_usable_bytes=capacity.hbm_bytes,
+            hbm_free_bytes=capacity.hbm_bytes - stats.hbm_bytes,
+            ddr_used_bytes=stats.ddr_bytes,
+            ddr_usable_bytes=capacity.ddr_bytes,
+            ddr_free_bytes=capacity.ddr_bytes - stats.ddr_bytes,
+            perf_total_ms=stats.perf.total,
+        )
+        for stats, capacity in zip(plan.rank_stats, capacities, strict=True)
+    ]

@@ -134,6 +134,7 @@ def run_page(
 
     shutil.copytree(examples, workdir / "examples")
     for name, content in files.items():
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
         (workdir / name).write_text(local(content))
     script = ["exec 2>&1", "set -o pipefail"]
     for command in page_commands:
@@ -143,12 +144,25 @@ def run_page(
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",  # stdout and stderr interleave as in a terminal
     }
-    with subprocess.Popen(
+    _, stdout = run_bash(
         ["bash", "--noprofile", "--norc", "-c", "\n".join(script)],
         cwd=workdir,
         env=env,
+        timeout=timeout,
+    )
+    return _results(page_commands, stdout)
+
+
+def run_bash(args: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run ``args`` to the end or the timeout: its exit code (``TIMED_OUT`` when killed)
+    and its stdout and stderr together."""
+    with subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,  # a timeout kills whatever the commands started, too
     ) as process:
         try:
@@ -156,7 +170,8 @@ def run_page(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             stdout, _ = process.communicate()
-    return _results(page_commands, stdout.decode(errors="replace"))
+    code = TIMED_OUT if process.returncode < 0 else process.returncode
+    return code, stdout.decode(errors="replace")
 
 
 def _results(page_commands: list[Command], stdout: str) -> list[Result]:
@@ -171,3 +186,96 @@ def _results(page_commands: list[Command], stdout: str) -> list[Result]:
     if len(results) < len(page_commands):
         results.append(Result(page_commands[len(results)], TIMED_OUT, chunks[-1]))
     return results
+
+
+# --------------------------------------------------------------------------- CI jobs
+
+# How the CI services run a job's script: GitHub's runner runs each step's `run:` script
+# from a file with `bash --noprofile --norc -eo pipefail {0}` (the workflow's `shell:
+# bash`); GitLab's runner runs all of a job's `script:` lines in one bash with `set -eo
+# pipefail`.
+GITHUB_BASH = ("bash", "--noprofile", "--norc", "-eo", "pipefail")
+GITLAB_BASH = ("bash", "--noprofile", "--norc", "-eo", "pipefail")
+_EXPRESSION = re.compile(r"\$\{\{\s*(.+?)\s*\}\}")
+
+
+@dataclass(frozen=True)
+class Step:
+    """A script a CI job runs, with the variables its definition sets for it."""
+
+    name: str
+    script: str
+    env: dict[str, str]
+
+
+def file_block(path: Path, name: str) -> str:
+    """The body of the block marked ``<!-- file: NAME -->`` on a page."""
+    (body,) = [block.body for block in blocks(path) if block.file == name]
+    return body
+
+
+def github_steps(workflow: dict, job: str, context: dict[str, str]) -> list[Step]:
+    """The ``run:`` steps of a GitHub Actions job, in order, each with its ``env:`` merged
+    from the workflow's, the job's and its own, and ``${{ ... }}`` replaced from
+    ``context`` (an expression not in it is an error: the test must say what GitHub would
+    put there). ``uses:`` steps are left out: the test stands in for them. Steps that run
+    only sometimes (``if:``) or elsewhere are refused rather than run wrongly."""
+    shell = workflow.get("defaults", {}).get("run", {}).get("shell")
+    if shell != "bash":
+        raise ValueError(f"the workflow's defaults.run.shell is {shell!r}, not bash")
+    spec = workflow["jobs"][job]
+    steps = []
+    for step in spec["steps"]:
+        if "uses" in step:
+            continue
+        unsupported = {"if", "shell", "working-directory", "continue-on-error"} & set(step)
+        if unsupported:
+            raise ValueError(f"step {step.get('name')!r}: {sorted(unsupported)} not supported")
+        env = {**workflow.get("env", {}), **spec.get("env", {}), **step.get("env", {})}
+        steps.append(
+            Step(
+                step.get("name", step["run"]),
+                github_expressions(step["run"], context),
+                {name: github_expressions(str(value), context) for name, value in env.items()},
+            )
+        )
+    return steps
+
+
+def github_expressions(text: str, context: dict[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        expression = match.group(1)
+        if expression not in context:
+            raise KeyError(f"${{{{ {expression} }}}} is not in the test's GitHub context")
+        return context[expression]
+
+    return _EXPRESSION.sub(value, text)
+
+
+def gitlab_script(config: dict, job: str) -> Step:
+    """A GitLab CI job's ``script:`` lines, as the one script the runner makes of them,
+    with the job's ``variables:``."""
+    spec = config[job]
+    unsupported = {"before_script", "after_script", "default"} & (set(spec) | set(config))
+    if unsupported:
+        raise ValueError(f"job {job!r}: {sorted(unsupported)} not supported")
+    variables = {name: str(value) for name, value in spec.get("variables", {}).items()}
+    return Step(job, "\n".join(spec["script"]), variables)
+
+
+def run_steps(
+    steps: list[Step], shell: tuple[str, ...], *, cwd: Path, env: dict[str, str], timeout: float
+) -> tuple[int, str]:
+    """Run the steps in order, as the job would, stopping at the first that fails: the
+    last exit code and everything the steps printed (stdout and stderr together)."""
+    printed, code = "", 0
+    for index, step in enumerate(steps):
+        script = cwd.parent / f"step-{index}.sh"
+        script.write_text(step.script)
+        code, output = run_bash(
+            [*shell, str(script)], cwd=cwd, env={**env, **step.env}, timeout=timeout
+        )
+        printed += output
+        if code != 0:
+            break
+    return code, printed

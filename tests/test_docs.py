@@ -4,16 +4,21 @@ command in them runs as written (the convention is in ``tests/doc_commands.py``)
 from __future__ import annotations
 
 import ast
+import http.server
 import importlib
 import json
 import math
+import os
 import re
 import shutil
 import sys
+import threading
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 from planner_service.plan import types
 from planner_service.plan.codec import parse_plan, parse_request, plan_id_of
@@ -294,3 +299,184 @@ def test_limits_table_states_the_constants():
         assert rows, f"docs/plan-format.md Limits has no row for {name}"
         value = getattr(types, name)
         assert any(form in row for form in _written(value) for row in rows), (name, value)
+
+
+# --------------------------------------------------------------------------- CI jobs
+
+CI_PAGE = ROOT / "docs" / "ci.md"
+GITHUB_WORKFLOW = ".github/workflows/capacity-check.yml"
+GITLAB_CONFIG = ".gitlab-ci.yml"
+CI_TIMEOUT_S = 60
+# The request a pull request brings, what the job exits with, and the comment's heading.
+CI_CASES = {
+    "fits": (
+        (ROOT / "examples" / "request.json").read_text(),
+        0,
+        "### ✅ `model/request.json` fits: 3 table(s) on 4 rank(s)",
+    ),
+    "does_not_fit": (
+        doc_commands.file_block(CI_PAGE, "too-big.json"),
+        3,
+        "### ❌ `model/request.json` does not fit: no plan exists for 2 table(s) on 2 rank(s)",
+    ),
+    "bad_input": (
+        '{"topology": {"world_size": 2}, "tables": [{"name": "a", "num_embeddings": 3, "embedding_dim": 0}]}',
+        2,
+        "### ❌ shardplan check: bad input",
+    ),
+}
+# Stand-ins for what the CI services provide, on PATH before the real commands: GitHub's
+# `gh` and PyPI's `pip`, each recording what the job asked of it. shardplan is the
+# installed one; it runs for real.
+STUBS = {
+    "gh": """#!/bin/bash
+printf '%s\\n' "$@" > "$STUB_RECORD/gh.args"
+printf '%s\\n' "$GH_TOKEN" "$GH_REPO" > "$STUB_RECORD/gh.env"
+while [ $# -gt 0 ]; do
+  if [ "$1" = --body-file ]; then cp "$2" "$STUB_RECORD/gh.body"; fi
+  shift
+done
+""",
+    "pip": """#!/bin/bash
+printf '%s\\n' "$@" > "$STUB_RECORD/pip.args"
+""",
+}
+
+
+def _ci_workspace(tmp_path: Path, request_text: str) -> tuple[Path, Path, dict[str, str]]:
+    """A checkout holding the pull request's ``model/request.json``, the stand-ins, and
+    the environment a job step starts from."""
+    workspace = tmp_path / "workspace"
+    (workspace / "model").mkdir(parents=True)
+    (workspace / "model" / "request.json").write_text(request_text)
+    stubs, record = tmp_path / "stubs", tmp_path / "record"
+    stubs.mkdir()
+    record.mkdir()
+    for name, script in STUBS.items():
+        (stubs / name).write_text(script)
+        (stubs / name).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(stubs), str(BIN), os.environ.get("PATH", "")]),
+        "STUB_RECORD": str(record),
+    }
+    return workspace, record, env
+
+
+def _pip_installed_shardplan(record: Path) -> None:
+    assert (record / "pip.args").read_text().splitlines() == ["install", "shardplan[planner]"]
+
+
+@pytest.mark.timeout(CI_TIMEOUT_S * 3)
+@pytest.mark.parametrize("case", list(CI_CASES))
+def test_github_actions_job_runs_as_written(tmp_path, case):
+    request_text, exit_code, heading = CI_CASES[case]
+    workflow = yaml.safe_load(doc_commands.file_block(CI_PAGE, GITHUB_WORKFLOW))
+    assert workflow[True] == "pull_request"  # YAML 1.1 reads the key `on` as true
+    assert workflow["permissions"]["pull-requests"] == "write"
+    context = {
+        "github.token": "ghs_stand-in",
+        "github.repository": "acme/model",
+        "github.event.pull_request.number": "7",
+    }
+    steps = doc_commands.github_steps(workflow, "shardplan-check", context)
+    workspace, record, env = _ci_workspace(tmp_path, request_text)
+    code, printed = doc_commands.run_steps(
+        steps, doc_commands.GITHUB_BASH, cwd=workspace, env=env, timeout=CI_TIMEOUT_S
+    )
+    assert code == exit_code, printed
+    _pip_installed_shardplan(record)
+    assert (record / "gh.args").read_text().splitlines() == [
+        "pr",
+        "comment",
+        "7",
+        "--body-file",
+        "check.md",
+    ]
+    assert (record / "gh.env").read_text().splitlines() == ["ghs_stand-in", "acme/model"]
+    _assert_comment((record / "gh.body").read_text(), case, heading)
+
+
+@pytest.mark.timeout(CI_TIMEOUT_S * 3)
+@pytest.mark.parametrize("case", list(CI_CASES))
+def test_gitlab_ci_job_runs_as_written(tmp_path, case):
+    request_text, exit_code, heading = CI_CASES[case]
+    config = yaml.safe_load(doc_commands.file_block(CI_PAGE, GITLAB_CONFIG))
+    job = config["shardplan-check"]
+    assert job["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "merge_request_event"'}]
+    step = doc_commands.gitlab_script(config, "shardplan-check")
+    workspace, record, env = _ci_workspace(tmp_path, request_text)
+    with _GitLabNotes() as gitlab:
+        env |= {
+            "CI_API_V4_URL": f"{gitlab.base}/api/v4",
+            "CI_PROJECT_ID": "1234",
+            "CI_MERGE_REQUEST_IID": "7",
+            "CI_PIPELINE_SOURCE": "merge_request_event",
+            "SHARDPLAN_NOTES_TOKEN": "glpat-stand-in",
+        }
+        code, printed = doc_commands.run_steps(
+            [step], doc_commands.GITLAB_BASH, cwd=workspace, env=env, timeout=CI_TIMEOUT_S
+        )
+    assert code == exit_code, printed
+    _pip_installed_shardplan(record)
+    (note,) = gitlab.posted
+    assert (note["path"], note["token"]) == (
+        "/api/v4/projects/1234/merge_requests/7/notes",
+        "glpat-stand-in",
+    )
+    _assert_comment(note["body"], case, heading)
+
+
+def _assert_comment(body: str, case: str, heading: str) -> None:
+    lines = body.splitlines()
+    assert heading in lines[:2], body
+    if case == "fits":
+        assert lines[0] == "<!-- shardplan-check -->"
+        assert "| HBM headroom | rank | free | used | usable |" in lines
+        assert any(line.startswith("**Binding constraint:** perf: rank 2") for line in lines)
+    elif case == "does_not_fit":
+        assert "- `world_size` 4 (same devices) fits" in lines
+        assert "- allow `fused_uvm_caching` for `users`: then the whole model fits" in lines
+    else:
+        assert (
+            "model/request.json: tables[0].embedding_dim = 0: Input should be greater than "
+            "or equal to 1"
+        ) in lines
+
+
+class _GitLabNotes:
+    """A stand-in for GitLab's merge request notes API on loopback: it records each POST
+    (path, token, the form's ``body``) and answers 201 as GitLab does."""
+
+    def __enter__(self) -> _GitLabNotes:
+        posted = self.posted = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # the name http.server calls
+                length = int(self.headers.get("Content-Length", "0"))
+                form = urllib.parse.parse_qs(self.rfile.read(length).decode())
+                posted.append(
+                    {
+                        "path": self.path,
+                        "token": self.headers.get("PRIVATE-TOKEN"),
+                        "body": form["body"][0],
+                    }
+                )
+                self.send_response(201)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"id": 1, "noteable_type": "MergeRequest"}')
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)

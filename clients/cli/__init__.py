@@ -4,8 +4,9 @@ Each command parses its arguments, calls one library function and renders the re
 lives in its own module here. Exit codes: 0 success, 1 the plan is invalid (``validate``)
 or the plans differ (``diff``), 2 bad input (usage, unreadable or invalid files, output
 paths that cannot be written, checked before solving, or a command whose extra is not
-installed), 3 no plan exists (a table fits nowhere, or the solver proves it), 130
-interrupted (Ctrl-C, at once, even mid-solve). Bad input never shows a traceback.
+installed), 3 no plan exists (a table fits nowhere, or the solver proves it; for
+``check``: the model does not fit), 130 interrupted (Ctrl-C, at once, even mid-solve).
+Bad input never shows a traceback.
 
 Start-up: the parser is built from every command module, for ``--version`` and ``--help``
 too, so a command module imports only the standard library and ``clients.cli``'s light
@@ -21,7 +22,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from clients.cli import diff, options, plan, request, schema, serve, validate
+from clients.cli import check, diff, options, plan, request, schema, serve, validate
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK
 from clients.cli.extras import MissingExtraError
 from clients.cli.interrupt import exit_on_ctrl_c
@@ -57,6 +58,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (validate, plan, options, diff, request, schema, serve):
+    for command in (validate, plan, check, options, diff, request, schema, serve):
         command.add_parser(sub)
     return parser

@@ -6,15 +6,18 @@ The least world size is searched cheaply first with the LP relaxation (a world s
 relaxation has no solution certainly has no plan), then confirmed by running the warm start
 (``prepare.py``: enumeration, fit, LP-guided construction and local search) at that size
 and a few larger ones; a world size reported as a fix is one where a plan was actually
-found. Everything is deterministic.
+found. Everything is deterministic. The same search, downwards, tells how few ranks a
+request that does plan would need (``least_world_size``, for ``shardplan check``).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from planner_service.costs.enumerate import FitResult, enumerate_options, fit_options
 from planner_service.costs.options import ShardingOption, TableOptions
@@ -32,6 +35,7 @@ from planner_service.plan.types import (
     TableProblemCode,
 )
 from planner_service.plan.units import gib
+from planner_service.plan.variants import resized
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.prepare import prepare, warm_start
 
@@ -55,7 +59,12 @@ def explain(
     reasons += memory_reasons(request, fitted)
     if not reasons:
         reasons.append(_fallback_reason(request, status))
-    fixes = SmallestFixes(**_world_size_fix(request, deadline), **_caching_fix(request, deadline))
+    sizes = _world_size_fix(request, deadline)
+    fixes = SmallestFixes(
+        min_world_size=sizes.min_world_size,
+        min_world_size_searched_up_to=sizes.searched_up_to,
+        **_caching_fix(request, deadline),
+    )
     return Infeasibility(status=status, reasons=reasons, fixes=fixes)
 
 
@@ -225,44 +234,112 @@ def plannable(request: PlanRequest, deadline: Deadline | None = None) -> bool:
     return warm_start(prepared, deadline) is not None
 
 
-def _world_size_fix(request: PlanRequest, deadline: Deadline) -> dict[str, int | None]:
-    """The least world size (whole hosts) at which the warm start finds a plan; with the
-    largest size ruled out so far when the search ends (at its limit or the deadline)."""
+@dataclass(frozen=True)
+class WorldSizeSearch:
+    """The least world size at which the warm start found a plan; or none, and then the
+    largest size ruled out when the search ended (at its limit, or at the deadline)."""
+
+    min_world_size: int | None
+    searched_up_to: int | None = None
+
+
+def least_world_size(
+    request: PlanRequest, deadline: Deadline | None = None, *, fits: bool = False
+) -> WorldSizeSearch:
+    """The fewest ranks of the request's devices that plan. ``fits``: whether ``request``
+    itself has a plan; then the sizes below its world size are searched (how few would
+    do), else the sizes above it (the infeasibility fix). A world size below
+    ``local_world_size`` is one host with that many ranks; above it, whole hosts."""
+    deadline = deadline or Deadline.never()
+    if fits:
+        return _fewest_ranks(request, deadline)
+    return _world_size_fix(request, deadline)
+
+
+def _world_size_fix(request: PlanRequest, deadline: Deadline) -> WorldSizeSearch:
+    """The least world size (whole hosts) above the request's at which the warm start
+    finds a plan; with the largest size ruled out so far when the search ends (at its limit
+    or the deadline)."""
     topology = request.topology
     local = topology.num_local_ranks
     limit = min(MAX_WORLD_SIZE_SEARCH, topology.world_size * MAX_WORLD_SIZE_FACTOR)
     limit -= limit % local
 
     probes = _Probes(deadline)
-
-    def relaxation_feasible(candidate: PlanRequest) -> bool:
-        with probes.timed():
-            prepared = prepare(candidate, deadline)
-        return prepared.problem is not None and not prepared.relaxation_infeasible
-
-    necessary, ruled_out = _least_size(
-        request, topology.world_size, limit, local, relaxation_feasible, probes
-    )
+    feasible = _relaxation_probe(request, deadline, probes)
+    necessary, ruled_out = _least_size(topology.world_size, limit, local, feasible, probes)
     if necessary is None:
-        return {"min_world_size": None, "min_world_size_searched_up_to": ruled_out}
+        return WorldSizeSearch(None, ruled_out)
     size = necessary
     for _ in range(VERIFY_ATTEMPTS):
         if not probes.affordable():
             break
         with probes.timed():
-            fits = plannable(_resized(request, size), deadline)
+            fits = plannable(resized(request, size), deadline)
         if fits:
-            return {"min_world_size": size, "min_world_size_searched_up_to": None}
+            return WorldSizeSearch(size)
         size = min(limit, _round_up(int(size * VERIFY_GROWTH) + 1, local))
-    return {"min_world_size": None, "min_world_size_searched_up_to": size}
+    return WorldSizeSearch(None, size)
+
+
+def _fewest_ranks(request: PlanRequest, deadline: Deadline) -> WorldSizeSearch:
+    """The least size below the request's own (which plans) where the warm start finds a
+    plan: bisection on the LP relaxation, then confirmation at that size or a few larger
+    ones. Cut short by the deadline, the least size confirmed so far."""
+    sizes = _smaller_sizes(request)
+    probes = _Probes(deadline)
+    feasible = _relaxation_probe(request, deadline, probes)
+    low, high = -1, len(sizes) - 1  # indices: sizes[high] has a plan, sizes[low] has none
+    while high - low > 1 and probes.affordable():
+        middle = (low + high) // 2
+        if feasible(sizes[middle]):
+            high = middle
+        else:
+            low = middle
+    for _ in range(VERIFY_ATTEMPTS):
+        if high == len(sizes) - 1 or not probes.affordable():
+            break
+        with probes.timed():
+            fits = plannable(resized(request, sizes[high]), deadline)
+        if fits:
+            return WorldSizeSearch(sizes[high])
+        grown = bisect.bisect_left(sizes, int(sizes[high] * VERIFY_GROWTH) + 1)
+        high = min(len(sizes) - 1, grown)
+    return WorldSizeSearch(request.topology.world_size)
+
+
+def _smaller_sizes(request: PlanRequest) -> list[int]:
+    """The world sizes up to the request's, ascending: one host of 1, 2, ... ranks below
+    ``local_world_size``, then whole hosts; none too small for a rank the request names
+    (``rank_overrides``, pinned ``ranks``)."""
+    topology = request.topology
+    local = topology.num_local_ranks
+    named = [override.rank for override in topology.rank_overrides]
+    named += [rank for c in request.constraints.tables.values() for rank in c.ranks or []]
+    least = max(named, default=-1) + 1
+    sizes = [*range(1, local), *range(local, topology.world_size + 1, local)]
+    return [size for size in sizes if size >= least]
+
+
+def _relaxation_probe(
+    request: PlanRequest, deadline: Deadline, probes: _Probes
+) -> Callable[[int], bool]:
+    """Whether the LP relaxation of ``request`` at a world size has a solution (when it has
+    none, no plan exists there)."""
+
+    def feasible(size: int) -> bool:
+        with probes.timed():
+            prepared = prepare(resized(request, size), deadline)
+        return prepared.problem is not None and not prepared.relaxation_infeasible
+
+    return feasible
 
 
 def _least_size(
-    request: PlanRequest,
     start: int,
     limit: int,
     local: int,
-    feasible: Callable[[PlanRequest], bool],
+    feasible: Callable[[int], bool],
     probes: _Probes,
 ) -> tuple[int | None, int]:
     """Least multiple of ``local`` in (start, limit] where ``feasible`` holds, assuming it
@@ -273,7 +350,7 @@ def _least_size(
         if not probes.affordable():
             return None, low
         size = min(limit, size * 2)
-        if feasible(_resized(request, size)):
+        if feasible(size):
             high = size
             break
         low = size
@@ -283,7 +360,7 @@ def _least_size(
         middle = _round_up((low + high) // 2, local)
         if middle >= high:
             break
-        if feasible(_resized(request, middle)):
+        if feasible(middle):
             high = middle
         else:
             low = middle
@@ -311,12 +388,6 @@ class _Probes:
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def _resized(request: PlanRequest, world_size: int) -> PlanRequest:
-    data = json.loads(request.model_dump_json())
-    data["topology"]["world_size"] = world_size
-    return parse_request(canonical_bytes(data))
 
 
 def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
-from planner_service.plan.capacity import usable_capacity
 from planner_service.plan.codec import parse_plan, request_hash
 from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
+from planner_service.reports import RankHeadroom, rank_headroom
 from planner_service.service.deps import State, reader
 from planner_service.service.limits import decode_plan_request
 from planner_service.service.planning import solve_only
@@ -15,17 +15,6 @@ from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE
 from planner_service.service.schemas import REQUEST_EXAMPLE, json_body
 
 router = APIRouter(tags=["plans"])
-
-
-class RankHeadroom(BaseModel):
-    rank: int
-    hbm_used_bytes: int
-    hbm_usable_bytes: int = Field(description="after hbm_headroom_fraction and dense bytes")
-    hbm_free_bytes: int
-    ddr_used_bytes: int
-    ddr_usable_bytes: int
-    ddr_free_bytes: int
-    perf_total_ms: float
 
 
 class CheckResult(BaseModel):
@@ -75,20 +64,7 @@ async def check(http_request: Request, state: State) -> CheckResult:
 def _fits(request: PlanRequest, plan_document: bytes, *, stored: bool) -> CheckResult:
     """Per-rank headroom: work in proportion to world_size, run in a worker process."""
     plan = parse_plan(plan_document)
-    capacities = usable_capacity(request.topology, request.constraints)
-    ranks = [
-        RankHeadroom(
-            rank=stats.rank,
-            hbm_used_bytes=stats.hbm_bytes,
-            hbm_usable_bytes=capacity.hbm_bytes,
-            hbm_free_bytes=capacity.hbm_bytes - stats.hbm_bytes,
-            ddr_used_bytes=stats.ddr_bytes,
-            ddr_usable_bytes=capacity.ddr_bytes,
-            ddr_free_bytes=capacity.ddr_bytes - stats.ddr_bytes,
-            perf_total_ms=stats.perf.total,
-        )
-        for stats, capacity in zip(plan.rank_stats, capacities, strict=True)
-    ]
+    ranks = rank_headroom(request, plan)
     report = plan.solver
     return CheckResult(
         fits=True,
