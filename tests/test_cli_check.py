@@ -152,7 +152,11 @@ def test_does_not_fit_exits_3_with_the_reason_and_a_smallest_fix_that_works(run_
             "shardplan: --max-hbm-utilization = '1.5': a fraction in (0, 1] is accepted, e.g. 0.9",
         ),
         (("--max-hbm-utilization", "0"), None, "--max-hbm-utilization = '0': a fraction in (0, 1]"),
-        (("--hbm", "40GB/s"), None, "shardplan: --hbm = '40GB/s': is not a byte size; write an integer number of bytes"),
+        (
+            ("--hbm", "40GB/s"),
+            None,
+            "shardplan: --hbm = '40GB/s': is not a byte size; write an integer number of bytes",
+        ),
         (("--hbm", "1.3KiB"), None, "--hbm = '1.3KiB': is 1,331.200 bytes, not a whole number"),
         (("--world-sizes", "4,0"), None, "--world-sizes = '0': not a positive whole number"),
         (("--world-sizes", "4,4"), None, "--world-sizes = '4,4': lists 4 twice"),
