@@ -31,6 +31,7 @@ from planner_service.plan.codec import parse_request
 from planner_service.plan.types import ROW_SHARDING_TYPES, ShardingType
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.pipeline import solve
+from tests import doc_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHREC_ENV = ROOT / "benchmarks" / "torchrec_env.sh"
@@ -512,9 +513,36 @@ REFUSED = {
 }
 
 
+# The setup docs/from-torchrec.md shows, as TorchRec objects.
+GUIDE = {
+    "topology": {
+        "world_size": 8,
+        "local_world_size": 8,
+        "compute_device": "cuda",
+        "hbm_cap": 80 * GiB,
+    },
+    "batch_size": 1024,
+    "collections": {
+        "ebc": {
+            "kind": "bag",
+            "tables": [
+                bag("user", 10_000_000, 128, "user_id"),
+                bag("item", 5_000_000, 256, "item_id"),
+                bag("city", 20_000, 32, "city_id"),
+            ],
+        }
+    },
+    "constraints": {
+        "item": {"sharding_types": ["row_wise", "table_row_wise"], "pooling_factors": [12.0]},
+        "user": {"compute_kernels": ["fused_uvm_caching"], "cache_params": {"load_factor": 0.1}},
+    },
+    "options": {"cost_model": "torchrec-1.8"},
+}
+
+
 @pytest.fixture(scope="module")
 def requests(torchrec_python):
-    models = {"mapped": MAPPED, "configs": CONFIGS} | {
+    models = {"mapped": MAPPED, "configs": CONFIGS, "guide": GUIDE} | {
         case: model for case, (model, _) in REFUSED.items()
     }
     return run_torchrec(torchrec_python, "request", {"models": models})
@@ -619,6 +647,15 @@ def test_from_torchrec_takes_bare_configs_and_the_weighting_from_constraints(req
         ("hist", "none", False),
     ]
     assert requests["configs"]["request"]["topology"]["hbm_bytes"] == 0  # cpu
+
+
+def test_the_guide_s_request_is_what_from_torchrec_makes_of_its_torchrec_setup(requests):
+    made = parse_request(json.dumps(requests["guide"]["request"]))
+    headroom = made.constraints.model_copy(update={"hbm_headroom_fraction": 0.1})
+    made = made.model_copy(update={"constraints": headroom})
+    page = ROOT / "docs" / "from-torchrec.md"
+    shown = next(b for b in doc_commands.blocks(page) if b.file == "from-torchrec.json")
+    assert made == parse_request(shown.body)
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
