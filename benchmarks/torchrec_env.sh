@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Create (if missing) the dev-only TorchRec reference virtualenv at $REPO/.venv-torchrec.
 #
-# TorchRec is never a dependency of shardplan: this venv exists only so that
-# benchmarks/torchrec_reference.py can run TorchRec 1.8.0's own planner estimators.
+# TorchRec is never a dependency of shardplan: this venv exists so that the benchmarks
+# (benchmarks/torchrec_reference.py, runtime_vs_torchrec.py) and the interop tests
+# (tests/test_torchrec_interop.py) can run TorchRec 1.8.0 beside our code. It also holds
+# shardplan's core dependencies (pyproject.toml's `dependencies`), so that our packages
+# import there with PYTHONPATH=$REPO. tests/test_torchrec_interop.py runs this script itself.
 #
 #   bash benchmarks/torchrec_env.sh          # idempotent; last stdout line = venv python
 #   PY=$(bash benchmarks/torchrec_env.sh)    # pip chatter goes to stderr
@@ -23,9 +26,18 @@ TORCHMETRICS_VERSION="1.0.3"
 
 log() { echo "[torchrec_env] $*" >&2; }
 
-# Everything already in place? (exact versions + the planner imports)
+# shardplan's core dependencies, one per line, as pyproject.toml lists them.
+core_deps() {
+    "${1:-python3}" -c 'import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
+        "$REPO/pyproject.toml"
+}
+CORE_STAMP="$VENV/.shardplan-core-deps"
+
+# Everything already in place? (exact versions, the planner imports, our core deps)
 env_ok() {
     [ -x "$VPY" ] || return 1
+    [ -f "$CORE_STAMP" ] && [ "$(cat "$CORE_STAMP")" = "$(core_deps "$VPY")" ] || return 1
     "$VPY" - "$TORCH_VERSION" "$FBGEMM_VERSION" "$TORCHREC_VERSION" "$TORCHMETRICS_VERSION" \
         >/dev/null 2>&1 <<'EOF'
 import sys
@@ -38,6 +50,7 @@ assert version("torchmetrics") == want_tm
 import torchrec.distributed.planner  # noqa: F401
 from torchrec.distributed.embedding import EmbeddingCollectionSharder  # noqa: F401
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: F401
+import httpx, numpy, pydantic  # noqa: F401,E401
 EOF
 }
 
@@ -83,6 +96,10 @@ pip_install tensordict "torchmetrics==$TORCHMETRICS_VERSION" tqdm pyre-extension
 # warn "torchrec 1.8.0 requires fbgemm-gpu, which is not installed": expected, harmless.
 log "installing torchrec==$TORCHREC_VERSION (--no-deps)"
 pip_install --no-deps "torchrec==$TORCHREC_VERSION"
+log "installing shardplan's core dependencies"
+mapfile -t CORE_DEPS < <(core_deps "$VPY")
+pip_install "${CORE_DEPS[@]}"
+core_deps "$VPY" >"$CORE_STAMP"
 
 got_torch="$("$VPY" -c 'import torch; print(torch.__version__)')"
 case "$got_torch" in

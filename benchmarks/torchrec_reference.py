@@ -189,9 +189,13 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
             f"TorchRec enumerated {len(options)} options: "
             + ", ".join(f"{o.sharding_type}/{o.compute_kernel}" for o in options)
         )
-    opt = options[0]
+    return {"shards": shard_estimates(options[0])}
+
+
+def shard_estimates(option: Any) -> list[dict[str, Any]]:
+    """A TorchRec ShardingOption's shards: sizes, offsets, perf (ms) and storage (bytes)."""
     shards: list[dict[str, Any]] = []
-    for shard in opt.shards:
+    for shard in option.shards:
         perf = shard.perf
         storage = shard.storage
         if perf is None or storage is None:
@@ -212,7 +216,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
                 "storage": {"hbm_bytes": int(storage.hbm), "ddr_bytes": int(storage.ddr)},
             }
         )
-    return {"shards": shards}
+    return shards
 
 
 def _error_text(exc: BaseException) -> str:

@@ -79,6 +79,15 @@ RULES = (
         lazy=(SOLVE,),
     ),
     Rule(
+        "clients.torchrec",
+        CLIENT_OURS,
+        CORE | {"httpx"},
+        "clients import plan, costs, validate, reports and the core install's libraries; "
+        "TorchRec interop reads TorchRec's objects by attribute and imports torchrec only "
+        "inside to_torchrec_plan",
+        lazy=("torchrec",),
+    ),
+    Rule(
         "clients.cli.serve",
         CLIENT_OURS,
         CORE | {"httpx"},
@@ -224,6 +233,10 @@ def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
             False,
         ),
         ("clients.cli.serve", "from planner_service.service import settings", True),
+        ("clients.torchrec", "import torchrec", True),
+        ("clients.torchrec", "def to_plan():\n    from torchrec.distributed import types", False),
+        ("clients.torchrec", "def to_plan():\n    import torch", True),
+        ("clients.cli.late", "def run():\n    import torchrec", True),
         ("planner_service.costs.late", "from . import options", False),
         ("planner_service.costs.late", "from ..solve import problem", True),
         ("planner_service.costs.late", "import fastapi", True),
@@ -235,7 +248,8 @@ def test_rules(module, source, broken):
 
 
 def test_the_vocabulary_and_the_cli_load_no_solver_service_or_torch():
-    """What a training worker (plan, costs, validate) or a CLI user loads on import."""
+    """What a training worker (plan, costs, validate), a CLI user or a TorchRec user building
+    a request (clients.torchrec) loads on import."""
     script = textwrap.dedent(
         """
         import importlib, pkgutil, sys
@@ -243,8 +257,11 @@ def test_the_vocabulary_and_the_cli_load_no_solver_service_or_torch():
         for package in (planner_service.plan, planner_service.costs, planner_service.validate):
             for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
                 importlib.import_module(info.name)
-        import clients.cli
-        heavy = ("ortools", "fastapi", "uvicorn", "starlette", "psycopg", "torch", "fbgemm_gpu")
+        import clients.cli, clients.torchrec
+        heavy = (
+            "ortools", "fastapi", "uvicorn", "starlette", "psycopg", "torch", "fbgemm_gpu",
+            "torchrec",
+        )
         print(" ".join(sorted(name for name in sys.modules if name.partition(".")[0] in heavy)))
         """
     )
