@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, Field
 
+from planner_service.plan.api import CheckResult, RankHeadroom
 from planner_service.plan.capacity import usable_capacity
 from planner_service.plan.codec import parse_plan, request_hash
-from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
+from planner_service.plan.types import Infeasibility, PlanRequest
 from planner_service.service.deps import State, reader
 from planner_service.service.limits import decode_plan_request
 from planner_service.service.planning import solve_only
@@ -15,32 +15,6 @@ from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE
 from planner_service.service.schemas import REQUEST_EXAMPLE, json_body
 
 router = APIRouter(tags=["plans"])
-
-
-class RankHeadroom(BaseModel):
-    rank: int
-    hbm_used_bytes: int
-    hbm_usable_bytes: int = Field(description="after hbm_headroom_fraction and dense bytes")
-    hbm_free_bytes: int
-    ddr_used_bytes: int
-    ddr_usable_bytes: int
-    ddr_free_bytes: int
-    perf_total_ms: float
-
-
-class CheckResult(BaseModel):
-    fits: bool
-    status: SolverStatus
-    plan_id: str | None = Field(
-        description="the plan's id (POST /v1/plans stores exactly this plan)"
-    )
-    stored: bool = Field(description="a plan for this request is already stored")
-    objective: float | None = None
-    lower_bound: float | None = None
-    gap: float | None = None
-    min_hbm_free_bytes: int | None = Field(None, description="the tightest rank's free HBM")
-    ranks: list[RankHeadroom] = Field(default_factory=list)
-    infeasibility: Infeasibility | None = None
 
 
 @router.post(
