@@ -285,6 +285,9 @@ def test_a_server_that_is_down_is_unavailable_after_the_retries(connect):
     assert isinstance(unavailable.value.last_error, httpx.ConnectError)
     assert unavailable.value.__cause__ is unavailable.value.last_error
     assert "after 4 attempt(s)" in str(unavailable.value)
+    with pytest.raises(PlannerError, match="ftp://") as unsupported:  # not retried: a usage error
+        connect("ftp://127.0.0.1:21").get_plan("a" * 64)
+    assert not isinstance(unsupported.value, PlannerUnavailable)
 
 
 def test_a_server_that_always_resets_gets_exactly_the_attempts(connect):

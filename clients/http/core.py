@@ -193,11 +193,10 @@ class Core:
                 alias, unavailable, remembered.resolved_at, known.plan_id,
             )  # fmt: skip
             return Resolved(alias, known, True, remembered.version, remembered.resolved_at)
-        plan_id = response.headers.get("x-shardplan-plan-id")
-        if response.status_code == 304 and known and plan_id == known.plan_id:
+        if response.status_code == 304 and known:  # still the plan named in If-None-Match
             plan = known
         else:
-            plan = self._plan(response, plan_id)
+            plan = self._plan(response, response.headers.get("x-shardplan-plan-id"))
         version = _version(response.headers.get("x-shardplan-alias-version"))
         if self.cache:
             self._keep(plan)
@@ -254,7 +253,7 @@ class Core:
                     last_error=error,
                 ) from error  # fmt: skip
             delay_s = self.policy.delay_s(attempts, wait_s)
-            log.warning(
+            log.info(
                 "%s %s: %s; attempt %d of %d in %.2f s",
                 call.method, self._url(call), error, attempts + 1, self.policy.retries + 1,
                 delay_s,
