@@ -28,7 +28,7 @@ from clients.http.errors import (
     PlannerHTTPError,
     PlannerUnavailable,
     UnexpectedResponse,
-    _validation_summary,
+    validation_summary,
 )
 from clients.http.integrity import PLAN_ID, verified_plan
 from clients.http.retry import RetryPolicy, is_retryable, retry_after_s
@@ -157,8 +157,9 @@ class Core:
     def import_plan(
         self, request: PlanRequest | Mapping[str, Any], plan: ShardingPlan | Mapping[str, Any]
     ) -> Operation[Imported]:
-        body = _pair(request, plan)
-        plan_id = as_plan(plan).plan_id
+        model = as_plan(plan)
+        plan_id = model.plan_id
+        body = _pair(as_request(request), model)
         call = Call("PUT", f"/v1/plans/{plan_id}", body, headers={"content-type": JSON})
         response = yield from self._exchange(call)
         stored = self._plan(response, plan_id)
@@ -228,7 +229,8 @@ class Core:
     def validate(
         self, request: PlanRequest | Mapping[str, Any], plan: ShardingPlan | Mapping[str, Any]
     ) -> Operation[ValidateResult]:
-        call = Call("POST", "/v1/validate", _pair(request, plan), headers={"content-type": JSON})
+        body = _pair(as_request(request), as_plan(plan))
+        call = Call("POST", "/v1/validate", body, headers={"content-type": JSON})
         response = yield from self._exchange(call)
         return self._document(response, call, ValidateResult)
 
@@ -291,7 +293,7 @@ class Core:
         except ValidationError as error:
             raise UnexpectedResponse(
                 f"{call.method} {self._url(call)}: {response.status_code}, but the body is "
-                f"not a {model.__name__}: {_validation_summary(error)}"
+                f"not a {model.__name__}: {validation_summary(error)}"
             ) from None
 
     def _keep(self, plan: ShardingPlan) -> None:
@@ -328,14 +330,10 @@ def _json_text(document: Any, what: str) -> str:
         raise InputError(what, [FieldProblem("", f"not JSON data: {error}")]) from None
 
 
-def _pair(
-    request: PlanRequest | Mapping[str, Any], plan: ShardingPlan | Mapping[str, Any]
-) -> bytes:
+def _pair(request: PlanRequest, plan: ShardingPlan) -> bytes:
+    """The body of POST /v1/validate and PUT /v1/plans/{plan_id}."""
     return canonical_bytes(
-        {
-            "request": as_request(request).model_dump(mode="json"),
-            "plan": as_plan(plan).model_dump(mode="json"),
-        }
+        {"request": request.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
     )
 
 

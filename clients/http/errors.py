@@ -232,7 +232,7 @@ def _class_for(status: int, problem: dict[str, Any]) -> type[PlannerHTTPError]:
     return ServerError if status >= 500 else BadRequest
 
 
-def _validation_summary(error: ValidationError) -> str:
+def validation_summary(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "(document)"
     return f"{error.error_count()} problem(s), first at {where}: {first['msg']}"
