@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from planner_service import PLANNER_VERSION
+from planner_service.plan.api import PlanSummary
 from planner_service.plan.codec import canonical_bytes, parse_request, request_hash
 from planner_service.service.store import open_store
 from tests import builders
@@ -73,6 +74,7 @@ def store_plan(database: str, world_size: int) -> tuple[bytes, str]:
         planner_version=PLANNER_VERSION,
         request=req_bytes,
         plan=plan_bytes,
+        summary=PlanSummary.of_stored(plan_bytes),
     )
     store.close()
     body = json.dumps({"request": req, "plan": json.loads(plan_bytes)}).encode()

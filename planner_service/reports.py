@@ -13,10 +13,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from planner_service.costs.estimate import total_components
 from planner_service.costs.options import DeviceClasses, Placement, ShardingOption, TableOptions
+from planner_service.plan.api import RankHeadroom
 from planner_service.plan.capacity import Capacity, usable_capacity
 from planner_service.plan.diff import PlanDiff, RankChange, TableChange, diff_totals
 from planner_service.plan.order import natural_sorted
@@ -485,19 +484,6 @@ def _signed_ms(value: float) -> str:
 
 
 # --------------------------------------------------------------------------- headroom
-
-
-class RankHeadroom(BaseModel):
-    """One rank's bytes per tier against what it can hold, and its estimated time."""
-
-    rank: int
-    hbm_used_bytes: int
-    hbm_usable_bytes: int = Field(description="after hbm_headroom_fraction and dense bytes")
-    hbm_free_bytes: int
-    ddr_used_bytes: int
-    ddr_usable_bytes: int
-    ddr_free_bytes: int
-    perf_total_ms: float
 
 
 def rank_headroom(request: PlanRequest, plan: ShardingPlan) -> list[RankHeadroom]:

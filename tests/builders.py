@@ -119,6 +119,7 @@ def plan(
     ddr_bytes: list[int] | None = None,
     report: SolverReport | None = None,
     stats_ranks: list[int] | None = None,
+    planner_version: str = "test",
 ) -> ShardingPlan:
     """A sealed plan whose rank_stats and report say what its shards really put on each
     rank (recomputed as the validator does), unless given: ``hbm_bytes`` and ``ddr_bytes``
@@ -146,5 +147,9 @@ def plan(
         critical_path=usage.critical_path,
     )
     return seal_plan(
-        request=req, planner_version="test", tables=tables, rank_stats=stats, solver=report
+        request=req,
+        planner_version=planner_version,
+        tables=tables,
+        rank_stats=stats,
+        solver=report,
     )

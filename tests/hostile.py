@@ -253,6 +253,7 @@ ROUTES = {
     "POST /v1/plans": request_cases,
     "POST /v1/check": request_cases,
     "POST /v1/validate": validate_cases,
+    f"PUT /v1/plans/{'0' * 64}": validate_cases,
     "PUT /v1/aliases/hostile": alias_cases,
 }
 

@@ -1,19 +1,25 @@
-"""Real servers for tests: a PostgreSQL cluster in a scratch directory and the shardplan
-service as a subprocess on a free loopback port. Nothing is mocked; everything is torn
-down by the fixtures that start it, and every wait is bounded."""
+"""Real servers for tests: a PostgreSQL cluster in a scratch directory, the shardplan
+service as a subprocess on a free loopback port, and a faulty proxy to put in front of it.
+Nothing is mocked; everything is torn down by the fixtures that start it, and every wait
+is bounded."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import http.server
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -154,3 +160,118 @@ class Service:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- faulty proxy
+
+
+@dataclass(frozen=True)
+class Fault:
+    """How the proxy answers one request instead of forwarding it: a status with headers
+    and a problem+json body, or (``reset``) a connection closed with a TCP reset before
+    any answer."""
+
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    reset: bool = False
+
+    @classmethod
+    def connection_reset(cls) -> Fault:
+        return cls(reset=True)
+
+
+@dataclass(frozen=True)
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    at: float  # time.monotonic() when the request had been read
+
+
+class FaultyProxy:
+    """A real HTTP server on a free loopback port, in front of ``upstream`` (a base URL):
+    it answers the requests it is given ``faults`` for with those, in order, then forwards
+    the rest, passing each forwarded body through ``corrupt``. ``seen`` lists every request
+    received. ``upstream=None``: nothing to forward to (every request needs a fault)."""
+
+    def __init__(
+        self,
+        upstream: str | None,
+        faults: list[Fault] | None = None,
+        *,
+        corrupt: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.faults = list(faults or [])
+        self.corrupt = corrupt
+        self.seen: list[Seen] = []
+        self._lock = threading.Lock()
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
+        self._server.daemon_threads = True
+        self._server.proxy = self  # type: ignore[attr-defined]
+        self.base = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FaultyProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def next_fault(self, seen: Seen) -> Fault | None:
+        with self._lock:
+            self.seen.append(seen)
+            return self.faults.pop(0) if self.faults else None
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: http.server.ThreadingHTTPServer
+
+    def _handle(self) -> None:
+        proxy: FaultyProxy = self.server.proxy  # type: ignore[attr-defined]
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        headers = {key.lower(): value for key, value in self.headers.items()}
+        fault = proxy.next_fault(Seen(self.command, self.path, headers, time.monotonic()))
+        if fault is not None and fault.reset:
+            # SO_LINGER 0: close() sends a RST, as a crashed or restarted server's host does.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+            return
+        if fault is not None:
+            problem = f'{{"title": "Injected", "status": {fault.status}, "detail": "fault"}}'
+            self._answer(fault.status, fault.headers, problem.encode(), "application/problem+json")
+            return
+        assert proxy.upstream is not None, f"no fault left for {self.command} {self.path}"
+        forwarded = {k: v for k, v in headers.items() if k not in _HOP_BY_HOP}
+        with httpx.Client(base_url=proxy.upstream, timeout=60) as upstream:
+            response = upstream.request(self.command, self.path, content=body, headers=forwarded)
+        content = proxy.corrupt(response.content) if proxy.corrupt else response.content
+        kept = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
+        self._answer(response.status_code, kept, content, None)
+
+    def _answer(
+        self, status: int, headers: dict[str, str], body: bytes, content_type: str | None
+    ) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        if content_type:
+            self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = _handle
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host"}
+)

@@ -88,6 +88,13 @@ RULES = (
         lazy=("torchrec",),
     ),
     Rule(
+        "clients.http",
+        (PLAN, "clients.http"),
+        CORE | {"httpx"},
+        "the HTTP client imports only plan (the vocabulary), itself and httpx, so that it "
+        "works on a core install (a training job's)",
+    ),
+    Rule(
         "clients.cli.serve",
         CLIENT_OURS,
         CORE | {"httpx"},
@@ -237,6 +244,11 @@ def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
         ("clients.torchrec", "def to_plan():\n    from torchrec.distributed import types", False),
         ("clients.torchrec", "def to_plan():\n    import torch", True),
         ("clients.cli.late", "def run():\n    import torchrec", True),
+        ("clients.http.late", "import httpx", False),
+        ("clients.http.late", "from planner_service.plan.codec import plan_id_of", False),
+        ("clients.http.late", "from planner_service.validate import validator", True),
+        ("clients.http.late", "from clients.cli import plan", True),
+        ("clients.http.late", "def run():\n    from planner_service.solve import pipeline", True),
         ("planner_service.costs.late", "from . import options", False),
         ("planner_service.costs.late", "from ..solve import problem", True),
         ("planner_service.costs.late", "import fastapi", True),
@@ -247,9 +259,9 @@ def test_rules(module, source, broken):
     assert bool(violations(module, "late.py", source)) == broken
 
 
-def test_the_vocabulary_and_the_cli_load_no_solver_service_or_torch():
-    """What a training worker (plan, costs, validate), a CLI user or a TorchRec user building
-    a request (clients.torchrec) loads on import."""
+def test_the_vocabulary_and_the_clients_load_no_solver_service_or_torch():
+    """What a training worker (plan, costs, validate, the HTTP client), a CLI user or a
+    TorchRec user building a request (clients.torchrec) loads on import."""
     script = textwrap.dedent(
         """
         import importlib, pkgutil, sys
@@ -257,7 +269,7 @@ def test_the_vocabulary_and_the_cli_load_no_solver_service_or_torch():
         for package in (planner_service.plan, planner_service.costs, planner_service.validate):
             for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
                 importlib.import_module(info.name)
-        import clients.cli, clients.torchrec
+        import clients.cli, clients.http, clients.torchrec
         heavy = (
             "ortools", "fastapi", "uvicorn", "starlette", "psycopg", "torch", "fbgemm_gpu",
             "torchrec",

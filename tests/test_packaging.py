@@ -129,6 +129,11 @@ def test_runtime_install_has_the_runtime_and_clients_but_no_solver_or_service(ru
         import importlib.util, json
         import runtime, planner_service.plan, planner_service.costs, planner_service.validate
         import clients.cli
+        from clients import PlannerClient, PlannerUnavailable  # the HTTP client works here
+        try:
+            PlannerClient("http://127.0.0.1:1", retries=0).get_plan("0" * 64)
+        except PlannerUnavailable:
+            pass
         extras = ("fastapi", "uvicorn", "ortools", "psycopg", "psycopg_pool", "pydantic_settings")
         print(json.dumps({
             "runtime": runtime.__file__,

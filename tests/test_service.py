@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from planner_service import PLANNER_VERSION
 from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, plan_id_of
 from planner_service.validate.validator import validate_plan
 from tests import builders
@@ -209,6 +210,170 @@ def test_wrong_method_and_unknown_route_are_problem_json(client):
     assert unknown.headers["content-type"] == "application/problem+json"
 
 
+# --------------------------------------------------------------------------- import, lists
+
+
+def made_elsewhere(name: str, planner_version: str = "offline-9.9", **plan_fields):
+    """A request and a valid plan for it made without this service: (request, plan) as
+    JSON data, and the plan's id."""
+    req = request([table(f"{name}1"), table(f"{name}2", dim=32)], world_size=2)
+    tables = {
+        f"{name}1": builders.table_wise(req, f"{name}1", 0),
+        f"{name}2": builders.row_wise(req, f"{name}2"),
+    }
+    plan = builders.plan(req, tables, planner_version=planner_version, **plan_fields)
+    return json.loads(req.model_dump_json()), json.loads(canonical_bytes(plan)), plan.plan_id
+
+
+def test_put_stores_a_plan_made_elsewhere_once_under_its_own_planner_version(client):
+    req, plan, plan_id = made_elsewhere("imp")
+    created = client.put(f"/v1/plans/{plan_id}", json={"request": req, "plan": plan})
+    assert created.status_code == 201, created.text
+    assert created.headers["location"] == f"/v1/plans/{plan_id}"
+    assert created.headers["x-shardplan-plan-id"] == plan_id
+    assert created.content == canonical_bytes(plan)
+    again = client.put(f"/v1/plans/{plan_id}", json={"request": req, "plan": plan})
+    assert again.status_code == 200 and again.content == created.content
+    assert client.get(f"/v1/plans/{plan_id}").content == created.content
+    stored_request = client.get(f"/v1/plans/{plan_id}/request").content
+    assert parse_request(stored_request) == parse_request(json.dumps(req))
+    # Made by another planner version: not this planner's answer, so a POST solves.
+    posted = client.post("/v1/plans", json=req)
+    assert posted.status_code == 201 and posted.headers["x-shardplan-cache"] == "miss"
+    assert posted.headers["x-shardplan-plan-id"] != plan_id
+    assert parse_plan(posted.content).planner_version == PLANNER_VERSION
+
+
+def test_put_plan_of_this_planner_version_is_what_post_answers(client):
+    req, plan, plan_id = made_elsewhere("own", planner_version=PLANNER_VERSION)
+    assert (
+        client.put(f"/v1/plans/{plan_id}", json={"request": req, "plan": plan}).status_code == 201
+    )
+    posted = client.post("/v1/plans", json=req)
+    assert posted.status_code == 200 and posted.headers["x-shardplan-cache"] == "hit"
+    assert posted.headers["x-shardplan-plan-id"] == plan_id
+    checked = client.post("/v1/check", json=req).json()
+    assert checked["stored"] is True and checked["plan_id"] == plan_id
+
+
+def test_put_at_another_address_is_409_naming_the_ids(client):
+    req, plan, plan_id = made_elsewhere("conf")
+    elsewhere = "0" * 64
+    moved = client.put(f"/v1/plans/{elsewhere}", json={"request": req, "plan": plan})
+    assert moved.status_code == 409
+    assert moved.headers["content-type"] == "application/problem+json"
+    problem = moved.json()
+    assert problem["title"] == "Plan id mismatch"
+    assert (problem["path_plan_id"], problem["plan_id"], problem["computed_plan_id"]) == (
+        elsewhere,
+        plan_id,
+        plan_id,
+    )
+    assert elsewhere in problem["detail"] and plan_id in problem["detail"]
+    # Edited after it was sealed: its content no longer hashes to the id it claims.
+    edited = json.loads(json.dumps(plan))
+    edited["rank_stats"][0]["hbm_bytes"] += 1
+    changed = client.put(f"/v1/plans/{plan_id}", json={"request": req, "plan": edited})
+    assert changed.status_code == 409
+    assert changed.json()["plan_id"] == plan_id
+    assert changed.json()["computed_plan_id"] == plan_id_of(edited) != plan_id
+    assert client.get(f"/v1/plans/{plan_id}").status_code == 404  # nothing stored
+
+
+def test_put_of_a_plan_that_breaks_its_request_is_422_listing_violations(client):
+    req, plan, plan_id = made_elsewhere("inv", hbm_bytes=[1, 1])  # rank_stats that lie
+    response = client.put(f"/v1/plans/{plan_id}", json={"request": req, "plan": plan})
+    assert response.status_code == 422
+    problem = response.json()
+    assert problem["title"] == "Invalid plan"
+    assert {violation["code"] for violation in problem["violations"]} == {"rank_stats"}
+    assert "nothing was stored" in problem["detail"]
+    assert problem["violations"][0]["message"] in problem["detail"]
+    # A plan made for another request: its request_hash says so.
+    other, _, _ = made_elsewhere("inv2")
+    _, good_plan, good_id = made_elsewhere("inv")
+    mismatch = client.put(f"/v1/plans/{good_id}", json={"request": other, "plan": good_plan})
+    assert mismatch.status_code == 422
+    assert "request_hash_mismatch" in [v["code"] for v in mismatch.json()["violations"]]
+    assert client.get(f"/v1/plans/{plan_id}").status_code == 404
+    assert client.get(f"/v1/plans/{good_id}").status_code == 404
+    bad_body = client.put(f"/v1/plans/{good_id}", json={"plan": good_plan})
+    assert bad_body.status_code == 422 and bad_body.json()["title"] == "Invalid input"
+
+
+def test_plans_are_listed_newest_first_page_by_page(client):
+    made = [made_elsewhere(f"list{index}") for index in range(3)]
+    for req, plan, plan_id in made:
+        assert (
+            client.put(f"/v1/plans/{plan_id}", json={"request": req, "plan": plan}).status_code
+            == 201
+        )
+    first = client.get("/v1/plans", params={"limit": 2})
+    assert first.status_code == 200
+    page = first.json()
+    assert [item["plan_id"] for item in page["plans"]] == [made[2][2], made[1][2]]
+    newest = page["plans"][0]
+    assert newest["planner_version"] == "offline-9.9"
+    assert newest["summary"] == {
+        "world_size": 2,
+        "num_tables": 2,
+        "objective": made[2][1]["solver"]["objective"],
+        "status": "optimal",
+    }
+    seen = [item["plan_id"] for item in page["plans"]]
+    while page["next"] is not None:
+        page = client.get("/v1/plans", params={"limit": 2, "after": page["next"]}).json()
+        assert len(page["plans"]) <= 2
+        seen += [item["plan_id"] for item in page["plans"]]
+    assert len(seen) == len(set(seen)) and made[0][2] in seen
+    assert seen.index(made[0][2]) == 2  # right after the two newest
+    assert len(client.get("/v1/plans").json()["plans"]) == min(len(seen), 50)
+
+
+@pytest.mark.parametrize(
+    ("route", "params", "parameter"),
+    [
+        ("/v1/plans", {"limit": "0"}, "limit"),
+        ("/v1/plans", {"limit": "501"}, "limit"),
+        ("/v1/plans", {"limit": "ten"}, "limit"),
+        ("/v1/plans", {"after": "not a cursor!"}, "after"),
+        ("/v1/plans", {"after": "Zm9v"}, "after"),  # base64 of "foo": one field of two
+        ("/v1/aliases", {"after": "%%%"}, "after"),
+        ("/v1/aliases", {"limit": "-1"}, "limit"),
+    ],
+)
+def test_bad_list_parameters_are_422_naming_the_parameter(client, route, params, parameter):
+    response = client.get(route, params=params)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    [error] = response.json()["errors"]
+    assert (error["path"], error["in"]) == (parameter, "query")
+    assert params[parameter] in error["value"]
+
+
+def test_aliases_are_listed_by_name_with_their_last_change(client):
+    plan_id = client.post("/v1/plans", json=small_request("alist")).headers["x-shardplan-plan-id"]
+    for name in ("list-b", "list-a"):
+        client.put(f"/v1/aliases/{name}", json={"plan_id": plan_id, "comment": f"for {name}"})
+    names, after = [], None
+    records = {}
+    while True:
+        params = {"limit": 1, **({"after": after} if after else {})}
+        page = client.get("/v1/aliases", params=params).json()
+        assert len(page["aliases"]) <= 1
+        for record in page["aliases"]:
+            names.append(record["name"])
+            records[record["name"]] = record
+        after = page["next"]
+        if after is None:
+            break
+    assert names == sorted(names, key=str.encode) and len(names) == len(set(names))
+    assert names.index("list-a") + 1 == names.index("list-b")
+    record = records["list-a"]
+    assert (record["plan_id"], record["comment"], record["version"]) == (plan_id, "for list-a", 1)
+    assert record["actor"] == "anonymous" and record["changed_at"].endswith("+00:00")
+
+
 # --------------------------------------------------------------------------- aliases
 
 
@@ -363,6 +528,7 @@ def test_health_readiness_metrics_and_openapi(client, service):
         "/v1/plans",
         "/v1/plans/{plan_id}",
         "/v1/plans/{plan_id}/view",
+        "/v1/aliases",
         "/v1/aliases/{name}",
         "/v1/aliases/{name}/history",
         "/v1/check",
@@ -398,9 +564,19 @@ def test_writes_need_a_bearer_token(secured):
         assert http.put("/v1/aliases/p", json={"plan_id": plan_id}).status_code == 401
         changed = http.put("/v1/aliases/p", json={"plan_id": plan_id}, headers=good)
         assert changed.status_code == 201 and changed.json()["actor"] == "ci"
+        req, plan, imported_id = made_elsewhere("auth-import")
+        body = {"request": req, "plan": plan}
+        assert http.put(f"/v1/plans/{imported_id}", json=body).status_code == 401
+        wrong_put = http.put(
+            f"/v1/plans/{imported_id}", json=body, headers={"Authorization": "Bearer nope"}
+        )
+        assert wrong_put.status_code == 403
+        assert http.put(f"/v1/plans/{imported_id}", json=body, headers=good).status_code == 201
         # Reads stay open by default.
         assert http.get(f"/v1/plans/{plan_id}").status_code == 200
         assert http.get("/v1/aliases/p").status_code == 200
+        assert http.get("/v1/plans").json()["plans"][0]["plan_id"] == imported_id
+        assert http.get("/v1/aliases").json()["aliases"][0]["name"] == "p"
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -425,6 +601,9 @@ def test_protected_reads_need_a_token_too(read_protected):
         assert http.get(f"/v1/plans/{plan_id}", headers=wrong).status_code == 403
         assert http.get(f"/v1/plans/{plan_id}", headers=good).status_code == 200
         assert http.post("/v1/check", json=small_request("pr")).status_code == 401
+        assert http.get("/v1/plans").status_code == 401
+        assert http.get("/v1/aliases").status_code == 401
+        assert http.get("/v1/plans", headers=good).json()["plans"][0]["plan_id"] == plan_id
         assert http.get("/healthz").status_code == 200  # probes stay open
 
 

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from planner_service.plan.api import PlanSummary
 from planner_service.plan.codec import canonical_bytes, parse_request
 from planner_service.plan.errors import InputError
 from planner_service.service.app import create_app
@@ -146,6 +147,7 @@ def _stored_plan(in_process_app: FastAPI, world_size: int) -> str:
         planner_version=plan.planner_version,
         request=canonical_bytes(req),
         plan=canonical_bytes(plan),
+        summary=PlanSummary.of(plan),
     )
     return plan.plan_id
 

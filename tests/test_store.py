@@ -8,16 +8,26 @@ from contextlib import closing
 
 import pytest
 
+from planner_service.plan.api import PlanSummary
 from planner_service.service.store import StoreUnavailableError, UnknownPlanError, open_store
 
+SUMMARY = PlanSummary(world_size=2, num_tables=1, objective=1.5, status="optimal")
 
-def _put(store, plan_id: str, request_hash: str = "r" * 64, data: bytes = b"{}") -> bool:
+
+def _put(
+    store,
+    plan_id: str,
+    request_hash: str = "r" * 64,
+    data: bytes = b"{}",
+    summary: PlanSummary = SUMMARY,
+) -> bool:
     return store.put_plan(
         plan_id=plan_id,
         request_hash=request_hash,
         planner_version="v1",
         request=b'{"req":1}',
         plan=data,
+        summary=summary,
     )
 
 
@@ -123,3 +133,85 @@ def test_unreachable_store_is_a_clear_error(tmp_path, postgres):
     closed_port = postgres.url().replace(f":{postgres.port}/", ":1/")
     with pytest.raises(StoreUnavailableError, match="PostgreSQL"):
         open_store(closed_port)
+
+
+def test_plans_are_listed_newest_first_in_pages_that_do_not_shift(store):
+    ids = [f"{index:x}" * 64 for index in range(1, 6)]
+    for index, plan_id in enumerate(ids):
+        _put(store, plan_id, summary=SUMMARY.model_copy(update={"world_size": index + 1}))
+    first = store.list_plans(limit=2)
+    assert [row.plan_id for row in first] == ids[:-3:-1]  # the two newest
+    assert first[0].summary == SUMMARY.model_copy(update={"world_size": 5})
+    assert first[0].planner_version == "v1" and first[0].created_at >= first[1].created_at
+    _put(store, "f" * 64)  # stored meanwhile: ahead of the cursor, so not in later pages
+    cursor = (first[-1].created_at, first[-1].plan_id)
+    second = store.list_plans(limit=2, before=cursor)
+    assert [row.plan_id for row in second] == [ids[2], ids[1]]
+    last = store.list_plans(limit=2, before=(second[-1].created_at, second[-1].plan_id))
+    assert [row.plan_id for row in last] == [ids[0]]
+    assert store.list_plans(limit=10)[0].plan_id == "f" * 64
+
+
+def test_plans_stored_in_the_same_microsecond_are_ordered_by_id(store):
+    for plan_id in ("a" * 64, "b" * 64, "c" * 64):
+        _put(store, plan_id)
+    with store._transaction(write=True) as cursor:  # one timestamp for all three
+        cursor.execute("UPDATE plans SET created_at = '2026-01-01T00:00:00.000000+00:00'")
+    first = store.list_plans(limit=1)
+    assert first[0].plan_id == "c" * 64
+    rest = store.list_plans(limit=5, before=(first[0].created_at, first[0].plan_id))
+    assert [row.plan_id for row in rest] == ["b" * 64, "a" * 64]
+
+
+def test_aliases_are_listed_by_name_bytewise_with_their_last_change(store):
+    _put(store, "a" * 64)
+    _put(store, "b" * 64)
+    for name in ("b.x", "B-1", "a_1", "a-1"):
+        store.set_alias(name, "a" * 64, actor="ci")
+    store.set_alias("b.x", "b" * 64, actor="alice", comment="moved")
+    listed = store.list_aliases(limit=10)
+    assert [alias.name for alias in listed] == ["B-1", "a-1", "a_1", "b.x"]  # bytewise
+    moved = listed[-1]
+    assert (moved.plan_id, moved.version, moved.actor, moved.comment) == (
+        "b" * 64,
+        2,
+        "alice",
+        "moved",
+    )
+    assert moved.previous_plan_id == "a" * 64
+    assert [alias.name for alias in store.list_aliases(limit=2, after="a-1")] == ["a_1", "b.x"]
+    assert store.list_aliases(limit=2, after="b.x") == []
+
+
+_OLD_PLANS_TABLE = (
+    "CREATE TABLE plans (plan_id TEXT PRIMARY KEY, request_hash TEXT NOT NULL, "
+    "planner_version TEXT NOT NULL, request {blob} NOT NULL, plan {blob} NOT NULL, "
+    "created_at TEXT NOT NULL)"
+)
+
+
+def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
+    """The plans table as the first release made it, with a plan in it: opening the store
+    adds the summary columns and fills them from the plan."""
+    plan = b'{"world_size": 4, "tables": {"a": {}, "b": {}}, "solver": {"objective": 2.5, "status": "feasible"}}'
+    row = ("d" * 64, "r" * 64, "v0", b"{}", plan, "2026-01-01T00:00:00.000000+00:00")
+    if store_url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(store_url) as connection:
+            connection.execute(_OLD_PLANS_TABLE.format(blob="BYTEA"))
+            connection.execute("INSERT INTO plans VALUES (%s, %s, %s, %s, %s, %s)", row)
+    else:
+        with closing(sqlite3.connect(store_url)) as connection, connection:
+            connection.execute(_OLD_PLANS_TABLE.format(blob="BLOB"))
+            connection.execute("INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)", row)
+    opened = open_store(store_url)
+    try:
+        [listed] = opened.list_plans(limit=5)
+        assert listed.summary == PlanSummary(
+            world_size=4, num_tables=2, objective=2.5, status="feasible"
+        )
+        assert listed.planner_version == "v0"
+        assert opened.get_plan("d" * 64).plan == plan
+    finally:
+        opened.close()

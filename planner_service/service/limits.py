@@ -1,15 +1,21 @@
 """Input limits: body size (413, enforced before the body is read into a route) and the
-size of a plan request (422 naming the field, the value and the limit)."""
+size of a plan request, or of a request and a plan in one body (422 naming the field, the
+value and the limit)."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from planner_service.plan.codec import load_json, parse_request
+from planner_service.plan.codec import load_json, parse_plan, parse_request
 from planner_service.plan.errors import FieldProblem, InputError
-from planner_service.plan.types import PlanRequest
+from planner_service.plan.types import PlanRequest, ShardingPlan
 from planner_service.service.problems import ProblemError
 from planner_service.service.settings import Settings
+
+M = TypeVar("M")
 
 
 def decode_plan_request(body: bytes, settings: Settings, *, source: str = "body") -> PlanRequest:
@@ -27,6 +33,53 @@ def decode_plan_request(body: bytes, settings: Settings, *, source: str = "body"
     if problems:
         raise InputError(source, problems)
     return request
+
+
+def decode_request_and_plan(body: bytes, settings: Settings) -> tuple[PlanRequest, ShardingPlan]:
+    """Both documents, within the service's limits; every problem in either is reported at
+    once, by its path in the body (``request.tables[0].name``, ``plan.world_size``)."""
+    document = load_json(body, source="body")
+    if not isinstance(document, dict) or set(document) != {"request", "plan"}:
+        problem = FieldProblem(
+            "", 'expected a JSON object with exactly the keys "request" and "plan"'
+        )
+        raise InputError("body", [problem])
+    raw_request = document["request"]
+    raw_tables = raw_request.get("tables") if isinstance(raw_request, dict) else None
+    too_many = tables_limit(raw_tables, settings, path="request.tables")
+    if too_many is not None:
+        raise InputError("body", [too_many])
+    problems: list[FieldProblem] = []
+    request = _part(parse_request, document, "request", problems)
+    plan = _part(parse_plan, document, "plan", problems)
+    if request is not None:
+        world = request.topology.world_size
+        problems += world_size_limit("request.topology.world_size", world, settings)
+    if plan is not None:
+        problems += world_size_limit("plan.world_size", plan.world_size, settings)
+    if problems or request is None or plan is None:
+        raise InputError("body", problems)
+    return request, plan
+
+
+def _part(
+    parse: Callable[..., M], document: dict[str, Any], key: str, problems: list[FieldProblem]
+) -> M | None:
+    """``document[key]`` parsed, or None with its problems added under ``key``."""
+    try:
+        return parse(json.dumps(document[key]), source=key)
+    except InputError as error:
+        problems += [
+            dataclasses.replace(problem, path=_under(key, problem.path))
+            for problem in error.problems
+        ]
+        return None
+
+
+def _under(key: str, path: str) -> str:
+    if not path:
+        return key
+    return f"{key}{path}" if path.startswith("[") else f"{key}.{path}"
 
 
 def tables_limit(tables: Any, settings: Settings, path: str = "tables") -> FieldProblem | None:

@@ -32,7 +32,7 @@ async def solve_and_store(
     request_document = canonical_bytes(request)
 
     def finish(result: SolveResult) -> tuple[SolveResult, bool]:
-        if result.plan is None or result.plan_id is None:
+        if result.plan is None or result.plan_id is None or result.summary is None:
             return result, False
         inserted = store.put_plan(
             plan_id=result.plan_id,
@@ -40,6 +40,7 @@ async def solve_and_store(
             planner_version=PLANNER_VERSION,
             request=request_document,
             plan=result.plan,
+            summary=result.summary,
         )
         state.cache.put(result.plan_id, result.plan)
         return result, inserted

@@ -27,6 +27,7 @@ TITLES = {
     403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
+    409: "Conflict",
     413: "Content too large",
     415: "Unsupported media type",
     422: "Invalid input",
@@ -48,6 +49,9 @@ class Problem(BaseModel):
     )
     infeasibility: dict[str, Any] | None = Field(
         None, description="when no plan exists: the reasons and the smallest fixes"
+    )
+    violations: list[dict[str, Any]] | None = Field(
+        None, description="for a plan that breaks its request: every violation (code, message)"
     )
     time_limit_s: float | None = Field(
         None, description="when a solve overran: the request's options.time_limit_s"

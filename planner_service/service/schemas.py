@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from planner_service.plan.types import PlanRequest, ShardingPlan
+
 REF_TEMPLATE = "#/components/schemas/{model}"
 _COMPONENTS: dict[str, dict[str, Any]] = {}
 # The example body of POST /v1/plans and POST /v1/check.
@@ -25,6 +27,13 @@ REQUEST_EXAMPLE = {
     ],
     "options": {"time_limit_s": 2.0},
 }
+
+
+class RequestAndPlan(BaseModel):
+    """Body of POST /v1/validate and PUT /v1/plans/{plan_id}."""
+
+    request: PlanRequest
+    plan: ShardingPlan
 
 
 def schema_ref(model: type[BaseModel]) -> dict[str, str]:

@@ -40,6 +40,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
+from planner_service.plan.api import PlanSummary
+
 T = TypeVar("T")
 log = logging.getLogger("shardplan.api")
 
@@ -51,12 +53,14 @@ RECENT_SOLVES = 32
 
 @dataclass(frozen=True)
 class SolveResult:
-    """What a worker sends back: the stored form of the plan or of its infeasibility."""
+    """What a worker sends back: the stored form of the plan (and its summary, for lists)
+    or of its infeasibility."""
 
     plan_id: str | None
     plan: bytes | None
     infeasibility: bytes | None
     wall_time_s: float
+    summary: PlanSummary | None = None
 
 
 @dataclass(frozen=True)
@@ -154,8 +158,9 @@ def solve_document(request_document: bytes) -> SolveResult:
     request = parse_request(request_document)
     outcome = solve(request)
     if outcome.plan is not None:
+        plan = outcome.plan
         return SolveResult(
-            outcome.plan.plan_id, plan_bytes(outcome.plan), None, outcome.wall_time_s
+            plan.plan_id, plan_bytes(plan), None, outcome.wall_time_s, PlanSummary.of(plan)
         )
     assert outcome.infeasibility is not None
     infeasibility = outcome.infeasibility.model_dump_json().encode()

@@ -6,9 +6,13 @@
   a connection pool; several service replicas can share one database.
 
 Plans are immutable: inserted once by ``plan_id`` (their content address) with the request
-beside them, never updated or deleted. ``put_plan`` returns only after the commit, so a
-plan the API reports as stored is durable. Aliases are the one mutable thing; every change
-is appended to ``alias_history`` in the same transaction as the alias itself.
+and a summary (world size, tables, objective, status: what a list shows) beside them, never
+updated or deleted. ``put_plan`` returns only after the commit, so a plan the API reports
+as stored is durable. Aliases are the one mutable thing; every change is appended to
+``alias_history`` in the same transaction as the alias itself.
+
+Lists are pages in a fixed order with a keyset cursor (the last row's sort key), so a page
+costs the same however deep it is and rows stored meanwhile neither repeat nor shift it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from planner_service.plan.api import PlanListing, PlanSummary
+
 # One schema for both databases: TEXT timestamps (ISO 8601, UTC) and binary plan bytes.
 # ``BLOB`` is spelled per database (``BYTEA`` on PostgreSQL).
 _SCHEMA = """
@@ -32,9 +38,14 @@ CREATE TABLE IF NOT EXISTS plans (
     planner_version TEXT NOT NULL,
     request BLOB NOT NULL,
     plan BLOB NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    world_size INTEGER,
+    num_tables INTEGER,
+    objective DOUBLE PRECISION,
+    status TEXT
 );
 CREATE INDEX IF NOT EXISTS plans_by_request ON plans (request_hash, planner_version);
+CREATE INDEX IF NOT EXISTS plans_by_creation ON plans (created_at, plan_id);
 CREATE TABLE IF NOT EXISTS aliases (
     name TEXT PRIMARY KEY,
     plan_id TEXT NOT NULL REFERENCES plans (plan_id),
@@ -52,6 +63,14 @@ CREATE TABLE IF NOT EXISTS alias_history (
     PRIMARY KEY (name, version)
 );
 """
+# Added after the first release: stores made before gain them (NULL), then are backfilled.
+_SUMMARY_COLUMNS = {
+    "world_size": "INTEGER",
+    "num_tables": "INTEGER",
+    "objective": "DOUBLE PRECISION",
+    "status": "TEXT",
+}
+_BACKFILL_BATCH = 100
 
 
 @dataclass(frozen=True)
@@ -92,6 +111,8 @@ class PlanStore(ABC):
 
     placeholder = "?"
     blob_type = "BLOB"
+    columns_query = "SELECT name FROM pragma_table_info('plans')"
+    bytewise = ""  # the collation that orders text by its bytes (SQLite's default)
 
     # --------------------------------------------------------------- database specifics
 
@@ -110,6 +131,31 @@ class PlanStore(ABC):
         for statement in _SCHEMA.replace("BLOB", self.blob_type).split(";"):
             if statement.strip():
                 cursor.execute(statement)
+        self._add_summaries(cursor)
+
+    def _add_summaries(self, cursor: Any) -> None:
+        """Give a store made before plan summaries existed its summary columns, and fill
+        them from the stored plans, a batch at a time (once: new plans come with one)."""
+        cursor.execute(self.columns_query)
+        present = {str(row[0]) for row in cursor.fetchall()}
+        for name, column_type in _SUMMARY_COLUMNS.items():
+            if name not in present:
+                cursor.execute(f"ALTER TABLE plans ADD COLUMN {name} {column_type}")
+        select = self._sql("SELECT plan_id, plan FROM plans WHERE world_size IS NULL LIMIT ?")
+        while True:
+            cursor.execute(select, (_BACKFILL_BATCH,))
+            rows = cursor.fetchall()
+            if not rows:
+                return
+            for plan_id, data in rows:
+                summary = PlanSummary.of_stored(bytes(data))
+                cursor.execute(
+                    self._sql(
+                        "UPDATE plans SET world_size = ?, num_tables = ?, objective = ?, "
+                        "status = ? WHERE plan_id = ?"
+                    ),
+                    (*_summary_values(summary), plan_id),
+                )
 
     # --------------------------------------------------------------- operations
 
@@ -120,19 +166,66 @@ class PlanStore(ABC):
             cursor.fetchone()
 
     def put_plan(
-        self, *, plan_id: str, request_hash: str, planner_version: str, request: bytes, plan: bytes
+        self,
+        *,
+        plan_id: str,
+        request_hash: str,
+        planner_version: str,
+        request: bytes,
+        plan: bytes,
+        summary: PlanSummary,
     ) -> bool:
         """Insert a plan once; True when this call stored it, False when it already was.
+        ``plan_for_request`` finds it by ``request_hash`` and ``planner_version``.
         Returns after the commit."""
         with self._transaction(write=True) as cursor:
             cursor.execute(
                 self._sql(
                     "INSERT INTO plans (plan_id, request_hash, planner_version, request, plan, "
-                    "created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (plan_id) DO NOTHING"
+                    "created_at, world_size, num_tables, objective, status) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (plan_id) DO NOTHING"
                 ),
-                (plan_id, request_hash, planner_version, request, plan, _now()),
+                (
+                    plan_id,
+                    request_hash,
+                    planner_version,
+                    request,
+                    plan,
+                    _now(),
+                    *_summary_values(summary),
+                ),
             )
             return bool(cursor.rowcount == 1)
+
+    def list_plans(self, *, limit: int, before: Sequence[str] | None = None) -> list[PlanListing]:
+        """Up to ``limit`` plans, newest first (by ``created_at``, then ``plan_id``), only
+        those after ``before`` in that order (a ``(created_at, plan_id)`` already listed)."""
+        where = ""
+        arguments: tuple[str, ...] = ()
+        if before is not None:
+            where = "WHERE created_at < ? OR (created_at = ? AND plan_id < ?) "
+            arguments = (before[0], before[0], before[1])
+        with self._transaction() as cursor:
+            cursor.execute(
+                self._sql(
+                    "SELECT plan_id, planner_version, created_at, world_size, num_tables, "
+                    f"objective, status FROM plans {where}"
+                    "ORDER BY created_at DESC, plan_id DESC LIMIT ?"
+                ),
+                (*arguments, limit),
+            )
+            rows: Sequence[Sequence[Any]] = cursor.fetchall()
+        return [
+            PlanListing(
+                plan_id=row[0],
+                planner_version=row[1],
+                created_at=row[2],
+                summary=PlanSummary(
+                    world_size=row[3], num_tables=row[4], objective=row[5], status=row[6]
+                ),
+            )
+            for row in rows
+        ]
 
     def get_plan(self, plan_id: str) -> StoredPlan | None:
         with self._transaction() as cursor:
@@ -195,6 +288,26 @@ class PlanStore(ABC):
         """Serialise concurrent changes of one alias (SQLite's BEGIN IMMEDIATE already does)."""
         del cursor, name
 
+    def list_aliases(self, *, limit: int, after: str | None = None) -> list[AliasChange]:
+        """Up to ``limit`` aliases by name in bytewise order (the same on both databases),
+        only names after ``after``; each as the change that set it last."""
+        where = ""
+        arguments: tuple[str, ...] = ()
+        if after is not None:
+            where, arguments = f"WHERE a.name{self.bytewise} > ? ", (after,)
+        with self._transaction() as cursor:
+            cursor.execute(
+                self._sql(
+                    "SELECT h.name, h.version, h.plan_id, h.previous_plan_id, h.actor, "
+                    "h.comment, h.changed_at FROM aliases a JOIN alias_history h "
+                    f"ON h.name = a.name AND h.version = a.version {where}"
+                    f"ORDER BY a.name{self.bytewise} LIMIT ?"
+                ),
+                (*arguments, limit),
+            )
+            rows: Sequence[Sequence[Any]] = cursor.fetchall()
+        return [_alias_change(row) for row in rows]
+
     def get_alias(self, name: str) -> AliasChange | None:
         """The alias's current target, as its latest change."""
         history = self.alias_history(name, limit=1)
@@ -211,7 +324,15 @@ class PlanStore(ABC):
                 (name, limit),
             )
             rows: Sequence[Sequence[Any]] = cursor.fetchall()
-        return [AliasChange(r[0], int(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in rows]
+        return [_alias_change(row) for row in rows]
+
+
+def _alias_change(row: Sequence[Any]) -> AliasChange:
+    return AliasChange(row[0], int(row[1]), row[2], row[3], row[4], row[5], row[6])
+
+
+def _summary_values(summary: PlanSummary) -> tuple[int, int, float, str]:
+    return summary.world_size, summary.num_tables, summary.objective, summary.status.value
 
 
 class SqliteStore(PlanStore):
@@ -273,6 +394,11 @@ class PostgresStore(PlanStore):
 
     placeholder = "%s"
     blob_type = "BYTEA"
+    columns_query = (
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name = 'plans'"
+    )
+    bytewise = ' COLLATE "C"'
     _SCHEMA_LOCK = 0x5348415244  # pg_advisory_xact_lock key: replicas create the schema once
 
     def __init__(self, url: str, *, max_connections: int = 8) -> None:

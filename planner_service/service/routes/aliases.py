@@ -1,5 +1,6 @@
 """Aliases: stable names (``ranking-prod``) that point at a plan, with their history, so a
-job can fetch "the current plan" and a bad plan can be rolled back by pointing back."""
+job can fetch "the current plan" and a bad plan can be rolled back by pointing back; and
+the list of them all."""
 
 from __future__ import annotations
 
@@ -10,9 +11,18 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from planner_service.plan.api import AliasHistory, AliasPage, AliasRecord
 from planner_service.plan.codec import load_json
 from planner_service.plan.errors import InputError, problems_from_validation_error
 from planner_service.service.deps import PLAN_ID_PATTERN, State, Writer, reader
+from planner_service.service.paging import (
+    DEFAULT_LIMIT,
+    After,
+    Limit,
+    decode_cursor,
+    encode_cursor,
+    page,
+)
 from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
 from planner_service.service.responses import JSON, PLAN_RESPONSE, etag_matches
 from planner_service.service.schemas import json_body
@@ -39,33 +49,36 @@ class AliasUpdate(BaseModel):
     comment: str | None = Field(None, max_length=1000, description="why, for the history")
 
 
-class AliasRecord(BaseModel):
-    """One change of an alias."""
-
-    name: str
-    version: int = Field(description="1 for the first change, then +1 per change")
-    plan_id: str
-    previous_plan_id: str | None
-    actor: str = Field(description="the token name that made the change (or anonymous)")
-    comment: str | None
-    changed_at: str = Field(description="ISO 8601, UTC")
-
-    @classmethod
-    def of(cls, change: AliasChange) -> AliasRecord:
-        return cls(
-            name=change.name,
-            version=change.version,
-            plan_id=change.plan_id,
-            previous_plan_id=change.previous_plan_id,
-            actor=change.actor,
-            comment=change.comment,
-            changed_at=change.changed_at,
-        )
+def alias_record(change: AliasChange) -> AliasRecord:
+    return AliasRecord(
+        name=change.name,
+        version=change.version,
+        plan_id=change.plan_id,
+        previous_plan_id=change.previous_plan_id,
+        actor=change.actor,
+        comment=change.comment,
+        changed_at=change.changed_at,
+    )
 
 
-class AliasHistory(BaseModel):
-    name: str
-    changes: list[AliasRecord] = Field(description="newest first")
+@router.get(
+    "/v1/aliases",
+    response_model=AliasPage,
+    dependencies=[Depends(reader)],
+    responses={422: {"description": "a bad `limit` or `after`", **PROBLEM_CONTENT}},
+)
+async def list_aliases(
+    state: State, limit: Limit = DEFAULT_LIMIT, after: After = None
+) -> AliasPage:
+    """Every alias by name (bytewise order), each as the change that set it last: the plan
+    it points at, who moved it, when and why. Follow ``next`` for the rest."""
+    last = None if after is None else decode_cursor(after, 1)[0]
+    rows = await run_in_threadpool(lambda: state.store().list_aliases(limit=limit + 1, after=last))
+    changes, more = page(rows, limit)
+    return AliasPage(
+        aliases=[alias_record(change) for change in changes],
+        next=encode_cursor(changes[-1].name) if more else None,
+    )
 
 
 @router.put(
@@ -100,7 +113,7 @@ async def put_alias(
             "POST /v1/plans first",
             errors=[{"path": "plan_id", "message": "no plan with this id is stored here"}],
         ) from None
-    record = AliasRecord.of(change)
+    record = alias_record(change)
     return Response(
         record.model_dump_json(),
         status_code=201 if change.version == 1 else 200,
@@ -149,4 +162,4 @@ async def alias_history(name: AliasName, state: State) -> AliasHistory:
     changes = await run_in_threadpool(lambda: state.store().alias_history(name, limit=100))
     if not changes:
         raise ProblemError(404, f"no alias named {name!r}")
-    return AliasHistory(name=name, changes=[AliasRecord.of(change) for change in changes])
+    return AliasHistory(name=name, changes=[alias_record(change) for change in changes])

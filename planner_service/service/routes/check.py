@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, Field
 
+from planner_service.plan.api import CheckResult
 from planner_service.plan.codec import parse_plan, request_hash
-from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
-from planner_service.reports import RankHeadroom, rank_headroom
+from planner_service.plan.types import Infeasibility, PlanRequest
+from planner_service.reports import rank_headroom
 from planner_service.service.deps import State, reader
 from planner_service.service.limits import decode_plan_request
 from planner_service.service.planning import solve_only
@@ -15,21 +15,6 @@ from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE
 from planner_service.service.schemas import REQUEST_EXAMPLE, json_body
 
 router = APIRouter(tags=["plans"])
-
-
-class CheckResult(BaseModel):
-    fits: bool
-    status: SolverStatus
-    plan_id: str | None = Field(
-        description="the plan's id (POST /v1/plans stores exactly this plan)"
-    )
-    stored: bool = Field(description="a plan for this request is already stored")
-    objective: float | None = None
-    lower_bound: float | None = None
-    gap: float | None = None
-    min_hbm_free_bytes: int | None = Field(None, description="the tightest rank's free HBM")
-    ranks: list[RankHeadroom] = Field(default_factory=list)
-    infeasibility: Infeasibility | None = None
 
 
 @router.post(

@@ -1,19 +1,36 @@
-"""Plans: POST /v1/plans (solve or return the stored plan), GET /v1/plans/{plan_id} (the
-stored bytes, immutable and cacheable), its request, and its HTML view."""
+"""Plans: POST /v1/plans (solve or return the stored plan), PUT /v1/plans/{plan_id} (store
+a plan solved elsewhere), GET /v1/plans (the list), GET /v1/plans/{plan_id} (the stored
+bytes, immutable and cacheable), its request, and its HTML view."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response
+from starlette.concurrency import run_in_threadpool
 
+from planner_service.plan.api import PlanPage
 from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.types import PlanRequest
 from planner_service.service.deps import PlanId, State, Writer, reader
+from planner_service.service.importing import import_plan
 from planner_service.service.limits import decode_plan_request
+from planner_service.service.paging import (
+    DEFAULT_LIMIT,
+    After,
+    Limit,
+    decode_cursor,
+    encode_cursor,
+    page,
+)
 from planner_service.service.planning import no_plan, solve_and_store
 from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
 from planner_service.service.responses import IMMUTABLE, JSON, PLAN_RESPONSE, etag_matches
-from planner_service.service.schemas import REQUEST_EXAMPLE, json_body, schema_ref
+from planner_service.service.schemas import (
+    REQUEST_EXAMPLE,
+    RequestAndPlan,
+    json_body,
+    schema_ref,
+)
 from planner_service.service.view import render_plan_page
 
 router = APIRouter(tags=["plans"])
@@ -50,14 +67,62 @@ async def create_plan(http_request: Request, state: State, actor: Writer) -> Res
     return response
 
 
-def _plan_response(plan_id: str, data: bytes, *, status: int, cache: str) -> Response:
+def _plan_response(plan_id: str, data: bytes, *, status: int, cache: str | None = None) -> Response:
     headers = {
         "Location": f"/v1/plans/{plan_id}",
         "ETag": f'"{plan_id}"',
         "X-Shardplan-Plan-Id": plan_id,
-        "X-Shardplan-Cache": cache,
     }
+    if cache is not None:
+        headers["X-Shardplan-Cache"] = cache
     return Response(data, status_code=status, media_type=JSON, headers=headers)
+
+
+@router.put(
+    "/v1/plans/{plan_id}",
+    status_code=201,
+    openapi_extra=json_body(RequestAndPlan),
+    responses={
+        200: {"description": "this plan was already stored", **PLAN_RESPONSE},
+        201: {"description": "checked and stored", **PLAN_RESPONSE},
+        409: {
+            "description": "the plan's content address is not the path's plan_id or the "
+            "plan's own plan_id",
+            **PROBLEM_CONTENT,
+        },
+        422: {
+            "description": "invalid body, or the plan breaks its request (`violations`)",
+            **PROBLEM_CONTENT,
+        },
+    },
+)
+async def put_plan(plan_id: PlanId, http_request: Request, state: State, actor: Writer) -> Response:
+    """Store a plan solved elsewhere, with the request it was made for: its content address
+    is computed again and the validator checks it against the request first. Stored under
+    its own ``planner_version``, so a POST of the same request gets it only from a service
+    of that planner version. The body is the stored plan, as from POST."""
+    del actor
+    checked, inserted = await import_plan(state, plan_id, await http_request.body())
+    return _plan_response(checked.plan_id, checked.plan, status=201 if inserted else 200)
+
+
+@router.get(
+    "/v1/plans",
+    response_model=PlanPage,
+    dependencies=[Depends(reader)],
+    responses={422: {"description": "a bad `limit` or `after`", **PROBLEM_CONTENT}},
+)
+async def list_plans(state: State, limit: Limit = DEFAULT_LIMIT, after: After = None) -> PlanPage:
+    """Stored plans, newest first, each with its planner version, when it was stored and a
+    summary (world size, tables, objective, solver status). Follow ``next`` for more."""
+    before = None if after is None else decode_cursor(after, 2)
+    store = state.store()
+    rows = await run_in_threadpool(lambda: store.list_plans(limit=limit + 1, before=before))
+    plans, more = page(rows, limit)
+    last = plans[-1] if more else None
+    return PlanPage(
+        plans=list(plans), next=encode_cursor(last.created_at, last.plan_id) if last else None
+    )
 
 
 @router.get(

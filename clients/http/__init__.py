@@ -1,0 +1,62 @@
+"""The planner service from Python: ``PlannerClient`` (blocking) and
+``AsyncPlannerClient`` (asyncio), on httpx, with the core install only
+(``planner_service.plan`` and httpx: no solver, no web stack).
+
+::
+
+    from clients import PlannerClient
+
+    with PlannerClient("http://planner:8000", cache_dir="/var/cache/shardplan") as client:
+        plan = client.get_plan(plan_id)  # hashed again; from the cache when held
+
+- Retries: connection errors, 429, 502, 503 (after its Retry-After) and 504, with
+  exponential backoff and full jitter; never an answer about the input (``retry.py``).
+- Integrity: every plan is hashed again and must be the one asked for, else
+  ``IntegrityError``; nothing unverified is returned or cached (``integrity.py``).
+- Cache: with ``cache_dir``, plans fetched are kept on disk, verified when read back; an
+  alias is answered from it only with ``allow_stale_alias=True``, and says so
+  (``Resolved.stale``; ``cache.py``).
+- Errors: one hierarchy under ``PlannerError`` (``errors.py``).
+"""
+
+from clients.http.client import AsyncPlannerClient, PlannerClient
+from clients.http.core import Imported, Resolved
+from clients.http.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    IntegrityError,
+    InvalidPlan,
+    NoPlanFound,
+    NotFound,
+    Overloaded,
+    PlannerError,
+    PlannerHTTPError,
+    PlannerUnavailable,
+    ServerError,
+    Unauthorized,
+    UnexpectedResponse,
+)
+from clients.http.retry import RetryPolicy
+
+__all__ = [
+    "AsyncPlannerClient",
+    "BadRequest",
+    "Conflict",
+    "Forbidden",
+    "Imported",
+    "IntegrityError",
+    "InvalidPlan",
+    "NoPlanFound",
+    "NotFound",
+    "Overloaded",
+    "PlannerClient",
+    "PlannerError",
+    "PlannerHTTPError",
+    "PlannerUnavailable",
+    "Resolved",
+    "RetryPolicy",
+    "ServerError",
+    "Unauthorized",
+    "UnexpectedResponse",
+]

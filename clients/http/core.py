@@ -1,0 +1,369 @@
+"""Everything the client does, once, without doing any I/O on the network: each operation
+is a generator that yields the steps it needs (``Call``: send this HTTP request;
+``Sleep``: wait this long before the next attempt) and gets back what each step gave (an
+``httpx.Response``, or the ``httpx.RequestError`` it raised). ``PlannerClient`` runs the
+steps with ``httpx.Client`` and ``time.sleep``, ``AsyncPlannerClient`` with
+``httpx.AsyncClient`` and ``asyncio.sleep``: the retries, the checks, the cache and the
+errors are the same code for both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from clients.http.cache import DiskCache, utc_now
+from clients.http.errors import (
+    IntegrityError,
+    PlannerError,
+    PlannerHTTPError,
+    PlannerUnavailable,
+    UnexpectedResponse,
+    validation_summary,
+)
+from clients.http.integrity import PLAN_ID, verified_plan
+from clients.http.retry import RetryPolicy, is_retryable, retry_after_s
+from planner_service.plan.api import AliasPage, AliasRecord, CheckResult, PlanPage, ValidateResult
+from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
+from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.types import PlanRequest, ShardingPlan
+
+log = logging.getLogger("shardplan.client")
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+ALIAS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Call:
+    """Send this request (relative to the client's base URL)."""
+
+    method: str
+    path: str
+    content: bytes | None = None
+    params: Mapping[str, str | int] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The rest, as ``httpx.Client.request`` takes them."""
+        return {"content": self.content, "params": self.params, "headers": self.headers}
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait this long, then carry on."""
+
+    seconds: float
+
+
+Step = Call | Sleep
+Outcome = httpx.Response | httpx.RequestError | None  # None answers a Sleep
+Operation = Generator[Step, Outcome, T]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What an alias resolved to. ``stale`` is True only when the service could not be
+    reached and ``allow_stale_alias=True`` let the cache answer: then ``plan`` is the plan
+    the alias pointed at when it was last resolved, at ``resolved_at``, and it may have
+    moved since."""
+
+    alias: str
+    plan: ShardingPlan
+    stale: bool
+    version: int | None  # the alias's version (1 when first set, +1 per move)
+    resolved_at: str  # ISO 8601, UTC
+
+    @property
+    def plan_id(self) -> str:
+        return self.plan.plan_id
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A plan put to the service: ``created`` is False when it was stored already."""
+
+    plan: ShardingPlan
+    created: bool
+
+
+class Core:
+    """The operations, for a service at ``base_url``; see the module docstring."""
+
+    def __init__(self, base_url: str, policy: RetryPolicy, cache: DiskCache | None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.policy = policy
+        self.cache = cache
+
+    # ------------------------------------------------------------------------ plans
+
+    def create_plan(self, request: PlanRequest | Mapping[str, Any]) -> Operation[ShardingPlan]:
+        model = as_request(request)
+        call = Call("POST", "/v1/plans", canonical_bytes(model), headers={"content-type": JSON})
+        response = yield from self._exchange(call)
+        plan = self._plan(response, response.headers.get("x-shardplan-plan-id"))
+        if plan.request_hash != request_hash(model):
+            raise IntegrityError(
+                f"POST {self._url(call)}: the plan answers the request with hash "
+                f"{plan.request_hash}, not this one ({request_hash(model)})",
+                expected_plan_id=None,
+                plan_id=plan.plan_id,
+            )
+        self._keep(plan)
+        return plan
+
+    def get_plan(self, plan_id: str) -> Operation[ShardingPlan]:
+        check_plan_id(plan_id)
+        cached = self.cache.plan(plan_id) if self.cache else None
+        if cached is not None:
+            return cached  # plans never change: no need to ask
+        response = yield from self._exchange(Call("GET", f"/v1/plans/{plan_id}"))
+        plan = self._plan(response, plan_id)
+        self._keep(plan)
+        return plan
+
+    def get_request(self, plan_id: str) -> Operation[PlanRequest]:
+        plan = yield from self.get_plan(plan_id)
+        cached = self.cache.request(plan) if self.cache else None
+        if cached is not None:
+            return cached
+        call = Call("GET", f"/v1/plans/{plan_id}/request")
+        response = yield from self._exchange(call)
+        request = self._document(response, call, PlanRequest)
+        if request_hash(request) != plan.request_hash:
+            raise IntegrityError(
+                f"GET {self._url(call)}: the request's hash is {request_hash(request)}, "
+                f"but plan {plan_id} was made for {plan.request_hash}",
+                expected_plan_id=plan_id,
+                plan_id=plan.plan_id,
+            )
+        if self.cache:
+            self.cache.put_request(plan, request)
+        return request
+
+    def import_plan(
+        self, request: PlanRequest | Mapping[str, Any], plan: ShardingPlan | Mapping[str, Any]
+    ) -> Operation[Imported]:
+        model = as_plan(plan)
+        plan_id = model.plan_id
+        body = _pair(as_request(request), model)
+        call = Call("PUT", f"/v1/plans/{plan_id}", body, headers={"content-type": JSON})
+        response = yield from self._exchange(call)
+        stored = self._plan(response, plan_id)
+        self._keep(stored)
+        return Imported(stored, created=response.status_code == 201)
+
+    def list_plans(self, limit: int | None, after: str | None) -> Operation[PlanPage]:
+        call = Call("GET", "/v1/plans", params=_page_params(limit, after))
+        response = yield from self._exchange(call)
+        return self._document(response, call, PlanPage)
+
+    # ------------------------------------------------------------------------ aliases
+
+    def resolve(self, alias: str, allow_stale_alias: bool) -> Operation[Resolved]:
+        check_alias(alias)
+        remembered = self.cache.alias(alias) if self.cache else None
+        known = None
+        if self.cache and remembered:
+            known = self.cache.plan(remembered.plan_id)
+        # With that plan cached, the service need only say it is still the one (304).
+        headers = {"if-none-match": f'"{known.plan_id}"'} if known else {}
+        try:
+            response = yield from self._exchange(
+                Call("GET", f"/v1/aliases/{alias}", headers=headers)
+            )
+        except PlannerUnavailable as unavailable:
+            if not (allow_stale_alias and remembered and known):
+                raise
+            log.warning(
+                "alias %r: %s; using the plan it named when last resolved, at %s "
+                "(allow_stale_alias=True): %s",
+                alias, unavailable, remembered.resolved_at, known.plan_id,
+            )  # fmt: skip
+            return Resolved(alias, known, True, remembered.version, remembered.resolved_at)
+        if response.status_code == 304 and known:  # still the plan named in If-None-Match
+            plan = known
+        else:
+            plan = self._plan(response, response.headers.get("x-shardplan-plan-id"))
+        version = _version(response.headers.get("x-shardplan-alias-version"))
+        if self.cache:
+            self._keep(plan)
+            record = self.cache.put_alias(alias, plan.plan_id, version)
+            return Resolved(alias, plan, False, version, record.resolved_at)
+        return Resolved(alias, plan, False, version, utc_now())
+
+    def set_alias(self, name: str, plan_id: str, comment: str | None) -> Operation[AliasRecord]:
+        check_alias(name)
+        check_plan_id(plan_id)
+        body = json.dumps({"plan_id": plan_id, "comment": comment}).encode()
+        call = Call("PUT", f"/v1/aliases/{name}", body, headers={"content-type": JSON})
+        response = yield from self._exchange(call)
+        return self._document(response, call, AliasRecord)
+
+    def list_aliases(self, limit: int | None, after: str | None) -> Operation[AliasPage]:
+        call = Call("GET", "/v1/aliases", params=_page_params(limit, after))
+        response = yield from self._exchange(call)
+        return self._document(response, call, AliasPage)
+
+    # ------------------------------------------------------------------------ checks
+
+    def check(self, request: PlanRequest | Mapping[str, Any]) -> Operation[CheckResult]:
+        body = canonical_bytes(as_request(request))
+        call = Call("POST", "/v1/check", body, headers={"content-type": JSON})
+        response = yield from self._exchange(call)
+        return self._document(response, call, CheckResult)
+
+    def validate(
+        self, request: PlanRequest | Mapping[str, Any], plan: ShardingPlan | Mapping[str, Any]
+    ) -> Operation[ValidateResult]:
+        body = _pair(as_request(request), as_plan(plan))
+        call = Call("POST", "/v1/validate", body, headers={"content-type": JSON})
+        response = yield from self._exchange(call)
+        return self._document(response, call, ValidateResult)
+
+    # ------------------------------------------------------------------------ exchanges
+
+    def _exchange(self, call: Call) -> Operation[httpx.Response]:
+        """``call``'s response, retried as the policy says (see retry.py); a 2xx or 304
+        response, or the error for any other."""
+        started = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            outcome = yield call
+            assert outcome is not None
+            if not is_retryable(outcome):
+                return self._final(call, outcome)
+            error, wait_s = self._failure(outcome)
+            if attempts > self.policy.retries:
+                elapsed_s = time.monotonic() - started
+                raise PlannerUnavailable(
+                    call.method, self._url(call), attempts=attempts, elapsed_s=elapsed_s,
+                    last_error=error,
+                ) from error  # fmt: skip
+            delay_s = self.policy.delay_s(attempts, wait_s)
+            log.info(
+                "%s %s: %s; attempt %d of %d in %.2f s",
+                call.method, self._url(call), error, attempts + 1, self.policy.retries + 1,
+                delay_s,
+            )  # fmt: skip
+            yield Sleep(delay_s)
+
+    def _final(self, call: Call, outcome: httpx.Response | httpx.RequestError) -> httpx.Response:
+        if isinstance(outcome, httpx.RequestError):
+            raise PlannerError(f"{call.method} {self._url(call)}: {outcome}") from outcome
+        if outcome.is_success or outcome.status_code == 304:
+            return outcome
+        raise PlannerHTTPError.from_response(outcome)
+
+    def _failure(
+        self, outcome: httpx.Response | httpx.RequestError
+    ) -> tuple[Exception, float | None]:
+        """A retried outcome as an error, and the wait the service asked for, if any."""
+        if isinstance(outcome, httpx.RequestError):
+            return outcome, None
+        wait_s = retry_after_s(outcome)
+        return PlannerHTTPError.from_response(outcome, wait_s), wait_s
+
+    def _url(self, call: Call) -> str:
+        return self.base_url + call.path
+
+    # ------------------------------------------------------------------------ answers
+
+    def _plan(self, response: httpx.Response, expected_plan_id: str | None) -> ShardingPlan:
+        source = f"{response.request.method} {response.request.url}"
+        return verified_plan(response.content, source=source, expected_plan_id=expected_plan_id)
+
+    def _document(self, response: httpx.Response, call: Call, model: type[M]) -> M:
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as error:
+            raise UnexpectedResponse(
+                f"{call.method} {self._url(call)}: {response.status_code}, but the body is "
+                f"not a {model.__name__}: {validation_summary(error)}"
+            ) from None
+
+    def _keep(self, plan: ShardingPlan) -> None:
+        if self.cache:
+            self.cache.put_plan(plan)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def as_request(request: PlanRequest | Mapping[str, Any]) -> PlanRequest:
+    """A PlanRequest, or a dict of one checked with the vocabulary (InputError naming
+    every bad field) before anything is sent."""
+    if isinstance(request, PlanRequest):
+        return request
+    return parse_request(_json_text(request, "request"), source="request")
+
+
+def as_plan(plan: ShardingPlan | Mapping[str, Any]) -> ShardingPlan:
+    if isinstance(plan, ShardingPlan):
+        return plan
+    return parse_plan(_json_text(plan, "plan"), source="plan")
+
+
+def _json_text(document: Any, what: str) -> str:
+    if not isinstance(document, Mapping):
+        problem = FieldProblem(
+            "", f"must be a {what} model or a dict of one", type(document).__name__
+        )
+        raise InputError(what, [problem])
+    try:
+        return json.dumps(document)
+    except (TypeError, ValueError) as error:
+        raise InputError(what, [FieldProblem("", f"not JSON data: {error}")]) from None
+
+
+def _pair(request: PlanRequest, plan: ShardingPlan) -> bytes:
+    """The body of POST /v1/validate and PUT /v1/plans/{plan_id}."""
+    return canonical_bytes(
+        {"request": request.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
+    )
+
+
+def check_plan_id(plan_id: str) -> None:
+    if not isinstance(plan_id, str) or not PLAN_ID.fullmatch(plan_id):
+        message = "must be 64 lowercase hex digits (a plan's sha256 content address)"
+        raise InputError("argument", [FieldProblem("plan_id", message, plan_id)])
+
+
+def check_alias(name: str) -> None:
+    if not isinstance(name, str) or not ALIAS.fullmatch(name):
+        message = (
+            "must be letters, digits, '.', '_' and '-', starting with a letter or digit; "
+            "at most 128 characters"
+        )
+        raise InputError("argument", [FieldProblem("alias", message, name)])
+
+
+def _page_params(limit: int | None, after: str | None) -> dict[str, str | int]:
+    params: dict[str, str | int] = {}
+    if limit is not None:
+        params["limit"] = limit
+    if after is not None:
+        params["after"] = after
+    return params
+
+
+def _version(header: str | None) -> int | None:
+    return int(header) if header and header.isascii() and header.isdigit() else None
+
+
+def cache_for(cache_dir: str | os.PathLike[str] | None) -> DiskCache | None:
+    return None if cache_dir is None else DiskCache(cache_dir)

@@ -1,0 +1,127 @@
+"""The service's response documents, shared by the service (which writes them and
+documents them in its OpenAPI schema) and the HTTP client (which reads them): one
+definition of each, in the vocabulary that both import.
+
+Unknown fields are ignored when reading, so a client keeps working against a newer
+service that adds fields.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner_service.plan.types import Infeasibility, ShardingPlan, SolverStatus, Violation
+
+# GET /v1/plans and GET /v1/aliases: page sizes.
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class RankHeadroom(_Document):
+    rank: int
+    hbm_used_bytes: int
+    hbm_usable_bytes: int = Field(description="after hbm_headroom_fraction and dense bytes")
+    hbm_free_bytes: int
+    ddr_used_bytes: int
+    ddr_usable_bytes: int
+    ddr_free_bytes: int
+    perf_total_ms: float
+
+
+class CheckResult(_Document):
+    """POST /v1/check: does a request fit, and how much room each rank has left."""
+
+    fits: bool
+    status: SolverStatus
+    plan_id: str | None = Field(
+        description="the plan's id (POST /v1/plans stores exactly this plan)"
+    )
+    stored: bool = Field(description="a plan for this request is already stored")
+    objective: float | None = None
+    lower_bound: float | None = None
+    gap: float | None = None
+    min_hbm_free_bytes: int | None = Field(None, description="the tightest rank's free HBM")
+    ranks: list[RankHeadroom] = Field(default_factory=list)
+    infeasibility: Infeasibility | None = None
+
+
+class ValidateResult(_Document):
+    """POST /v1/validate: every way the plan breaks the request (none when valid)."""
+
+    valid: bool
+    violations: list[Violation]
+
+
+class AliasRecord(_Document):
+    """One change of an alias; in a list of aliases, the change that set it last."""
+
+    name: str
+    version: int = Field(description="1 for the first change, then +1 per change")
+    plan_id: str
+    previous_plan_id: str | None
+    actor: str = Field(description="the token name that made the change (or anonymous)")
+    comment: str | None
+    changed_at: str = Field(description="ISO 8601, UTC")
+
+
+class AliasHistory(_Document):
+    name: str
+    changes: list[AliasRecord] = Field(description="newest first")
+
+
+class AliasPage(_Document):
+    """GET /v1/aliases: aliases by name (bytewise order), each as its latest change."""
+
+    aliases: list[AliasRecord]
+    next: str | None = Field(description="pass as `after` for the next page; null on the last page")
+
+
+class PlanSummary(_Document):
+    """What a list shows of a plan, without the plan."""
+
+    world_size: int
+    num_tables: int
+    objective: float = Field(description="the slowest rank's perf, ms (solver.objective)")
+    status: SolverStatus
+
+    @classmethod
+    def of(cls, plan: ShardingPlan) -> PlanSummary:
+        return cls(
+            world_size=plan.world_size,
+            num_tables=len(plan.tables),
+            objective=plan.solver.objective,
+            status=plan.solver.status,
+        )
+
+    @classmethod
+    def of_stored(cls, data: bytes) -> PlanSummary:
+        """From a stored plan's bytes, read as JSON only: the store holds only plans that
+        were validated when they were stored."""
+        document = json.loads(data)
+        solver = document["solver"]
+        return cls(
+            world_size=document["world_size"],
+            num_tables=len(document["tables"]),
+            objective=solver["objective"],
+            status=solver["status"],
+        )
+
+
+class PlanListing(_Document):
+    plan_id: str
+    planner_version: str = Field(description="the planner that made the plan")
+    created_at: str = Field(description="when this service stored it: ISO 8601, UTC")
+    summary: PlanSummary
+
+
+class PlanPage(_Document):
+    """GET /v1/plans: stored plans, newest first."""
+
+    plans: list[PlanListing]
+    next: str | None = Field(description="pass as `after` for the next page; null on the last page")
