@@ -162,6 +162,11 @@ class Service:
             self.process.wait(timeout=10)
 
 
+def started_service(exe: Path, directory: Path, env: dict[str, str]) -> Service:
+    """A started service with its log and SQLite store in ``directory``."""
+    return Service(exe, directory / "log", db=str(directory / "plans.db"), env=env).start()
+
+
 # --------------------------------------------------------------------------- faulty proxy
 
 

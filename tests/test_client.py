@@ -39,7 +39,7 @@ from planner_service.plan.codec import canonical_bytes, parse_request, request_h
 from planner_service.plan.errors import InputError
 from tests import builders
 from tests.builders import request, table
-from tests.servers import Fault, FaultyProxy, Service, free_port
+from tests.servers import Fault, FaultyProxy, free_port, started_service
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,13 +51,9 @@ FAST = {"backoff_s": 0.01, "max_backoff_s": 0.05, "max_retry_after_s": 2.0}
 @pytest.fixture(scope="module")
 def service(shardplan_exe, tmp_path_factory):
     directory = tmp_path_factory.mktemp("client-service")
-    server = Service(
-        shardplan_exe,
-        directory / "log",
-        db=str(directory / "plans.db"),
-        env={"SHARDPLAN_API_TOKENS": f"trainer:{TOKEN}", "SHARDPLAN_MAX_WORLD_SIZE": "64"},
-    )
-    yield server.start()
+    env = {"SHARDPLAN_API_TOKENS": f"trainer:{TOKEN}", "SHARDPLAN_MAX_WORLD_SIZE": "64"}
+    server = started_service(shardplan_exe, directory, env)
+    yield server
     server.stop()
 
 

@@ -307,7 +307,13 @@ def _loaded_by(argv: list[str]) -> set[str]:
 def test_version_and_help_load_no_library_and_no_planner_module():
     """The parser is built from every command module, so their tops stay light: what a
     command runs with is imported inside its run (clients/cli/__init__.py, "Start-up")."""
-    for argv in (["--version"], ["--help"], ["diff", "--help"], ["plan", "--help"]):
+    for argv in (
+        ["--version"],
+        ["--help"],
+        ["diff", "--help"],
+        ["plan", "--help"],
+        ["fetch", "-h"],
+    ):
         loaded = _loaded_by(argv)
         ours = {name for name in loaded if under(name, "planner_service")}
         assert ours == {"planner_service"}, argv  # the version only
@@ -322,3 +328,10 @@ def test_diff_and_validate_load_no_solver_service_or_numpy(tmp_path):
         loaded = {name.partition(".")[0] for name in _loaded_by(argv)}
         assert "pydantic" in loaded  # it ran as far as reading the files
         assert not loaded & heavy, argv
+
+
+def test_fetch_loads_httpx_but_no_solver_service_or_numpy():
+    down = ["fetch", "a" * 64, "--server", "http://127.0.0.1:1", "--retries", "0"]
+    loaded = {name.partition(".")[0] for name in _loaded_by(down)}
+    assert {"httpx", "pydantic"} <= loaded  # it ran as far as asking the service
+    assert not loaded & {"ortools", "fastapi", "uvicorn", "starlette", "torch", "numpy"}

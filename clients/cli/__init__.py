@@ -4,15 +4,18 @@ Each command parses its arguments, calls one library function and renders the re
 lives in its own module here. Exit codes: 0 success, 1 the plan is invalid (``validate``)
 or the plans differ (``diff``), 2 bad input (usage, unreadable or invalid files, output
 paths that cannot be written, checked before solving, or a command whose extra is not
-installed), 3 no plan exists (a table fits nowhere, or the solver proves it; for
-``check``: the model does not fit), 130 interrupted (Ctrl-C, at once, even mid-solve).
-Bad input never shows a traceback.
+installed; with ``--server``: what the service refused as input, an unknown plan id or
+alias, a missing or refused token), 3 no plan exists (a table fits nowhere, or the solver
+proves it; for ``check``: the model does not fit), 4 the service (``--server``) could not
+be reached, was overloaded after the retries, or failed (5xx), 5 a plan from the service
+failed its integrity check (its content does not hash to its id: nothing is written),
+130 interrupted (Ctrl-C, at once, even mid-solve). Bad input never shows a traceback.
 
 Start-up: the parser is built from every command module, for ``--version`` and ``--help``
 too, so a command module imports only the standard library and ``clients.cli``'s light
-modules (exits, extras) at its top; what the command runs with (pydantic, the cost model,
+modules (exits, extras, remote) at its top; what the command runs with (pydantic, the cost model,
 OR-Tools, the service) it imports inside ``run``. ``shardplan --version`` then loads no
-third-party library at all, and ``diff`` and ``validate`` only what they use
+third-party library at all, and ``diff``, ``validate`` and ``fetch`` only what they use
 (docs/benchmarks.md, "Start-up"; tests/test_layout.py checks).
 """
 
@@ -22,8 +25,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from clients.cli import check, diff, options, plan, request, schema, serve, validate
-from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK
+from clients.cli import check, diff, fetch, options, plan, request, schema, serve, validate
+from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK, CommandFailed
 from clients.cli.extras import MissingExtraError
 from clients.cli.interrupt import exit_on_ctrl_c
 from planner_service import __version__
@@ -49,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MissingExtraError as error:
         print(error, file=sys.stderr)
         return EXIT_BAD_INPUT
+    except CommandFailed as error:
+        print(error, file=sys.stderr)
+        return error.exit_code
     except BrokenPipeError:  # e.g. `shardplan schema | head`
         return EXIT_OK
 
@@ -58,6 +64,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (validate, plan, check, options, diff, request, schema, serve):
+    for command in (validate, plan, check, fetch, options, diff, request, schema, serve):
         command.add_parser(sub)
     return parser

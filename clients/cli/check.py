@@ -1,10 +1,15 @@
 """``shardplan check REQUEST``: does the model fit? For CI (exit codes, markdown for the
 pull request) and for capacity planning (the least world size, a what-if sweep over world
-and HBM sizes). Solves locally: needs OR-Tools, ``shardplan[planner]``.
+and HBM sizes). Solves here, with OR-Tools (``shardplan[planner]``), or with ``--server
+URL`` on the planner service, which needs only the core install: each check and each
+sweep cell is one POST /v1/plans there. One piece still runs here: ``--min-world-size``
+on a request that fits searches below its world size with the local planner, so it needs
+``shardplan[planner]`` even with ``--server`` (exit 2 naming the extra when missing).
 
 Exit 0: it fits (a plan, and no rank over ``--max-hbm-utilization``); 3: it does not; 2:
-bad input. A sweep exits 0 when any cell fits, ``--min-world-size`` when every HBM size
-has a least world size that passes the check there.
+bad input; with --server also 4 (the service unreachable or failing) and 5 (a plan that
+fails its integrity check). A sweep exits 0 when any cell fits, ``--min-world-size`` when
+every HBM size has a least world size that passes the check there.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
+from clients.cli.remote import add_server_arguments, connected
 
 if TYPE_CHECKING:
     from clients.cli.check_report import CheckReport
@@ -43,7 +49,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     what_if.add_argument(
         "--min-world-size",
         action="store_true",
-        help="find the fewest ranks of these devices that fit (per --hbm size, when given)",
+        help="find the fewest ranks of these devices that fit (per --hbm size, when given); "
+        "on a request that fits, the search below its world size runs here, with the local "
+        "planner (shardplan[planner]), also with --server",
     )
     what_if.add_argument(
         "--world-sizes",
@@ -55,20 +63,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="SIZE,SIZE,...",
         help="what-if sweep: check at each of these HBM sizes per rank (columns), e.g. 40GiB,80GiB",
     )
+    add_server_arguments(
+        parser,
+        server_help="plan on this planner service (POST /v1/plans) instead of here: needs no "
+        "OR-Tools (for CI runners); the same report and exit codes",
+    )
     parser.set_defaults(command=run)
 
 
 def run(args: argparse.Namespace, source: PlanSource | None = None) -> int:
     """``source`` answers each request with its plan or why none exists: the planner in
-    this process (the default), or the service."""
+    this process (the default), or the service (``--server``)."""
     # Here, not at the top: every shardplan command imports this module when it starts.
+    from clients.cli.plan_source import ServiceSource, solve_locally
+
+    if source is None and args.server is not None:
+        with connected(args, "check") as client:
+            return _run(args, ServiceSource(client))
+    return _run(args, source or solve_locally)
+
+
+def _run(args: argparse.Namespace, source: PlanSource) -> int:
     from clients.cli.files import read_input, source_name
     from clients.cli.numbers import parse_byte_size, parse_count, parse_fraction, parse_list
-    from clients.cli.plan_source import solve_locally
     from clients.cli.what_if import least_table, least_world_sizes, sweep, sweep_table
     from planner_service.plan.codec import parse_request
 
-    source = source or solve_locally
     limit = (
         parse_fraction(args.max_hbm_utilization, "--max-hbm-utilization")
         if args.max_hbm_utilization is not None

@@ -61,6 +61,21 @@ def write_output(path: Path, option: str, data: bytes) -> None:
         raise cannot_write(path, option, error) from None
 
 
+def write_atomically(path: Path, option: str, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all (a temporary file renamed over it), so a
+    reader never sees half a plan; something that is not a regular file (``/dev/stdout``,
+    a pipe) is written in place."""
+    from clients.http.cache import write_atomically as replace
+
+    if path.exists() and not path.is_file():
+        write_output(path, option, data)
+        return
+    try:
+        replace(path, data)
+    except OSError as error:
+        raise cannot_write(path, option, error) from None
+
+
 def cannot_write(path: Path, option: str, error: OSError) -> InputError:
     reason = f"{error.strerror} (choose another path)"
     if isinstance(error, FileNotFoundError | NotADirectoryError | FileExistsError):

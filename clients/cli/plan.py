@@ -1,5 +1,5 @@
 """``shardplan plan REQUEST``: solve a request and print the plan (or why none exists).
-Needs OR-Tools: ``shardplan[planner]``."""
+Needs OR-Tools (``shardplan[planner]``), unless ``--server`` has the service solve it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,18 @@ import argparse
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
 from clients.cli.extras import needs_extra
+from clients.cli.remote import add_server_arguments, connected
 from clients.cli.request import add_request_arguments, read_request
+
+if TYPE_CHECKING:
+    from clients.http import PlannerClient
+    from planner_service.plan.types import Infeasibility, PlanRequest, ShardingPlan
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,12 +31,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="json: the plan document (default); table: stats tables",
     )
     parser.add_argument("--output", "-o", type=Path, help="also write the plan JSON to this file")
+    add_server_arguments(
+        parser,
+        server_help="solve on this planner service (POST /v1/plans, which stores the plan) "
+        "instead of here: needs no OR-Tools; the same output and exit codes",
+    )
     parser.set_defaults(command=run)
 
 
+@dataclass(frozen=True)
+class Solved:
+    """A plan or why there is none, with what the tables print beside the plan."""
+
+    plan: ShardingPlan | None
+    infeasibility: Infeasibility | None
+    rank_io_bytes: list[tuple[int, int]]
+    wall_time_s: float  # the solve's; with --server, the round trip's
+    where: str  # "" here, " on SERVER (round trip)" with --server
+
+
 def run(args: argparse.Namespace) -> int:
-    with needs_extra("plan", "planner"):
-        from planner_service.solve.pipeline import solve
     from clients.cli.files import check_writable, write_output
     from planner_service.plan.capacity import usable_capacity
     from planner_service.plan.codec import plan_bytes
@@ -38,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     request = read_request(args)
     if args.output:
         check_writable(args.output, "--output")
-    with ProgressLine() as progress:
-        outcome = solve(request, on_progress=progress.update)
+    if args.server is None:
+        outcome = _solve_here(request)
+    else:
+        with connected(args, "plan") as client:
+            outcome = _solve_on(client, request)
     if outcome.plan is None:
         assert outcome.infeasibility is not None
         if args.format == "json":
@@ -61,10 +85,39 @@ def run(args: argparse.Namespace) -> int:
     report = outcome.plan.solver
     print(
         f"{report.status.value}: objective {report.objective:.6g} ms, lower bound "
-        f"{report.lower_bound:.6g} ms, gap {report.gap:.2%}, {outcome.wall_time_s:.2f} s",
+        f"{report.lower_bound:.6g} ms, gap {report.gap:.2%}, {outcome.wall_time_s:.2f} s"
+        f"{outcome.where}",
         file=sys.stderr,
     )
     return EXIT_OK
+
+
+def _solve_here(request: PlanRequest) -> Solved:
+    with needs_extra("plan", "planner"):
+        from planner_service.solve.pipeline import solve
+    with ProgressLine() as progress:
+        outcome = solve(request, on_progress=progress.update)
+    return Solved(
+        outcome.plan, outcome.infeasibility, outcome.rank_io_bytes, outcome.wall_time_s, ""
+    )
+
+
+def _solve_on(client: PlannerClient, request: PlanRequest) -> Solved:
+    """The service's plan; the bytes each rank buffers are recomputed from its shards, as
+    the validator prices them (the same estimates the solver used)."""
+    from clients.cli.plan_source import ServiceSource
+    from planner_service.validate.usage import rank_usage
+
+    start = time.monotonic()
+    with ProgressLine() as progress:
+        answer = ServiceSource(client)(request, on_progress=progress.update)
+    wall_time_s = time.monotonic() - start
+    where = f" on {client.base_url} (round trip)"
+    if answer.plan is None:
+        return Solved(None, answer.infeasibility, [], wall_time_s, where)
+    usage = rank_usage(request, answer.plan.tables)
+    io = usage.io_bytes(request.topology.world_size)
+    return Solved(answer.plan, None, io, wall_time_s, where)
 
 
 class ProgressLine:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from clients.cli.extras import needs_extra
 from planner_service.plan.types import Infeasibility, PlanRequest, ShardingPlan
+
+if TYPE_CHECKING:
+    from clients.http import PlannerClient
 
 
 @dataclass(frozen=True)
@@ -42,3 +45,23 @@ def solve_locally(request: PlanRequest, *, on_progress: OnProgress | None = None
         from planner_service.solve.pipeline import solve
     outcome = solve(request, on_progress=on_progress)
     return Answer(outcome.plan, outcome.infeasibility)
+
+
+class ServiceSource:
+    """The service plans (POST /v1/plans, through the HTTP client): the plan it stores for
+    the request, or its infeasibility report (a 422 ``NoPlanFound``). Needs no OR-Tools,
+    so a CI runner with the core install can check; each request is one solve there (or
+    none, when the service has its plan stored already)."""
+
+    def __init__(self, client: PlannerClient) -> None:
+        self.client = client
+
+    def __call__(self, request: PlanRequest, *, on_progress: OnProgress | None = None) -> Answer:
+        from clients.http import NoPlanFound
+
+        if on_progress is not None:
+            on_progress(f"on {self.client.base_url}", None, None)
+        try:
+            return Answer(self.client.create_plan(request), None)
+        except NoPlanFound as none:
+            return Answer(None, none.infeasibility)

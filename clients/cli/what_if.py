@@ -140,11 +140,11 @@ def least_world_sizes(
 def _least_at(request: PlanRequest, source: PlanSource, limit: float | None) -> LeastWorldSize:
     """Plan ``request``; search below its world size when it fits (the planner's search),
     else take the planner's own fix; then check the size found."""
-    with needs_extra("check --min-world-size", "planner"):
-        from planner_service.solve.deadline import Deadline
-        from planner_service.solve.explain import least_world_size
     answer = source(request)
-    if answer.plan is not None:
+    if answer.plan is not None:  # the search runs here, also when the service planned
+        with needs_extra("check --min-world-size", "planner"):
+            from planner_service.solve.deadline import Deadline
+            from planner_service.solve.explain import least_world_size
         deadline = Deadline.for_time_limit(request.options.time_limit_s)
         search = least_world_size(request, deadline, fits=True)
         found, searched_up_to = search.min_world_size, search.searched_up_to

@@ -65,7 +65,7 @@ class DiskCache:
         """File a verified plan under its id (once: plans never change)."""
         path = self._path("plans", plan.plan_id)
         if not path.exists():
-            _write_atomically(path, canonical_bytes(plan))
+            write_atomically(path, canonical_bytes(plan))
 
     def request(self, plan: ShardingPlan) -> PlanRequest | None:
         """The cached request ``plan`` was made for, if intact (its hash is the plan's)."""
@@ -78,7 +78,7 @@ class DiskCache:
         return self._load(path, lambda data: parse_request(data, source=str(path)), damage)
 
     def put_request(self, plan: ShardingPlan, request: PlanRequest) -> None:
-        _write_atomically(self._path("requests", plan.plan_id), canonical_bytes(request))
+        write_atomically(self._path("requests", plan.plan_id), canonical_bytes(request))
 
     # ------------------------------------------------------------------------ aliases
 
@@ -89,7 +89,7 @@ class DiskCache:
         now = utc_now()
         record = CachedAlias(plan_id, version, now)
         document = {"plan_id": plan_id, "version": version, "resolved_at": now}
-        _write_atomically(self._path("aliases", name), canonical_bytes(document))
+        write_atomically(self._path("aliases", name), canonical_bytes(document))
         return record
 
     # ------------------------------------------------------------------------ files
@@ -141,7 +141,7 @@ def _alias_record(data: bytes) -> CachedAlias:
     return CachedAlias(record["plan_id"], record["version"], record["resolved_at"])
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """``data`` at ``path``, whole or not at all, and durable once this returns."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

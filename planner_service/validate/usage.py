@@ -38,10 +38,13 @@ from planner_service.plan.types import (
 
 @dataclass
 class RankLoad:
-    """One rank's bytes per tier and milliseconds per perf field (``PERF_FIELDS``)."""
+    """One rank's bytes per tier and milliseconds per perf field (``PERF_FIELDS``);
+    ``io_bytes``: the input ids and output embeddings its shards buffer per iteration
+    (part of the tiers' bytes), for reports."""
 
     hbm_bytes: int = 0
     ddr_bytes: int = 0
+    io_bytes: tuple[int, int] = (0, 0)
     perf: list[float] = field(default_factory=lambda: [0.0] * len(PERF_FIELDS))
 
 
@@ -54,6 +57,11 @@ class RankUsage:
 
     def of(self, rank: int) -> RankLoad:
         return self.loads.get(rank) or RankLoad()
+
+    def io_bytes(self, world_size: int) -> list[tuple[int, int]]:
+        """(input id bytes, output embedding bytes) per rank, as the solver reports them
+        beside a plan (``SolveOutcome.rank_io_bytes``)."""
+        return [self.of(rank).io_bytes for rank in range(world_size)]
 
     @property
     def objective(self) -> float:
@@ -87,6 +95,8 @@ def rank_usage(request: PlanRequest, tables: Mapping[str, ParameterSharding]) ->
             load = loads.setdefault(shard.rank, RankLoad())
             load.hbm_bytes += storage.hbm_bytes
             load.ddr_bytes += storage.ddr_bytes
+            inputs, outputs = load.io_bytes
+            load.io_bytes = (inputs + storage.input_bytes, outputs + storage.output_bytes)
             load.perf = [a + b for a, b in zip(load.perf, perf, strict=True)]
     return RankUsage(loads, request.options.cost_model)
 
