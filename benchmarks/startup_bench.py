@@ -9,7 +9,7 @@ then, for each command, the top-level packages whose imports took longest, from 
 under ``python -X importtime`` (self times summed per package). ``python -c pass`` is the
 floor: the interpreter's own start. ``fetch`` reads the example plan from a cache folder
 made for the run (a plan id held there is not asked for), so it needs no service: its row
-is the start-up, httpx's import and the plan's verification.
+is the start-up and the plan's verification (no client is opened for a cached id).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ the vocabulary and the CLI actually loads.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 import textwrap
@@ -335,3 +336,16 @@ def test_fetch_loads_httpx_but_no_solver_service_or_numpy():
     loaded = {name.partition(".")[0] for name in _loaded_by(down)}
     assert {"httpx", "pydantic"} <= loaded  # it ran as far as asking the service
     assert not loaded & {"ortools", "fastapi", "uvicorn", "starlette", "torch", "numpy"}
+
+
+def test_fetch_of_a_cached_plan_opens_no_client(tmp_path):
+    """A launch script's ``shardplan fetch ID --cache-dir`` answers from the verified file
+    without importing httpx (the client would answer from the same file)."""
+    plan = json.loads((ROOT / "examples" / "plan.json").read_text())
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / f"{plan['plan_id']}.json").write_text(json.dumps(plan))
+    output = tmp_path / "plan.json"
+    down = ["--server", "http://127.0.0.1:1", "--retries", "0", "--cache-dir", str(tmp_path)]
+    loaded = _loaded_by(["fetch", plan["plan_id"], *down, "-o", str(output)])
+    assert json.loads(output.read_bytes()) == plan  # served from the cache: nothing listens
+    assert not {name.partition(".")[0] for name in loaded} & {"httpx", "numpy", "ortools"}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK, CommandFailed
-from clients.cli.remote import add_server_arguments, connected
+from clients.cli.remote import add_server_arguments, cached_plan, connected
 
 if TYPE_CHECKING:
     from clients.http import PlannerClient
@@ -70,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         _check_plan_id(args.plan)
     if args.output:
         check_writable(args.output, "--output")
-    with connected(args, "fetch", cache_dir=args.cache_dir) as client:
-        plan = _alias(client, alias, args) if alias is not None else _plan(client, args.plan)
+    plan = cached_plan(args, args.plan, args.cache_dir) if alias is None else None
+    if plan is None:
+        with connected(args, "fetch", cache_dir=args.cache_dir) as client:
+            plan = _alias(client, alias, args) if alias is not None else _plan(client, args.plan)
     _write(plan, args.output)
     return EXIT_OK
 

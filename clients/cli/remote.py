@@ -26,6 +26,7 @@ from clients.cli.exits import EXIT_BAD_INPUT, EXIT_INTEGRITY, EXIT_UNAVAILABLE, 
 
 if TYPE_CHECKING:
     from clients.http import PlannerClient
+    from planner_service.plan.types import ShardingPlan
 
 TOKEN_ENV = "SHARDPLAN_TOKEN"
 DEFAULT_RETRIES = 4
@@ -47,6 +48,23 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, server_help: str) -
         help="further attempts after the first on connection errors, 429, 502-504 (default: "
         f"{DEFAULT_RETRIES}, with exponential backoff, about 8 s in all)",
     )
+
+
+def cached_plan(
+    args: argparse.Namespace, plan_id: str, cache_dir: Path | None
+) -> ShardingPlan | None:
+    """``plan_id`` from ``cache_dir``, verified, without opening a client (no httpx): a
+    job's launch script starts in the time it takes to read the vocabulary. Plans never
+    change, so the client would answer from the same file; ``--server`` is still checked."""
+    _server_url(args.server)
+    if cache_dir is None:
+        return None
+    from clients.http.cache import DiskCache
+
+    try:
+        return DiskCache(cache_dir).plan(plan_id)
+    except OSError as error:  # the cache folder cannot be made or read
+        raise _cannot_use_cache(cache_dir, error) from None
 
 
 @contextmanager

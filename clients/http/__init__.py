@@ -19,25 +19,49 @@
 - Errors: one hierarchy under ``PlannerError`` (``errors.py``).
 """
 
-from clients.http.client import AsyncPlannerClient, PlannerClient
-from clients.http.core import Imported, Resolved
-from clients.http.errors import (
-    BadRequest,
-    Conflict,
-    Forbidden,
-    IntegrityError,
-    InvalidPlan,
-    NoPlanFound,
-    NotFound,
-    Overloaded,
-    PlannerError,
-    PlannerHTTPError,
-    PlannerUnavailable,
-    ServerError,
-    Unauthorized,
-    UnexpectedResponse,
-)
-from clients.http.retry import RetryPolicy
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clients.http.client import AsyncPlannerClient, PlannerClient
+    from clients.http.core import Imported, Resolved
+    from clients.http.errors import (
+        BadRequest,
+        Conflict,
+        Forbidden,
+        IntegrityError,
+        InvalidPlan,
+        NoPlanFound,
+        NotFound,
+        Overloaded,
+        PlannerError,
+        PlannerHTTPError,
+        PlannerUnavailable,
+        ServerError,
+        Unauthorized,
+        UnexpectedResponse,
+    )
+    from clients.http.retry import RetryPolicy
+
+# Where each name lives: loaded on first use, so that reading a cached plan
+# (``cache.py``) does not import httpx and the transports.
+_HOMES = {
+    "AsyncPlannerClient": "client",
+    "PlannerClient": "client",
+    "Imported": "core",
+    "Resolved": "core",
+    "RetryPolicy": "retry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'clients.http' has no attribute {name!r}")
+    module = importlib.import_module(f"clients.http.{_HOMES.get(name, 'errors')}")
+    return getattr(module, name)
+
 
 __all__ = [
     "AsyncPlannerClient",

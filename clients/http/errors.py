@@ -29,12 +29,15 @@ document.
 from __future__ import annotations
 
 import json
-from typing import Any
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from pydantic import ValidationError
 
 from planner_service.plan.types import Infeasibility, Violation
+
+if TYPE_CHECKING:  # httpx only when a request is made: a cached plan needs none
+    import httpx
 
 __all__ = [
     "BadRequest",
@@ -84,7 +87,7 @@ class PlannerHTTPError(PlannerError):
         self.problem = problem
         self.retry_after_s = retry_after_s
         self.type = str(problem.get("type", "about:blank"))
-        self.title = str(problem.get("title", httpx.codes.get_reason_phrase(status)))
+        self.title = str(problem.get("title", _reason(status)))
         self.status = status
         self.detail = str(problem.get("detail", ""))
         super().__init__(f"{method} {url}: {status} {self.title}: {self.detail}")
@@ -206,7 +209,7 @@ def _problem(response: httpx.Response) -> dict[str, Any]:
         return document
     text = response.content.decode("utf-8", "replace").strip()[:_DETAIL_CHARS]
     return {
-        "title": httpx.codes.get_reason_phrase(response.status_code) or "Error",
+        "title": _reason(response.status_code) or "Error",
         "status": response.status_code,
         "detail": text or "(empty body)",
     }
@@ -236,3 +239,11 @@ def validation_summary(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "(document)"
     return f"{error.error_count()} problem(s), first at {where}: {first['msg']}"
+
+
+def _reason(status: int) -> str:
+    """The standard reason phrase of an HTTP status ("" when there is none)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
