@@ -56,4 +56,4 @@ golden: $(VENV)/.installed-planner
 	$(BIN)/python -m tests.golden --write
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-torchrec var .pytest_cache .hypothesis .mypy_cache .ruff_cache
