@@ -22,6 +22,7 @@ from runtime.sharding.module import (
 )
 from runtime.sharding.weights import ShardedWeight
 from runtime.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from runtime.startup import PlanLoadError, load_plan
 
 __all__ = [
     "EmbeddingBagCollection",
@@ -30,6 +31,7 @@ __all__ = [
     "KeyedJaggedTensor",
     "KeyedTensor",
     "ModulePlan",
+    "PlanLoadError",
     "PlanMismatchError",
     "ShardedEmbeddingBagCollection",
     "ShardedWeight",
@@ -39,6 +41,7 @@ __all__ = [
     "column_wise",
     "construct_module_plan",
     "data_parallel",
+    "load_plan",
     "row_wise",
     "shard_modules",
     "table_column_wise",

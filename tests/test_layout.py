@@ -66,10 +66,12 @@ RULES = (
     Rule(SERVICE, ("planner_service",), None, "service may import all of planner_service"),
     Rule(
         "runtime",
-        (PLAN, COSTS, VALIDATE, "runtime"),
+        (PLAN, COSTS, VALIDATE, "runtime", "clients.http"),
         CORE | {"torch", "fbgemm_gpu"},
-        "runtime imports only plan, costs and validate of the planner (never solve, service "
-        "or clients), and torch, fbgemm_gpu, pydantic, numpy",
+        "runtime imports only plan, costs and validate of the planner (never solve or "
+        "service), of the clients only the HTTP client (load_plan fetches a job's plan at "
+        "startup with its retries, integrity check and cache; it needs only plan and httpx, "
+        "both in the core install a worker has), and torch, fbgemm_gpu, pydantic, numpy",
     ),
     Rule(
         "clients",
