@@ -202,27 +202,25 @@ class _Exchange:
         fetch_s: float,
     ) -> ShardingPlan:
         self._arrive()
-        try:
-            self.group = self._collective(
-                "create the plan-loading group",
-                lambda: dist.new_group(
-                    self.members,
-                    timeout=timedelta(seconds=self.deadline_s),
-                    backend="gloo",
-                    use_local_synchronization=True,
-                ),
-            )
-            if every_rank:
-                mine = _outcome(fetch, fetch_s)
-            else:
-                mine = self._from_rank_0(source, fetch, fetch_s)
-            plan, problem = self._check(mine)
-            self._agree(source, plan, problem)
-            assert plan is not None
-            return plan
-        finally:
-            if self.group is not None:
-                dist.destroy_process_group(self.group)
+        # The group stays for the process's life. torch names a group made with local
+        # synchronization after its ranks, so a next load_plan's group would take a
+        # destroyed one's name, and with it the store keys where that group's ranks had
+        # published their (since closed) gloo addresses: a peer reading a stale one fails
+        # to connect. While this one lives, torch gives the next a fresh name.
+        self.group = self._collective(
+            "create the plan-loading group",
+            lambda: dist.new_group(
+                self.members,
+                timeout=timedelta(seconds=self.deadline_s),
+                backend="gloo",
+                use_local_synchronization=True,
+            ),
+        )
+        mine = _outcome(fetch, fetch_s) if every_rank else self._from_rank_0(source, fetch, fetch_s)
+        plan, problem = self._check(mine)
+        self._agree(source, plan, problem)
+        assert plan is not None
+        return plan
 
     def _from_rank_0(
         self, source: str | os.PathLike[str], fetch: Callable[[], bytes], fetch_s: float
