@@ -1,8 +1,13 @@
-"""shardplan's execution runtime: apply a plan to pooled embedding tables with FBGEMM's
-table-batched kernels and torch.distributed collectives (see docs/runtime.md)."""
+"""shardplan's execution runtime: apply a plan to pooled and sequence embedding tables with
+FBGEMM's table-batched kernels and torch.distributed collectives (see docs/runtime.md)."""
 
 from runtime.comm import SubgroupTimeoutError
-from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig
+from runtime.modules import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+)
 from runtime.plan import (
     ModulePlan,
     PlanMismatchError,
@@ -17,6 +22,7 @@ from runtime.plan import (
 )
 from runtime.sharding.module import (
     ShardedEmbeddingBagCollection,
+    ShardedEmbeddingCollection,
     apply_sharding_plan,
     shard_modules,
 )
@@ -27,6 +33,8 @@ from runtime.startup import PlanLoadError, load_plan
 __all__ = [
     "EmbeddingBagCollection",
     "EmbeddingBagConfig",
+    "EmbeddingCollection",
+    "EmbeddingConfig",
     "JaggedTensor",
     "KeyedJaggedTensor",
     "KeyedTensor",
@@ -34,6 +42,7 @@ __all__ = [
     "PlanLoadError",
     "PlanMismatchError",
     "ShardedEmbeddingBagCollection",
+    "ShardedEmbeddingCollection",
     "ShardedWeight",
     "SubgroupTimeoutError",
     "apply_sharding_plan",

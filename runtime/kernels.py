@@ -1,15 +1,18 @@
 """The kernels a rank pools its shards with, and the optimizer fused into their backward.
 
 Each kernel group of a rank's layout becomes one FBGEMM table-batched kernel
-(``SplitTableBatchedEmbeddingBagsCodegen``, SUM pooling, fp32 output) with the optimizer
-``fused_params`` name, in the memory its key names.
+(``SplitTableBatchedEmbeddingBagsCodegen``, fp32 output) with the optimizer
+``fused_params`` name, in the memory its key names: SUM pooling for pooled modules, no
+pooling (a row per id, tables of one width) for sequence modules.
 
 Adam on CPU is the exception: fbgemm-gpu-cpu 1.8.0's ``SplitTableBatchedEmbeddingBagsCodegen``
 refuses ``ADAM`` on CPU ("not supported in CPU mode"). ``CpuAdamEmbeddingBags`` keeps the
 lookups in FBGEMM (its ``DenseTableBatchedEmbeddingBagsCodegen``, which produces a dense
 weight gradient) and runs the Adam step as soon as backward has accumulated that gradient (a
 post-accumulate-grad hook), so the optimizer is still part of ``loss.backward()`` and no
-optimizer object is needed.
+optimizer object is needed. That dense kernel always pools on CPU, so a sequence module's
+rows are read from its weights directly (``torch.nn.functional.embedding`` on the kernel's
+storage, one width per kernel), with the same Adam step.
 
 The step follows FBGEMM's ``ADAM`` (the CUDA kernel's update, fbgemm_gpu's
 ``codegen/genscript/optimizers.py``): only the rows the step looked up are updated (like
@@ -38,7 +41,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 from torch import nn
 
 from planner_service.plan.types import DataType, OptimizerType
-from runtime.modules import EmbeddingBagConfig
+from runtime.modules import BaseEmbeddingConfig
 from runtime.plan import PlanMismatchError
 from runtime.sharding.layout import KernelKey, Memory
 
@@ -75,8 +78,10 @@ class CpuAdamEmbeddingBags(nn.Module):
         feature_table_map: Sequence[int],
         weights_precision: SparseType,
         hyperparameters: Mapping[str, float],
+        sequence: bool = False,
     ) -> None:
         super().__init__()
+        self.sequence = sequence
         params = {**ADAM_DEFAULTS, "weight_decay": 0.0, **hyperparameters}
         self.learning_rate = params["learning_rate"]
         self.eps, self.beta1, self.beta2 = params["eps"], params["beta1"], params["beta2"]
@@ -99,6 +104,8 @@ class CpuAdamEmbeddingBags(nn.Module):
         # Tables lie one after another in the flat weights (weights_offsets is per feature).
         self._starts = [sum(r * d for r, d in self._specs[:t]) for t in range(len(self._specs))]
         self._table_of_feature = torch.tensor(list(feature_table_map), dtype=torch.int64)
+        width = self._specs[0][1] if self._specs else 0
+        self._first_row = torch.tensor([start // max(width, 1) for start in self._starts])
         self._looked_up: list[tuple[torch.Tensor, torch.Tensor]] = []  # (table, row) per id
         weights.register_post_accumulate_grad_hook(self._step)
 
@@ -108,14 +115,24 @@ class CpuAdamEmbeddingBags(nn.Module):
         offsets: torch.Tensor,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if torch.is_grad_enabled() and offsets.numel() > 1:
-            features = len(self._table_of_feature)
-            batch = (offsets.numel() - 1) // features
-            per_feature = offsets[::batch].diff()
-            tables = torch.repeat_interleave(self._table_of_feature, per_feature)
+        track = torch.is_grad_enabled() and offsets.numel() > 1
+        tables = self._tables_of(indices, offsets) if track or self.sequence else indices
+        if track:
             self._looked_up.append((tables, indices.to(torch.int64)))
+        if self.sequence:  # one width: the flat weights are rows of it, table after table
+            flat = self.lookup.weights
+            rows = flat.view(-1, self._specs[0][1]) if self._specs else flat.view(0, 0)
+            return nn.functional.embedding(self._first_row[tables] + indices, rows).float()
         result: torch.Tensor = self.lookup(indices, offsets, per_sample_weights)
         return result
+
+    def _tables_of(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Each id's table in the kernel (the kernel's features take ``batch`` bags each)."""
+        if offsets.numel() <= 1:
+            return indices.new_zeros(indices.shape, dtype=torch.int64)
+        batch = (offsets.numel() - 1) // len(self._table_of_feature)
+        per_feature = offsets[::batch].diff()
+        return torch.repeat_interleave(self._table_of_feature, per_feature)
 
     def split_embedding_weights(self) -> list[torch.Tensor]:
         return [self._view(self.lookup.weights.detach(), t) for t in range(len(self._specs))]
@@ -189,7 +206,7 @@ def fused_optimizer(fused_params: Mapping[str, Any] | None) -> FusedOptimizer:
     return FusedOptimizer(optimizer, {k: float(v) for k, v in params.items()})
 
 
-def check_trainable(tables: Sequence[EmbeddingBagConfig]) -> None:
+def check_trainable(tables: Sequence[BaseEmbeddingConfig]) -> None:
     """Refuse tables whose data type the kernels do not train (before allocating)."""
     for table in tables:
         if table.data_type not in WEIGHT_PRECISION:
@@ -205,13 +222,16 @@ def build_kernel(
     feature_table_map: Sequence[int],
     optimizer: FusedOptimizer,
     device: torch.device,
+    sequence: bool = False,
 ) -> Kernel:
-    """One kernel of tables of ``sizes`` (rows, columns) pooling features that look up
-    ``feature_table_map``'s tables."""
+    """One kernel of tables of ``sizes`` (rows, columns) looking up features of
+    ``feature_table_map``'s tables: pooled, or (``sequence``) a row per id."""
     cuda = device.type == "cuda"
     precision = WEIGHT_PRECISION[key.data_type]
     if optimizer.optimizer is OptimizerType.ADAM and not cuda:  # no fused CPU kernel in fbgemm
-        return CpuAdamEmbeddingBags(sizes, feature_table_map, precision, optimizer.hyperparameters)
+        return CpuAdamEmbeddingBags(
+            sizes, feature_table_map, precision, optimizer.hyperparameters, sequence
+        )
     location = EmbeddingLocation[key.memory.value]
     compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
     caching = key.memory is Memory.MANAGED_CACHING
@@ -220,7 +240,7 @@ def build_kernel(
         [(rows, cols, location, compute) for rows, cols in sizes],
         feature_table_map=list(feature_table_map),
         optimizer=OPTIMIZERS[optimizer.optimizer],
-        pooling_mode=PoolingMode.SUM,
+        pooling_mode=PoolingMode.NONE if sequence else PoolingMode.SUM,
         weights_precision=precision,
         output_dtype=SparseType.FP32,
         device=device,

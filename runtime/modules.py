@@ -1,23 +1,26 @@
-"""The unsharded module: ``EmbeddingBagCollection`` of pooled embedding tables.
+"""The unsharded modules: ``EmbeddingBagCollection`` of pooled tables and
+``EmbeddingCollection`` of sequence (unpooled) tables.
 
-It is the reference the sharded module must reproduce, and what a training script builds
-before sharding (on the ``meta`` device, so nothing is allocated until the plan says where).
-Pooling ``sum`` adds each bag's rows (times their per-id weights for weighted tables);
-``mean`` divides that sum by the number of ids in the bag; an empty bag pools to zeros.
+They are the references the sharded modules must reproduce, and what a training script
+builds before sharding (on the ``meta`` device, so nothing is allocated until the plan says
+where). Pooling ``sum`` adds each bag's rows (times their per-id weights for weighted
+tables); ``mean`` divides that sum by the number of ids in the bag; an empty bag pools to
+zeros. A sequence table gives one row per id instead, as a ``JaggedTensor`` with the input's
+lengths.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from planner_service.plan.types import DataType, PoolingType, Table
-from runtime.sparse import KeyedJaggedTensor, KeyedTensor
+from runtime.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 TORCH_DTYPES = {
     DataType.FP32: torch.float32,
@@ -26,35 +29,37 @@ TORCH_DTYPES = {
 }
 
 
-def check_table_name(name: str) -> None:
+def check_table_name(name: str, prefix: str = "embedding_bags") -> None:
     """Refuse a name the state dict cannot key. A table's weight is
-    ``embedding_bags.{name}.weight`` (TorchRec's key): torch refuses '.' in a module name,
-    and ``embedding_bags.a.b.weight`` would not say which table it is. The planner accepts
-    any non-empty name, so a dotted one stops here, before anything is allocated."""
+    ``{prefix}.{name}.weight`` (TorchRec's key): torch refuses '.' in a module name, and
+    ``{prefix}.a.b.weight`` would not say which table it is. The planner accepts any
+    non-empty name, so a dotted one stops here, before anything is allocated."""
     if name and "." not in name:
         return
     fix = f" (e.g. {name.replace('.', '_')!r})" if name.strip(".") else ""
     raise ValueError(
-        f"table {name!r}: the runtime keys a table's weight as 'embedding_bags.<name>.weight', "
+        f"table {name!r}: the runtime keys a table's weight as '{prefix}.<name>.weight', "
         f"so a table name must be non-empty and contain no '.'; rename the table in the "
         f"request and the module{fix}"
     )
 
 
 @dataclass(frozen=True)
-class EmbeddingBagConfig:
-    """One pooled table (TorchRec's ``EmbeddingBagConfig``)."""
+class BaseEmbeddingConfig:
+    """What every table has (TorchRec's ``BaseEmbeddingConfig``); a table with no
+    ``feature_names`` is looked up by one feature of its own name."""
 
     name: str
     num_embeddings: int
     embedding_dim: int
     feature_names: list[str] = field(default_factory=list)
-    pooling: PoolingType = PoolingType.SUM
-    data_type: DataType = DataType.FP32
-    is_weighted: bool = False
+    data_type: DataType = field(default=DataType.FP32, kw_only=True)
+
+    # The module attribute its weight is under: ``{state_prefix}.{name}.weight``.
+    state_prefix: ClassVar[str] = "embedding_bags"
 
     def __post_init__(self) -> None:
-        check_table_name(self.name)
+        check_table_name(self.name, self.state_prefix)
         if not self.feature_names:
             object.__setattr__(self, "feature_names", [self.name])
         if self.num_embeddings <= 0 or self.embedding_dim <= 0:
@@ -62,15 +67,30 @@ class EmbeddingBagConfig:
                 f"table {self.name!r}: num_embeddings ({self.num_embeddings}) and "
                 f"embedding_dim ({self.embedding_dim}) must be positive"
             )
-        if self.pooling is PoolingType.NONE:
-            raise ValueError(
-                f"table {self.name!r} has pooling 'none'; an EmbeddingBagCollection pools "
-                "(use 'sum' or 'mean')"
-            )
         if self.data_type not in TORCH_DTYPES:
             raise ValueError(
                 f"table {self.name!r} has data_type {self.data_type.value!r}; the runtime "
                 f"trains {sorted(d.value for d in TORCH_DTYPES)}"
+            )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return TORCH_DTYPES[self.data_type]
+
+
+@dataclass(frozen=True)
+class EmbeddingBagConfig(BaseEmbeddingConfig):
+    """One pooled table (TorchRec's ``EmbeddingBagConfig``)."""
+
+    pooling: PoolingType = field(default=PoolingType.SUM, kw_only=True)
+    is_weighted: bool = field(default=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pooling is PoolingType.NONE:
+            raise ValueError(
+                f"table {self.name!r} has pooling 'none'; an EmbeddingBagCollection pools "
+                "(use 'sum' or 'mean', or an EmbeddingConfig in an EmbeddingCollection)"
             )
 
     @staticmethod
@@ -86,9 +106,36 @@ class EmbeddingBagConfig:
             is_weighted=table.is_weighted,
         )
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self.data_type]
+
+@dataclass(frozen=True)
+class EmbeddingConfig(BaseEmbeddingConfig):
+    """One sequence table (TorchRec's ``EmbeddingConfig``): a row per id, no pooling, no
+    per-id weights. In a planning request it is a table with ``pooling: none``."""
+
+    state_prefix: ClassVar[str] = "embeddings"
+
+    @staticmethod
+    def from_table(table: Table) -> EmbeddingConfig:
+        """From the planner's ``Table``; it must be a sequence table (``pooling: none``)."""
+        if table.pooling is not PoolingType.NONE:
+            raise ValueError(
+                f"table {table.name!r} has pooling {table.pooling.value!r}; an "
+                "EmbeddingConfig is a sequence table (pooling 'none'): use EmbeddingBagConfig"
+            )
+        return EmbeddingConfig(
+            name=table.name,
+            num_embeddings=table.num_embeddings,
+            embedding_dim=table.embedding_dim,
+            feature_names=list(table.feature_names),
+            data_type=table.data_type,
+        )
+
+
+def config_of(table: Table) -> EmbeddingBagConfig | EmbeddingConfig:
+    """The runtime's table for a planner ``Table``: sequence when its pooling is 'none'."""
+    if table.pooling is PoolingType.NONE:
+        return EmbeddingConfig.from_table(table)
+    return EmbeddingBagConfig.from_table(table)
 
 
 class TableModules(nn.ModuleDict):
@@ -124,7 +171,12 @@ class TableModules(nn.ModuleDict):
             raise
 
 
-def check_tables(tables: Sequence[EmbeddingBagConfig]) -> None:
+def is_weighted(table: BaseEmbeddingConfig) -> bool:
+    """Whether the table's features carry per-id weights (pooled tables only)."""
+    return isinstance(table, EmbeddingBagConfig) and table.is_weighted
+
+
+def check_tables(tables: Sequence[BaseEmbeddingConfig]) -> None:
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
         raise ValueError(f"table names must be unique; got {names}")
@@ -156,6 +208,26 @@ def pool(
     return pooled
 
 
+def _initialised(
+    layer: nn.Embedding | nn.EmbeddingBag, rows: int, generator: torch.Generator | None
+):
+    """``layer`` with its weight drawn uniform in +-sqrt(1/rows) (TorchRec's default); a
+    layer on the meta device has no values to draw."""
+    if layer.weight.device.type != "meta":
+        bound = math.sqrt(1.0 / rows)
+        with torch.no_grad():
+            layer.weight.uniform_(-bound, bound, generator=generator)
+    return layer
+
+
+def _feature(
+    jts: Mapping[str, JaggedTensor], name: str, table: BaseEmbeddingConfig
+) -> JaggedTensor:
+    if name not in jts:
+        raise KeyError(f"feature {name!r} of table {table.name!r} is not in the input")
+    return jts[name]
+
+
 class EmbeddingBagCollection(nn.Module):
     """Pooled embedding tables; ``forward(kjt)`` gives a ``KeyedTensor`` keyed by feature,
     in table order then feature order, like TorchRec's."""
@@ -179,13 +251,8 @@ class EmbeddingBagCollection(nn.Module):
                 mode="sum",
                 device=device,
                 dtype=table.dtype,
-                _weight=None,
             )
-            if bag.weight.device.type != "meta":
-                bound = math.sqrt(1.0 / table.num_embeddings)
-                with torch.no_grad():
-                    bag.weight.uniform_(-bound, bound, generator=generator)
-            self.embedding_bags[table.name] = bag
+            self.embedding_bags[table.name] = _initialised(bag, table.num_embeddings, generator)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._tables)
@@ -201,9 +268,7 @@ class EmbeddingBagCollection(nn.Module):
         for table in self._tables:
             weight = self.table_weight(table.name)
             for name in table.feature_names:
-                if name not in jts:
-                    raise KeyError(f"feature {name!r} of table {table.name!r} is not in the input")
-                jt = jts[name]
+                jt = _feature(jts, name, table)
                 per_id = None
                 if table.is_weighted:
                     if jt.weights_or_none() is None:
@@ -215,3 +280,52 @@ class EmbeddingBagCollection(nn.Module):
                 keys.append(name)
                 dims.append(table.embedding_dim)
         return KeyedTensor(keys, dims, torch.cat(pooled, dim=1))
+
+
+class EmbeddingCollection(nn.Module):
+    """Sequence (unpooled) embedding tables; ``forward(kjt)`` gives, per feature, a
+    ``JaggedTensor`` of one ``embedding_dim`` row per id with the input's lengths, keyed in
+    table order then feature order, like TorchRec's. Tables may differ in width."""
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingConfig],
+        device: torch.device | str | None = None,
+        *,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        check_tables(tables)
+        for table in tables:
+            if not isinstance(table, EmbeddingConfig):
+                raise TypeError(
+                    f"table {table.name!r} is a {type(table).__name__}; an EmbeddingCollection "
+                    "holds EmbeddingConfig (sequence) tables"
+                )
+        self._tables = list(tables)
+        self.embeddings = TableModules()
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        for table in self._tables:
+            layer = nn.Embedding(
+                table.num_embeddings, table.embedding_dim, device=device, dtype=table.dtype
+            )
+            self.embeddings[table.name] = _initialised(layer, table.num_embeddings, generator)
+
+    def embedding_configs(self) -> list[EmbeddingConfig]:
+        return list(self._tables)
+
+    def table_weight(self, name: str) -> torch.Tensor:
+        layer = self.embeddings[name]
+        assert isinstance(layer, nn.Embedding)
+        return layer.weight
+
+    def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
+        jts = features.to_dict()
+        result = {}
+        for table in self._tables:
+            weight = self.table_weight(table.name)
+            for name in table.feature_names:
+                jt = _feature(jts, name, table)
+                rows = nn.functional.embedding(jt.values(), weight)
+                result[name] = JaggedTensor(rows, jt.lengths())
+        return result

@@ -24,7 +24,7 @@ from planner_service.plan.types import (
     Topology,
 )
 from planner_service.validate.validator import check_layout
-from runtime.modules import EmbeddingBagConfig
+from runtime.modules import BaseEmbeddingConfig
 
 ROW_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
 
@@ -76,7 +76,7 @@ def check_plan_id(plan: ShardingPlan) -> None:
 
 # --------------------------------------------------------------------------- helpers
 
-TableSharder = Callable[[EmbeddingBagConfig, int, int], ParameterSharding]
+TableSharder = Callable[[BaseEmbeddingConfig, int, int], ParameterSharding]
 
 
 def _sharding(kind: ShardingType, kernel: ComputeKernel, shards: list[Shard]) -> ParameterSharding:
@@ -85,7 +85,7 @@ def _sharding(kind: ShardingType, kernel: ComputeKernel, shards: list[Shard]) ->
 
 
 def table_wise(rank: int, kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
-    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+    def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         shard = Shard(offsets=(0, 0), sizes=(table.num_embeddings, table.embedding_dim), rank=rank)
         return _sharding(ShardingType.TABLE_WISE, kernel, [shard])
 
@@ -106,7 +106,7 @@ def column_wise(
 ) -> TableSharder:
     """Column shards left to right on ``ranks`` (a rank may repeat: [0, 1, 0])."""
 
-    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+    def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         cut = list(widths) if widths is not None else _even_widths(table.embedding_dim, len(ranks))
         shards = column_wise_shards(table.num_embeddings, cut, ranks)
         return _sharding(ShardingType.COLUMN_WISE, kernel, shards)
@@ -119,7 +119,7 @@ def table_column_wise(
 ) -> TableSharder:
     """Column shards on ranks of one host (default: each local rank of ``host`` once)."""
 
-    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+    def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         on = list(ranks) if ranks is not None else list(range(host * local, (host + 1) * local))
         cut = _even_widths(table.embedding_dim, len(on))
         shards = column_wise_shards(table.num_embeddings, cut, on)
@@ -129,7 +129,7 @@ def table_column_wise(
 
 
 def row_wise(kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
-    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+    def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         shards = row_wise_shards(table.num_embeddings, table.embedding_dim, range(world))
         return _sharding(ShardingType.ROW_WISE, kernel, shards)
 
@@ -137,7 +137,7 @@ def row_wise(kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
 
 
 def table_row_wise(host: int, kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
-    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+    def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         on = range(host * local, (host + 1) * local)
         shards = row_wise_shards(table.num_embeddings, table.embedding_dim, on)
         return _sharding(ShardingType.TABLE_ROW_WISE, kernel, shards)
@@ -146,7 +146,7 @@ def table_row_wise(host: int, kernel: ComputeKernel = ComputeKernel.FUSED) -> Ta
 
 
 def data_parallel() -> TableSharder:
-    def build(table: EmbeddingBagConfig, world: int, local: int) -> ParameterSharding:
+    def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         size = (table.num_embeddings, table.embedding_dim)
         shards = [Shard(offsets=(0, 0), sizes=size, rank=r) for r in range(world)]
         return _sharding(ShardingType.DATA_PARALLEL, ComputeKernel.DENSE, shards)
@@ -155,7 +155,7 @@ def data_parallel() -> TableSharder:
 
 
 def construct_module_plan(
-    tables: Sequence[EmbeddingBagConfig],
+    tables: Sequence[BaseEmbeddingConfig],
     per_table: Mapping[str, TableSharder],
     *,
     world_size: int,
@@ -176,7 +176,7 @@ def construct_module_plan(
 # --------------------------------------------------------------------------- checks
 
 
-def check_plan(plan: ModulePlan, tables: Sequence[EmbeddingBagConfig], world_size: int) -> None:
+def check_plan(plan: ModulePlan, tables: Sequence[BaseEmbeddingConfig], world_size: int) -> None:
     """Raise ``PlanMismatchError`` naming the table and the numbers when the plan cannot be
     applied to these tables on ``world_size`` ranks."""
     if plan.world_size != world_size:
@@ -235,7 +235,7 @@ def host_size(plan: ModulePlan) -> int | None:
 
 
 def _check_table(
-    table: EmbeddingBagConfig, sharding: ParameterSharding, topology: Topology
+    table: BaseEmbeddingConfig, sharding: ParameterSharding, topology: Topology
 ) -> None:
     """The planner's layout rules (``validator.check_layout``), then what FBGEMM's kernels
     need of every shard."""

@@ -26,6 +26,19 @@ def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
     return offsets
 
 
+def segment_sums(lengths: torch.Tensor, bags: torch.Tensor) -> torch.Tensor:
+    """The sums of consecutive runs of ``lengths``, run ``i`` being ``bags[i]`` entries long
+    (the ids in each segment of bags)."""
+    ends = offsets_from_lengths(lengths)
+    run_ends = offsets_from_lengths(bags)
+    return ends[run_ends[1:]] - ends[run_ends[:-1]]
+
+
+def exclusive_cumsum(counts: torch.Tensor) -> torch.Tensor:
+    """Where each run of ``counts`` starts: ``[0, c0, c0+c1, ...]`` without the total."""
+    return offsets_from_lengths(counts)[:-1]
+
+
 def index_tensor(
     data: Sequence[int], device: torch.device, dtype: torch.dtype = torch.int64
 ) -> torch.Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,7 @@ from planner_service.plan.types import ParameterSharding, PoolingType, ShardingT
 from runtime import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
+    EmbeddingCollection,
     KeyedJaggedTensor,
     ModulePlan,
     SubgroupTimeoutError,
@@ -36,6 +38,7 @@ from runtime import (
     table_wise,
 )
 from runtime.comm import Group
+from runtime.modules import BaseEmbeddingConfig
 from tests.distributed import COLLECTIVE_TIMEOUT_S
 
 ATOL = 1e-5
@@ -177,7 +180,13 @@ def global_batch(
 # --------------------------------------------------------------------------- reference
 
 
-def column_blocks(plan: ModulePlan, table: EmbeddingBagConfig) -> list[tuple[int, int]]:
+def configs_of(module: EmbeddingBagCollection | EmbeddingCollection) -> list[Any]:
+    if isinstance(module, EmbeddingBagCollection):
+        return list(module.embedding_bag_configs())
+    return list(module.embedding_configs())
+
+
+def column_blocks(plan: ModulePlan, table: BaseEmbeddingConfig) -> list[tuple[int, int]]:
     """The column ranges an optimizer row spans: the column shards for column-split tables
     (FBGEMM keeps row-wise state per shard), else the whole row."""
     sharding = plan.tables[table.name]
@@ -191,17 +200,21 @@ class ReferenceOptimizer:
     gradients. Like every fused TBE optimizer, Adam updates only the rows the step looked up
     (its moments decay only there)."""
 
-    def __init__(self, name: str, module: EmbeddingBagCollection, plan: ModulePlan) -> None:
+    def __init__(
+        self,
+        name: str,
+        module: EmbeddingBagCollection | EmbeddingCollection,
+        plan: ModulePlan,
+    ) -> None:
         self.name = name
         self.module = module
-        self.blocks = {t.name: column_blocks(plan, t) for t in module.embedding_bag_configs()}
+        self.tables = configs_of(module)
+        self.blocks = {t.name: column_blocks(plan, t) for t in self.tables}
         self.state = {
-            t.name: torch.zeros(t.num_embeddings, len(self.blocks[t.name]))
-            for t in module.embedding_bag_configs()
+            t.name: torch.zeros(t.num_embeddings, len(self.blocks[t.name])) for t in self.tables
         }
         self.moments = {
-            t.name: (torch.zeros(t.num_embeddings, t.embedding_dim),) * 2
-            for t in module.embedding_bag_configs()
+            t.name: (torch.zeros(t.num_embeddings, t.embedding_dim),) * 2 for t in self.tables
         }
         self.steps = 0
 
@@ -209,10 +222,10 @@ class ReferenceOptimizer:
     def step(self, batch: KeyedJaggedTensor) -> None:
         self.steps += 1
         ids = batch.to_dict()
-        for table in self.module.embedding_bag_configs():
+        for table in self.tables:
             name = table.name
-            bag = self.module.embedding_bags[name]
-            weight, grad = bag.weight, bag.weight.grad
+            weight = self.module.table_weight(name)
+            grad = weight.grad
             if grad is None:
                 continue
             if self.name == "sgd":
@@ -234,7 +247,7 @@ class ReferenceOptimizer:
                     self.state[name][:, b] += (g * g).mean(dim=1)
                     scale = LEARNING_RATE / (self.state[name][:, b].sqrt() + EPS)
                     weight[:, c0:c1] -= scale.unsqueeze(1) * g
-            bag.weight.grad = None
+            weight.grad = None
 
 
 def _targets(total: int, width: int, step: int) -> torch.Tensor:

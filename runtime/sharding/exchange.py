@@ -23,7 +23,7 @@ from itertools import accumulate
 
 from planner_service.plan.shards import row_block_size
 from planner_service.plan.types import ShardingType
-from runtime.modules import EmbeddingBagConfig
+from runtime.modules import BaseEmbeddingConfig
 from runtime.plan import ROW_SPLIT, ModulePlan
 from runtime.sharding.layout import Feature, Hosts, RankLayout, features_of, hosts_of
 
@@ -59,7 +59,10 @@ class InputExchange:
 
 
 def input_exchange(
-    plan: ModulePlan, tables: Sequence[EmbeddingBagConfig], layouts: Sequence[RankLayout], rank: int
+    plan: ModulePlan,
+    tables: Sequence[BaseEmbeddingConfig],
+    layouts: Sequence[RankLayout],
+    rank: int,
 ) -> InputExchange:
     """What ``rank`` sends and how it orders what it receives. What goes where is the same
     on every rank (each sends its own batch); only the kernel order is this rank's."""
@@ -155,7 +158,10 @@ class OutputExchange:
 
 
 def output_exchange(
-    plan: ModulePlan, tables: Sequence[EmbeddingBagConfig], layouts: Sequence[RankLayout], rank: int
+    plan: ModulePlan,
+    tables: Sequence[BaseEmbeddingConfig],
+    layouts: Sequence[RankLayout],
+    rank: int,
 ) -> OutputExchange:
     """Whole columns (table-wise, column-wise, table-column-wise, data-parallel) go straight
     back to the sample's rank. Row blocks hold partial sums: row-wise ones are
@@ -228,7 +234,7 @@ def _local_columns(layout: RankLayout) -> tuple[tuple[int, ...], dict[int, int]]
 
 def _features_of_kind(
     plan: ModulePlan,
-    tables: Sequence[EmbeddingBagConfig],
+    tables: Sequence[BaseEmbeddingConfig],
     features: Sequence[Feature],
     kind: ShardingType,
 ) -> list[int]:
@@ -237,3 +243,69 @@ def _features_of_kind(
         for f, feature in enumerate(features)
         if plan.tables[tables[feature.table].name].sharding_type is kind
     ]
+
+
+@dataclass(frozen=True)
+class SequenceExchange:
+    """Where the rows a sequence module looked up go back to: one row per id, so nothing is
+    reduced; each rank returns to every sender the rows of that sender's ids, and the sender
+    places each row where its id stands in its own batch.
+
+    A *segment* is one kernel feature's ids from one sender. This rank's kernels produce
+    rows segment by segment in (kernel feature, sender) order; ``back_order`` regroups them
+    sender by sender. Each rank receives back, from each holder ``d``, a *block* per kernel
+    feature of ``d`` (in ``d``'s kernel order): the rows of the ids it sent ``d`` on that
+    feature's route, ``width`` columns each, which land at ``column`` of the feature's
+    embedding."""
+
+    rank: int
+    world_size: int
+    kernel_widths: tuple[int, ...]  # columns of each kernel feature of this rank
+    back_order: tuple[int, ...]  # the (kernel feature, sender) segment of each sent segment
+    blocks_from: tuple[int, ...]  # blocks each rank sends back
+    block_segment: tuple[int, ...]  # the segment this rank sent, whose ids the block's rows are
+    block_width: tuple[int, ...]
+    block_column: tuple[int, ...]  # where the block's columns start in the feature's embedding
+    block_feature: tuple[int, ...]
+    block_ghost: tuple[bool, ...]  # another rank's data-parallel replica: gradient only
+    dims: tuple[int, ...]  # each feature's embedding_dim
+
+    @cached_property
+    def back_identity(self) -> bool:
+        return is_identity(self.back_order)
+
+
+def sequence_exchange(
+    tables: Sequence[BaseEmbeddingConfig], layouts: Sequence[RankLayout], rank: int
+) -> SequenceExchange:
+    """This rank's part in returning rows, from every rank's layout (the same send order
+    as ``input_exchange``: destination by destination, each destination's routes)."""
+    world = len(layouts)
+    me = layouts[rank]
+    widths = [me.shards[i].cols for group in me.groups for _, i in group.features]
+    sent_from = list(accumulate((len(layout.routes) for layout in layouts), initial=0))
+    blocks: list[tuple[int, int, int, int, bool]] = []
+    blocks_from = []
+    for d, layout in enumerate(layouts):
+        mine = [
+            (sent_from[d] + r, shard.cols, shard.col_offset, layout.routes[r], shard.replicated)
+            for group in layout.groups
+            for r, i in group.features
+            for shard in [layout.shards[i]]
+        ]
+        blocks.extend((s, w, c, f, ghost and d != rank) for s, w, c, f, ghost in mine)
+        blocks_from.append(len(mine))
+    features = features_of(tables)
+    return SequenceExchange(
+        rank=rank,
+        world_size=world,
+        kernel_widths=tuple(widths),
+        back_order=tuple(j * world + s for s in range(world) for j in range(len(widths))),
+        blocks_from=tuple(blocks_from),
+        block_segment=tuple(b[0] for b in blocks),
+        block_width=tuple(b[1] for b in blocks),
+        block_column=tuple(b[2] for b in blocks),
+        block_feature=tuple(b[3] for b in blocks),
+        block_ghost=tuple(b[4] for b in blocks),
+        dims=tuple(tables[feature.table].embedding_dim for feature in features),
+    )

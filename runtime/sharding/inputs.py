@@ -15,10 +15,10 @@ from typing import NamedTuple
 import torch
 
 from runtime.comm import Group
-from runtime.modules import EmbeddingBagConfig
+from runtime.modules import BaseEmbeddingConfig, is_weighted
 from runtime.sharding.exchange import InputExchange
 from runtime.sharding.layout import features_of
-from runtime.sparse import KeyedJaggedTensor, concat, index_tensor, offsets_from_lengths
+from runtime.sparse import KeyedJaggedTensor, concat, index_tensor, segment_sums
 
 
 class LocalBatch(NamedTuple):
@@ -41,6 +41,14 @@ class Received(NamedTuple):
     batches: list[int]  # each sender's batch size
 
 
+class Sent(NamedTuple):
+    """What this rank sent (sequence modules place the rows that come back by it): the ids
+    in each segment, in send order, and each sent id's index in this rank's batch."""
+
+    counts: torch.Tensor
+    positions: torch.Tensor
+
+
 class InputDistribution:
     """This rank's ``InputExchange`` as tensors on the device: checks a batch and sends
     its ids where the layouts say."""
@@ -48,16 +56,19 @@ class InputDistribution:
     def __init__(
         self,
         exchange: InputExchange,
-        tables: Sequence[EmbeddingBagConfig],
+        tables: Sequence[BaseEmbeddingConfig],
         group: Group,
         device: torch.device,
+        sequence: bool = False,
     ) -> None:
+        """``sequence``: also say where each sent id stands in the batch (``Sent``)."""
         self.exchange, self.group, self.device = exchange, group, device
+        self.sequence = sequence
         self.tables = list(tables)
         self.features = features_of(tables)
         per_feature = [tables[feature.table] for feature in self.features]
         self.rows = index_tensor([table.num_embeddings for table in per_feature], device)
-        weighted = [table.is_weighted for table in per_feature]
+        weighted = [is_weighted(table) for table in per_feature]
         self.weighted = index_tensor(weighted, device, torch.bool) if any(weighted) else None
         self.row_index = index_tensor(exchange.row_features, device)
         self.row_index_i32 = self.row_index.to(torch.int32)  # FBGEMM's permutations take int32
@@ -105,9 +116,11 @@ class InputDistribution:
                 f"{table.num_embeddings} rows, so ids must be in [0, {table.num_embeddings})"
             )
 
-    def __call__(self, local: LocalBatch) -> Received:
+    def __call__(self, local: LocalBatch) -> tuple[Received, Sent | None]:
+        """The ids every rank sends this rank, in kernel order, and (sequence modules) what
+        this rank sent."""
         world, group, batch = self.group.world_size, self.group, local.batch
-        lengths, values, weights, counts = self._send_order(local)
+        lengths, values, weights, counts, positions = self._send_order(local)
         to_rank = torch.zeros(world, dtype=torch.int64, device=self.device).index_add_(
             0, self.send_ranks, counts
         )
@@ -122,24 +135,28 @@ class InputDistribution:
         to_counts = to_rank.tolist()
         recv_values = group.all_to_all(values, to_counts, from_rank)
         recv_weights = None if weights is None else group.all_to_all(weights, to_counts, from_rank)
-        return self._kernel_order(Received(recv_lengths, recv_values, recv_weights, batches))
+        sent = None if positions is None else Sent(counts, positions)
+        return self._kernel_order(Received(recv_lengths, recv_values, recv_weights, batches)), sent
 
     def _send_order(
         self, local: LocalBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Lengths, ids and weights of the segments sent, destination by destination, and
-        the ids in each segment."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """Lengths, ids and weights of the segments sent, destination by destination, the
+        ids in each segment and (sequence modules) each sent id's index in the batch."""
         pool_lengths, pool_values, pool_weights = [local.lengths], [local.values], [local.weights]
         pool_counts = [local.per_feature]
+        pool_positions = [_positions(local)] if self.sequence else []
         if self.exchange.row_features:
-            lengths, values, weights = self._buckets(local)
+            lengths, values, weights, positions = self._buckets(local)
             pool_lengths.append(lengths)
             pool_values.append(values)
             pool_weights.append(weights)
             pool_counts.append(lengths.view(-1, local.batch).sum(dim=1))
+            pool_positions.extend([positions] if self.sequence else [])
         counts = concat(pool_counts)
         if self.exchange.send_identity:
-            return local.lengths, local.values, local.weights, counts
+            unmoved = pool_positions[0] if self.sequence else None
+            return local.lengths, local.values, local.weights, counts, unmoved
         weights = None
         if local.weights is not None:
             weights = concat([w for w in pool_weights if w is not None])
@@ -147,25 +164,42 @@ class InputDistribution:
         _, values, weights = torch.ops.fbgemm.permute_1D_sparse_data(
             self.send_segments_i32, counts, concat(pool_values), weights
         )
-        return lengths, values, weights, counts[self.send_segments]
+        sent_positions = None
+        if self.sequence:
+            _, sent_positions, _ = torch.ops.fbgemm.permute_1D_sparse_data(
+                self.send_segments_i32, counts, concat(pool_positions)
+            )
+        return lengths, values, weights, counts[self.send_segments], sent_positions
 
-    def _buckets(self, local: LocalBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _buckets(
+        self, local: LocalBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Lengths, ids and weights of the row-split features' ids bucketed by row block
-        (bucket-major), ids made local to their block."""
-        _, values, weights = torch.ops.fbgemm.permute_1D_sparse_data(
-            self.row_index_i32, local.per_feature, local.values, local.weights
-        )
+        (bucket-major), ids made local to their block, and each bucketed id's index in the
+        batch (only filled in for sequence modules)."""
+        if self.sequence:  # no per-id weights in sequence modules
+            _, positions, _ = torch.ops.fbgemm.permute_1D_sparse_data(
+                self.row_index_i32, local.per_feature, _positions(local)
+            )
+            values, weights = local.values[positions], None
+        else:
+            _, values, weights = torch.ops.fbgemm.permute_1D_sparse_data(
+                self.row_index_i32, local.per_feature, local.values, local.weights
+            )
+            positions = values[:0]
         lengths = local.lengths.view(len(self.features), local.batch)[self.row_index]
         bucketed = torch.ops.fbgemm.block_bucketize_sparse_features(
             lengths.reshape(-1),
             values,
             False,  # bucketize_pos
-            False,  # sequence
+            self.sequence,  # sequence: also return where each id went (unbucketize_permute)
             self.block_rows,
             self.exchange.buckets,
             weights,
         )
-        return bucketed[0].to(torch.int64), bucketed[1], bucketed[2]
+        if self.sequence:  # bucketed id unbucketize[i] is the i-th id before bucketing
+            positions = positions.new_empty(positions.shape).index_copy_(0, bucketed[4], positions)
+        return bucketed[0].to(torch.int64), bucketed[1], bucketed[2], positions
 
     def _kernel_order(self, received: Received) -> Received:
         """Received segments come by (sender, route); reorder them for the kernels."""
@@ -175,9 +209,7 @@ class InputDistribution:
         segment_bags = index_tensor(
             [b for b in received.batches for _ in range(routes)], self.device
         )
-        bag_ends = offsets_from_lengths(received.lengths)
-        segment_ends = offsets_from_lengths(segment_bags)
-        segment_ids = bag_ends[segment_ends[1:]] - bag_ends[segment_ends[:-1]]
+        segment_ids = segment_sums(received.lengths, segment_bags)
         _, lengths, _ = torch.ops.fbgemm.permute_1D_sparse_data(
             self.recv_order, segment_bags, received.lengths
         )
@@ -185,3 +217,8 @@ class InputDistribution:
             self.recv_order, segment_ids, received.values, received.weights
         )
         return Received(lengths, values, weights, received.batches)
+
+
+def _positions(local: LocalBatch) -> torch.Tensor:
+    """Each id's index in the batch."""
+    return torch.arange(local.values.numel(), device=local.values.device)

@@ -19,7 +19,7 @@ from planner_service.plan.types import (
     ParameterSharding,
     ShardingType,
 )
-from runtime.modules import EmbeddingBagConfig
+from runtime.modules import BaseEmbeddingConfig
 from runtime.plan import ROW_SPLIT, ModulePlan, host_size
 
 
@@ -46,6 +46,8 @@ class KernelKey(NamedTuple):
     memory: Memory
     data_type: DataType
     cache_load_factor: float  # 0 unless the memory is MANAGED_CACHING
+    width: int = 0  # sequence kernels: the shards' columns (FBGEMM's unpooled kernels take
+    # tables of one width); 0 for pooled kernels, which mix widths
 
 
 class Feature(NamedTuple):
@@ -53,7 +55,7 @@ class Feature(NamedTuple):
     table: int  # index into the module's tables
 
 
-def features_of(tables: Sequence[EmbeddingBagConfig]) -> tuple[Feature, ...]:
+def features_of(tables: Sequence[BaseEmbeddingConfig]) -> tuple[Feature, ...]:
     """The module's features in output order: by table, then the table's feature order."""
     return tuple(Feature(name, t) for t, table in enumerate(tables) for name in table.feature_names)
 
@@ -122,7 +124,7 @@ class RankLayout:
         return sum(c.width for c in self.columns if not c.row_split)
 
 
-def kernel_key(sharding: ParameterSharding, table: EmbeddingBagConfig, cuda: bool) -> KernelKey:
+def kernel_key(sharding: ParameterSharding, table: BaseEmbeddingConfig, cuda: bool) -> KernelKey:
     """On CPU every kernel location is host memory, so only the data type splits kernels."""
     if not cuda:
         return KernelKey(Memory.HOST, table.data_type, 0.0)
@@ -133,9 +135,13 @@ def kernel_key(sharding: ParameterSharding, table: EmbeddingBagConfig, cuda: boo
 
 
 def build_layouts(
-    plan: ModulePlan, tables: Sequence[EmbeddingBagConfig], cuda: bool = False
+    plan: ModulePlan,
+    tables: Sequence[BaseEmbeddingConfig],
+    cuda: bool = False,
+    sequence: bool = False,
 ) -> tuple[RankLayout, ...]:
-    """Every rank's layout; a shard with no rows or no columns is held by nobody."""
+    """Every rank's layout; a shard with no rows or no columns is held by nobody. Sequence
+    kernels (``sequence``) hold shards of one width each."""
     held: list[list[LocalShard]] = [[] for _ in range(plan.world_size)]
     for t, table in enumerate(tables):
         sharding = plan.tables[table.name]
@@ -145,15 +151,23 @@ def build_layouts(
         for s, placed in enumerate(sharding.shards):
             (r0, c0), (rows, cols) = placed.offsets, placed.sizes
             if rows and cols:
-                shard = LocalShard(t, s, r0, rows, c0, cols, replicated, row_split, key)
+                shard_key = key._replace(width=cols) if sequence else key
+                shard = LocalShard(t, s, r0, rows, c0, cols, replicated, row_split, shard_key)
                 held[placed.rank].append(shard)
     features = features_of(tables)
-    return tuple(_rank_layout(tuple(shards), features) for shards in held)
+    return tuple(_rank_layout(tuple(shards), features, sequence) for shards in held)
 
 
-def _rank_layout(shards: tuple[LocalShard, ...], features: Sequence[Feature]) -> RankLayout:
+def _rank_layout(
+    shards: tuple[LocalShard, ...], features: Sequence[Feature], sequence: bool
+) -> RankLayout:
     """One kernel per key (keys sorted); each routed feature is a kernel feature once per
-    local shard of its table, so column shards of one table on one rank each pool it."""
+    local shard of its table, so column shards of one table on one rank each look it up.
+
+    Pooled kernels take their features route by route. Sequence kernels take them shard by
+    shard, so each kernel's ``feature_table_map`` never goes back to an earlier table:
+    fbgemm-gpu-cpu 1.8.0's unpooled CPU kernel indexes out of bounds when it does
+    (``[0, 1, 0]``), and pools correctly when it does not."""
     tables = {shard.table for shard in shards}
     routes = tuple(f for f, feature in enumerate(features) if feature.table in tables)
     groups = []
@@ -165,6 +179,8 @@ def _rank_layout(shards: tuple[LocalShard, ...], features: Sequence[Feature]) ->
             for i in members
             if shards[i].table == features[f].table
         )
+        if sequence:
+            pairs = tuple(sorted(pairs, key=lambda pair: (members.index(pair[1]), pair[0])))
         groups.append(KernelGroup(key, members, pairs))
     columns = tuple(
         Column(routes[r], shard.col_offset, shard.cols, shard.replicated, shard.row_split)

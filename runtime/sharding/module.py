@@ -1,4 +1,5 @@
-"""``ShardedEmbeddingBagCollection``: an ``EmbeddingBagCollection`` laid out by a plan.
+"""``ShardedEmbeddingBagCollection`` and ``ShardedEmbeddingCollection``: the collections
+laid out by a plan, and ``shard_modules``, which shards them alone or inside a model.
 
 Every rank holds the shards the plan puts on it, grouped into FBGEMM table-batched kernels
 with the optimizer fused into backward. Building it runs the plan's pure functions (every
@@ -7,9 +8,10 @@ them:
 
 1. **Input distribution** (``inputs``): ids to the ranks holding shards of their tables.
 2. **Lookups**: each rank pools every id it received with its kernels, in SUM mode, for
-   the batches of all senders at once.
+   the batches of all senders at once (a sequence module looks up a row per id instead).
 3. **Output distribution** (``outputs``): pooled columns back to their samples' ranks, row
-   blocks' partial sums reduced on the way, mean pooling last.
+   blocks' partial sums reduced on the way, mean pooling last; a sequence module's rows
+   back to their ids' ranks, each placed where its id stands (``sequence``).
 4. **Data-parallel** tables are replicas on every rank. Each replica pools the whole global
    batch; a rank uses its own replica's values, and gradients reach every replica, so each
    applies the same summed update with the same fused optimizer and the replicas stay equal
@@ -18,8 +20,8 @@ them:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
@@ -34,12 +36,18 @@ from runtime.kernels import (
     check_trainable,
     fused_optimizer,
 )
-from runtime.modules import EmbeddingBagCollection, check_tables
-from runtime.plan import ModulePlan, check_plan
-from runtime.sharding.exchange import input_exchange, output_exchange
+from runtime.modules import (
+    BaseEmbeddingConfig,
+    EmbeddingBagCollection,
+    EmbeddingCollection,
+    check_tables,
+)
+from runtime.plan import ModulePlan, PlanMismatchError, check_plan
+from runtime.sharding.exchange import input_exchange, output_exchange, sequence_exchange
 from runtime.sharding.inputs import InputDistribution, Received
 from runtime.sharding.layout import build_layouts, subgroup_families
 from runtime.sharding.outputs import OutputDistribution
+from runtime.sharding.sequence import SequenceOutputDistribution
 from runtime.sharding.weights import (
     ShardedWeight,
     ShardView,
@@ -48,25 +56,30 @@ from runtime.sharding.weights import (
     load_full,
     sharded_state,
 )
-from runtime.sparse import KeyedJaggedTensor, KeyedTensor, concat, offsets_from_lengths
+from runtime.sparse import (
+    JaggedTensor,
+    KeyedJaggedTensor,
+    KeyedTensor,
+    concat,
+    offsets_from_lengths,
+)
 
 
-class ShardedEmbeddingBagCollection(nn.Module):
-    """An ``EmbeddingBagCollection`` sharded by a plan over a process group (build it with
-    ``shard_modules``). It holds this rank's ``layout``, the ``inputs`` and ``outputs``
-    distributions built for this rank and one FBGEMM kernel per kernel group (``kernels``),
-    and runs them."""
+class _ShardedTables(nn.Module):
+    """What both sharded modules hold: this rank's ``layout``, the ``inputs`` distribution
+    built for this rank and one FBGEMM kernel per kernel group (``kernels``)."""
 
     def __init__(
         self,
-        module: EmbeddingBagCollection,
+        module: EmbeddingBagCollection | EmbeddingCollection,
+        tables: Sequence[BaseEmbeddingConfig],
         plan: ModulePlan,
         pg: dist.ProcessGroup | None,
         device: torch.device,
-        fused_params: Mapping[str, Any] | None = None,
+        fused_params: Mapping[str, Any] | None,
+        sequence: bool,
     ) -> None:
         super().__init__()
-        tables = module.embedding_bag_configs()
         check_tables(tables)
         self.group = Group(pg)
         check_plan(plan, tables, self.group.world_size)
@@ -74,19 +87,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         check_trainable(tables)
         self.plan_id = plan.plan_id
         self.device = device
-        self.tables = tables
+        self.tables = list(tables)
         rank = self.group.rank
-        layouts = build_layouts(plan, tables, cuda=device.type == "cuda")
-        self.layout = layouts[rank]
+        self.layouts = build_layouts(plan, tables, cuda=device.type == "cuda", sequence=sequence)
+        self.layout = self.layouts[rank]
         self.inputs = InputDistribution(
-            input_exchange(plan, tables, layouts, rank), tables, self.group, device
-        )
-        self.outputs = OutputDistribution(
-            output_exchange(plan, tables, layouts, rank),
-            tables,
-            self.group,
-            subgroup_families(plan),
-            device,
+            input_exchange(plan, tables, self.layouts, rank), tables, self.group, device, sequence
         )
         self.kernels = nn.ModuleList(
             build_kernel(
@@ -95,29 +101,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 group.feature_table_map(),
                 optimizer,
                 device,
+                sequence,
             )
             for group in self.layout.groups
         )
         initialise(self._shard_views(), module)
 
-    def output_exchanges(self) -> list[tuple[str, list[int]]]:
-        """The collectives each step's output distribution runs on this rank, in order, with
-        the ranks of the process group each runs on (for logs and tests)."""
-        return self.outputs.exchange.collectives()
-
-    # ---- forward
-
-    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        local = self.inputs.prepare(features)
-        received = self.inputs(local)
-        return self.outputs(self._lookup(received), received.batches, local.lengths)
-
-    def _lookup(self, received: Received) -> torch.Tensor:
-        """``[sum of batches, columns]``: each kernel pools its features' ids, kernel by
-        kernel (``RankLayout.columns`` order)."""
+    def _lookup(self, received: Received) -> list[torch.Tensor]:
+        """Each kernel's lookups of its features' ids, kernel by kernel: ``[sum of batches,
+        columns]`` pooled, or ``[ids, width]`` rows for a sequence kernel."""
         total = sum(received.batches)
-        if not self.layout.groups:
-            return torch.zeros(total, 0, device=self.device, requires_grad=True)
         outputs = []
         start_bag = start_value = 0
         for group, kernel in zip(self.layout.groups, self._kernels(), strict=True):
@@ -133,7 +126,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 )
             )
             start_bag, start_value = end_bag, end_value
-        return concat(outputs, dim=1)
+        return outputs
 
     def _kernels(self) -> list[Kernel]:
         return [k for k in self.kernels if isinstance(k, KERNEL_TYPES)]
@@ -151,8 +144,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         ]
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, ShardedWeight]:  # type: ignore[override]
-        """Each table's local shards with their global offsets (``embedding_bags.{name}.weight``,
-        TorchRec's key); a table with nothing on this rank has no local shards."""
+        """Each table's local shards with their global offsets under TorchRec's key
+        (``embedding_bags.{name}.weight`` pooled, ``embeddings.{name}.weight`` sequence); a
+        table with nothing on this rank has no local shards."""
         return sharded_state(self.tables, self._shard_views())
 
     def load_state_dict(  # type: ignore[override]
@@ -166,24 +160,193 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return gather_full(self.tables, self._shard_views(), self.group)
 
 
+class ShardedEmbeddingBagCollection(_ShardedTables):
+    """An ``EmbeddingBagCollection`` sharded by a plan over a process group (build it with
+    ``shard_modules``); ``outputs`` turns the pooled columns into this rank's
+    ``KeyedTensor``."""
+
+    def __init__(
+        self,
+        module: EmbeddingBagCollection,
+        plan: ModulePlan,
+        pg: dist.ProcessGroup | None,
+        device: torch.device,
+        fused_params: Mapping[str, Any] | None = None,
+    ) -> None:
+        tables = module.embedding_bag_configs()
+        super().__init__(module, tables, plan, pg, device, fused_params, sequence=False)
+        self.outputs = OutputDistribution(
+            output_exchange(plan, tables, self.layouts, self.group.rank),
+            tables,
+            self.group,
+            subgroup_families(plan),
+            device,
+        )
+
+    def output_exchanges(self) -> list[tuple[str, list[int]]]:
+        """The collectives each step's output distribution runs on this rank, in order, with
+        the ranks of the process group each runs on (for logs and tests)."""
+        return self.outputs.exchange.collectives()
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        local = self.inputs.prepare(features)
+        received, _ = self.inputs(local)
+        pooled = self._lookup(received)
+        if not pooled:
+            total = sum(received.batches)
+            pooled = [torch.zeros(total, 0, device=self.device, requires_grad=True)]
+        return self.outputs(concat(pooled, dim=1), received.batches, local.lengths)
+
+
+class ShardedEmbeddingCollection(_ShardedTables):
+    """An ``EmbeddingCollection`` sharded by a plan over a process group (build it with
+    ``shard_modules``); ``forward`` gives, per feature, a ``JaggedTensor`` of this rank's
+    ids' rows, as the unsharded module does."""
+
+    def __init__(
+        self,
+        module: EmbeddingCollection,
+        plan: ModulePlan,
+        pg: dist.ProcessGroup | None,
+        device: torch.device,
+        fused_params: Mapping[str, Any] | None = None,
+    ) -> None:
+        tables = module.embedding_configs()
+        super().__init__(module, tables, plan, pg, device, fused_params, sequence=True)
+        self.outputs = SequenceOutputDistribution(
+            sequence_exchange(tables, self.layouts, self.group.rank), tables, self.group, device
+        )
+
+    def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
+        local = self.inputs.prepare(features)
+        received, sent = self.inputs(local)
+        assert sent is not None
+        return self.outputs(self._lookup(received), received, sent, local)
+
+
+Collection = EmbeddingBagCollection | EmbeddingCollection
+PlanSource = ModulePlan | ShardingPlan | bytes | str | Mapping[str, object]
+
+
+@overload
 def shard_modules(
     module: EmbeddingBagCollection,
     *,
-    plan: ModulePlan | ShardingPlan | bytes | str | Mapping[str, object],
+    plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
     fused_params: Mapping[str, Any] | None = None,
-) -> ShardedEmbeddingBagCollection:
+) -> ShardedEmbeddingBagCollection: ...
+
+
+@overload
+def shard_modules(
+    module: EmbeddingCollection,
+    *,
+    plan: PlanSource,
+    pg: dist.ProcessGroup | None = None,
+    device: torch.device | str | None = None,
+    fused_params: Mapping[str, Any] | None = None,
+) -> ShardedEmbeddingCollection: ...
+
+
+@overload
+def shard_modules(
+    module: nn.Module,
+    *,
+    plan: PlanSource,
+    pg: dist.ProcessGroup | None = None,
+    device: torch.device | str | None = None,
+    fused_params: Mapping[str, Any] | None = None,
+) -> nn.Module: ...
+
+
+def shard_modules(
+    module: nn.Module,
+    *,
+    plan: PlanSource,
+    pg: dist.ProcessGroup | None = None,
+    device: torch.device | str | None = None,
+    fused_params: Mapping[str, Any] | None = None,
+) -> nn.Module:
     """Shard ``module`` by ``plan`` over ``pg`` (default: the default group if initialised,
-    else a single rank). The plan is checked against the module and the group first."""
-    if not isinstance(module, EmbeddingBagCollection):
-        raise TypeError(
-            f"shard_modules shards an EmbeddingBagCollection, not {type(module).__name__}"
-        )
+    else a single rank).
+
+    An ``EmbeddingBagCollection`` or ``EmbeddingCollection`` comes back as its sharded
+    form. Any other module is sharded in place and returned: each such collection inside it
+    is replaced by its sharded form, in ``named_modules`` order, and the plan must shard
+    exactly the tables they hold between them. The plan is checked against the modules and
+    the group before anything is allocated."""
     if pg is None and dist.is_available() and dist.is_initialized():
         pg = dist.group.WORLD
     target = torch.device(device) if device is not None else torch.device("cpu")
-    return ShardedEmbeddingBagCollection(module, ModulePlan.of(plan), pg, target, fused_params)
+    whole = ModulePlan.of(plan)
+    if isinstance(module, Collection):
+        return _sharded(module, whole, pg, target, fused_params)
+    found = _collections(module)
+    if not found:
+        raise TypeError(
+            f"shard_modules found no EmbeddingBagCollection or EmbeddingCollection in "
+            f"{type(module).__name__}; nothing to shard"
+        )
+    owner: dict[str, str] = {}
+    for path, collection in found:
+        for table in _configs(collection):
+            if table.name in owner:
+                raise PlanMismatchError(
+                    f"table {table.name!r} is in both {owner[table.name]!r} and {path!r}; the "
+                    "plan keys tables by name, so names must be unique across the model"
+                )
+            owner[table.name] = path
+    unknown = sorted(set(whole.tables) - set(owner))
+    if unknown:
+        raise PlanMismatchError(
+            f"the plan shards tables {unknown} that no collection in the model has "
+            f"(the model's tables: {sorted(owner)})"
+        )
+    parts = []
+    for _, collection in found:  # check every part before allocating any
+        names = {t.name for t in _configs(collection)}
+        part = ModulePlan(
+            whole.world_size,
+            {n: s for n, s in whole.tables.items() if n in names},
+            whole.plan_id,
+        )
+        check_plan(part, _configs(collection), Group(pg).world_size)
+        parts.append(part)
+    for (path, collection), part in zip(found, parts, strict=True):
+        parent, _, name = path.rpartition(".")
+        sharded = _sharded(collection, part, pg, target, fused_params)
+        setattr(module.get_submodule(parent), name, sharded)
+    return module
+
+
+def _sharded(
+    module: Collection,
+    plan: ModulePlan,
+    pg: dist.ProcessGroup | None,
+    device: torch.device,
+    fused_params: Mapping[str, Any] | None,
+) -> ShardedEmbeddingBagCollection | ShardedEmbeddingCollection:
+    if isinstance(module, EmbeddingBagCollection):
+        return ShardedEmbeddingBagCollection(module, plan, pg, device, fused_params)
+    return ShardedEmbeddingCollection(module, plan, pg, device, fused_params)
+
+
+def _collections(module: nn.Module) -> list[tuple[str, Collection]]:
+    """The collections in ``module`` (not inside one another), with their paths."""
+    found: list[tuple[str, Collection]] = []
+    for path, child in module.named_modules():
+        inside = any(path.startswith(f"{outer}.") for outer, _ in found)
+        if isinstance(child, Collection) and not inside:
+            found.append((path, child))
+    return found
+
+
+def _configs(module: Collection) -> Sequence[BaseEmbeddingConfig]:
+    if isinstance(module, EmbeddingBagCollection):
+        return module.embedding_bag_configs()
+    return module.embedding_configs()
 
 
 apply_sharding_plan = shard_modules

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from runtime.comm import Group
-from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig
+from runtime.modules import BaseEmbeddingConfig, EmbeddingBagCollection, EmbeddingCollection
 
 
 @dataclass
@@ -26,7 +26,7 @@ class ShardedWeight:
 class ShardView(NamedTuple):
     """One local shard's weight: a view into its kernel's storage."""
 
-    table: EmbeddingBagConfig
+    table: BaseEmbeddingConfig
     offsets: tuple[int, int]  # (row, column) in the full table
     weight: torch.Tensor
 
@@ -36,12 +36,15 @@ class ShardView(NamedTuple):
         return full[r0 : r0 + rows, c0 : c0 + cols]
 
 
-def state_key(table: str) -> str:
-    """TorchRec's key of a table's weight."""
-    return f"embedding_bags.{table}.weight"
+def state_key(table: BaseEmbeddingConfig) -> str:
+    """TorchRec's key of a table's weight: ``embedding_bags.{name}.weight`` for a pooled
+    table, ``embeddings.{name}.weight`` for a sequence table."""
+    return f"{table.state_prefix}.{table.name}.weight"
 
 
-def initialise(views: Sequence[ShardView], module: EmbeddingBagCollection) -> None:
+def initialise(
+    views: Sequence[ShardView], module: EmbeddingBagCollection | EmbeddingCollection
+) -> None:
     """Shards start as the matching slices of the module's weights. A module on the meta
     device has none, so each shard is drawn uniform in +-sqrt(1/rows) from a generator seeded
     by the table name and the shard's offsets (replicas of a data-parallel table are
@@ -62,28 +65,28 @@ def _seeded_block(view: ShardView) -> torch.Tensor:
 
 
 def sharded_state(
-    tables: Sequence[EmbeddingBagConfig], views: Sequence[ShardView]
+    tables: Sequence[BaseEmbeddingConfig], views: Sequence[ShardView]
 ) -> dict[str, ShardedWeight]:
     """Each table's local shards with their global offsets; a table with nothing on this
     rank has no local shards."""
     state = {
-        state_key(table.name): ShardedWeight((table.num_embeddings, table.embedding_dim), [])
+        state_key(table): ShardedWeight((table.num_embeddings, table.embedding_dim), [])
         for table in tables
     }
     for view in views:
-        state[state_key(view.table.name)].local_shards.append((view.offsets, view.weight))
+        state[state_key(view.table)].local_shards.append((view.offsets, view.weight))
     return state
 
 
 def load_full(
-    tables: Sequence[EmbeddingBagConfig],
+    tables: Sequence[BaseEmbeddingConfig],
     views: Sequence[ShardView],
     state_dict: Mapping[str, torch.Tensor],
     strict: bool,
 ) -> None:
     """Copy into each shard its slice of the full (unsharded) table; with ``strict``, the
     keys must be exactly the tables'. Shapes are checked before anything is copied."""
-    expected = {state_key(t.name): t for t in tables}
+    expected = {state_key(t): t for t in tables}
     if strict:
         missing = sorted(set(expected) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(expected))
@@ -99,14 +102,14 @@ def load_full(
                 )
     with torch.no_grad():
         for view in views:
-            key = state_key(view.table.name)
+            key = state_key(view.table)
             if key in state_dict:
                 block = view.slice_of(state_dict[key])
                 view.weight.copy_(block.to(view.weight.device, view.weight.dtype))
 
 
 def gather_full(
-    tables: Sequence[EmbeddingBagConfig], views: Sequence[ShardView], group: Group
+    tables: Sequence[BaseEmbeddingConfig], views: Sequence[ShardView], group: Group
 ) -> dict[str, torch.Tensor]:
     """The full tables on every rank (for export): shards gathered from all ranks."""
     mine = [(view.table.name, view.offsets, view.weight.detach().cpu()) for view in views]
@@ -114,4 +117,4 @@ def gather_full(
     for shards in group.all_gather_object(mine):
         for name, (r0, c0), block in shards:
             full[name][r0 : r0 + block.shape[0], c0 : c0 + block.shape[1]] = block
-    return {state_key(name): weight for name, weight in full.items()}
+    return {state_key(t): full[t.name] for t in tables}
