@@ -25,10 +25,14 @@ from planner_service.solve.pipeline import solve
 from runtime import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
     KeyedJaggedTensor,
     KeyedTensor,
     ModulePlan,
     PlanMismatchError,
+    ShardedEmbeddingBagCollection,
+    ShardedEmbeddingCollection,
     check_plan,
     column_wise,
     construct_module_plan,
@@ -37,6 +41,7 @@ from runtime import (
     shard_modules,
     table_wise,
 )
+from runtime.modules import config_of
 from runtime.sharding.layout import subgroup_families
 from tests import runtime_cases
 
@@ -449,3 +454,125 @@ def test_a_sealed_plan_is_accepted_in_every_form(sealed, form):
     module = EmbeddingBagCollection(INTEGRITY_TABLES, device="meta")
     sharded = shard_modules(module, plan=FORMS[form](sealed))
     assert sharded.plan_id == parse_plan(sealed).plan_id
+
+
+# --------------------------------------------------------------------------- sequence
+
+
+SEQUENCE = [EmbeddingConfig("s", 9, 8), EmbeddingConfig("t", 5, 16, feature_names=["u", "v"])]
+
+
+def _sequence_batch() -> KeyedJaggedTensor:
+    # s = [1, 2], [], [8]; u = [4], [0, 3], []; v = [], [], [2, 2]
+    return KeyedJaggedTensor.from_lengths_sync(
+        ["v", "s", "u"],  # any key order
+        torch.tensor([2, 2, 1, 2, 8, 4, 0, 3]),
+        torch.tensor([0, 0, 2, 2, 0, 1, 1, 2, 0]),
+    )
+
+
+def test_unsharded_sequence_rows_are_the_ids_rows_with_the_input_lengths():
+    ec = EmbeddingCollection(SEQUENCE, seed=3)
+    out = ec(_sequence_batch())
+    assert list(out) == ["s", "u", "v"]  # table order, then feature order
+    s_weight, t_weight = ec.table_weight("s"), ec.table_weight("t")
+    assert torch.equal(out["s"].values(), s_weight[torch.tensor([1, 2, 8])])
+    assert out["s"].lengths().tolist() == [2, 0, 1]
+    assert torch.equal(out["u"].values(), t_weight[torch.tensor([4, 0, 3])])
+    assert out["v"].values().shape == (2, 16) and out["v"].lengths().tolist() == [0, 0, 2]
+    assert list(ec.state_dict()) == ["embeddings.s.weight", "embeddings.t.weight"]
+
+
+@pytest.mark.parametrize(
+    "per_table",
+    [
+        {"s": table_wise(0), "t": column_wise([0, 0, 0, 0])},
+        {"s": row_wise(), "t": data_parallel()},
+    ],
+)
+def test_single_rank_sequence_matches_and_trains_like_the_unsharded_module(per_table):
+    reference = EmbeddingCollection(SEQUENCE, seed=3)
+    plan = construct_module_plan(SEQUENCE, per_table, world_size=1)
+    sharded = shard_modules(reference, plan=plan, fused_params={"learning_rate": 0.5})
+    assert isinstance(sharded, ShardedEmbeddingCollection)
+    batch = _sequence_batch()
+    for _ in range(2):
+        want, got = reference(batch), sharded(batch)
+        assert list(got) == list(want)
+        for feature, jt in want.items():
+            assert torch.allclose(got[feature].values(), jt.values(), atol=1e-6), feature
+            assert torch.equal(got[feature].lengths(), jt.lengths())
+        sum(jt.values().sum() for jt in got.values()).backward()
+        sum(jt.values().sum() for jt in want.values()).backward()
+        with torch.no_grad():
+            for table in SEQUENCE:
+                weight = reference.table_weight(table.name)
+                weight -= 0.5 * weight.grad
+                weight.grad = None
+    gathered = sharded.gather_state_dict()
+    for key, value in reference.state_dict().items():
+        assert torch.allclose(gathered[key], value, atol=1e-6), key
+
+
+def test_sequence_config_errors_name_the_table():
+    with pytest.raises(ValueError, match=r"table 'a' has pooling 'sum'.*sequence table"):
+        EmbeddingConfig.from_table(Table(name="a", num_embeddings=4, embedding_dim=4))
+    with pytest.raises(ValueError, match=r"table 'b' has pooling 'none'.*EmbeddingConfig"):
+        EmbeddingBagConfig("b", 4, 4, pooling=PoolingType.NONE)
+    with pytest.raises(TypeError, match=r"'c' is a EmbeddingBagConfig.*EmbeddingConfig"):
+        EmbeddingCollection([EmbeddingBagConfig("c", 4, 4)])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"'embeddings.<name>.weight'"):
+        EmbeddingConfig("d.e", 4, 4)
+    sequence = config_of(Table(name="f", num_embeddings=4, embedding_dim=4, pooling="none"))
+    assert isinstance(sequence, EmbeddingConfig) and sequence.feature_names == ["f"]
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, pooled: list[EmbeddingBagConfig], sequence: list[EmbeddingConfig]):
+        super().__init__()
+        self.pooled = EmbeddingBagCollection(pooled, device="meta")
+        self.inner = torch.nn.Sequential(EmbeddingCollection(sequence, device="meta"))
+
+
+def test_one_plan_shards_every_collection_in_a_model_in_place():
+    pooled = [EmbeddingBagConfig("p", 6, 4)]
+    plan = construct_module_plan(
+        [*pooled, *SEQUENCE],
+        {"p": row_wise(), "s": table_wise(0), "t": table_wise(0)},
+        world_size=1,
+    )
+    model = _Model(pooled, SEQUENCE)
+    assert shard_modules(model, plan=plan) is model
+    assert isinstance(model.pooled, ShardedEmbeddingBagCollection)
+    assert isinstance(model.inner[0], ShardedEmbeddingCollection)
+    assert model.pooled.plan_id == model.inner[0].plan_id == plan.plan_id
+
+
+def test_a_model_plan_must_cover_exactly_the_models_tables():
+    pooled = [EmbeddingBagConfig("p", 6, 4)]
+    everything = {"p": row_wise(), "s": table_wise(0), "t": table_wise(0)}
+    extra = [*pooled, *SEQUENCE, EmbeddingBagConfig("x", 3, 4)]
+    plan = construct_module_plan(extra, {**everything, "x": table_wise(0)}, world_size=1)
+    with pytest.raises(
+        PlanMismatchError, match=r"tables \['x'\] that no collection.*\['p', 's', 't'\]"
+    ):
+        shard_modules(_Model(pooled, SEQUENCE), plan=plan)
+    partial = construct_module_plan(
+        [*pooled, *SEQUENCE], {"p": row_wise(), "s": table_wise(0)}, world_size=1
+    )
+    model = _Model(pooled, SEQUENCE)
+    with pytest.raises(PlanMismatchError, match=r"no sharding for tables \['t'\]"):
+        shard_modules(model, plan=partial)
+    assert isinstance(model.pooled, EmbeddingBagCollection)  # nothing replaced
+    clash = _Model([EmbeddingBagConfig("s", 6, 4)], SEQUENCE)
+    with pytest.raises(PlanMismatchError, match=r"table 's' is in both 'pooled' and 'inner.0'"):
+        shard_modules(
+            clash,
+            plan=construct_module_plan(
+                SEQUENCE, {"s": table_wise(0), "t": table_wise(0)}, world_size=1
+            ),
+        )
+    with pytest.raises(
+        TypeError, match="no EmbeddingBagCollection or EmbeddingCollection in Linear"
+    ):
+        shard_modules(torch.nn.Linear(2, 2), plan=plan)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from planner_service.plan.types import ComputeKernel, DataType, PoolingType
 from runtime import (
     EmbeddingBagConfig,
+    EmbeddingConfig,
     ModulePlan,
     column_wise,
     construct_module_plan,
@@ -15,7 +16,7 @@ from runtime import (
     table_row_wise,
     table_wise,
 )
-from runtime.sharding.exchange import input_exchange, output_exchange
+from runtime.sharding.exchange import input_exchange, output_exchange, sequence_exchange
 from runtime.sharding.layout import (
     Column,
     Feature,
@@ -247,3 +248,51 @@ def test_one_rank_holding_everything_skips_every_permutation():
     outputs = output_exchange(plan, tables, layouts, 0)
     assert outputs.all_whole and outputs.targets_identity and not any(outputs.ghosts)
     assert outputs.collectives() == [("all_to_all", [0])]
+
+
+# --------------------------------------------------------------------------- sequence
+
+# Two ranks, sequence tables: a (features a1, a2; columns 0..4 and 8..12 on rank 0, 4..8
+# on rank 1, listed [0, 1, 0]), b (rows 0..2 on rank 0, 2..3 on rank 1), c (rank 1).
+SEQUENCE = [
+    EmbeddingConfig("a", 5, 12, feature_names=["a1", "a2"]),
+    EmbeddingConfig("b", 3, 4),
+    EmbeddingConfig("c", 7, 8),
+]
+SEQUENCE_PLAN = construct_module_plan(
+    SEQUENCE,
+    {"a": column_wise([0, 1, 0]), "b": row_wise(), "c": table_wise(1)},
+    world_size=2,
+)
+
+
+def test_sequence_kernels_hold_one_width_and_take_features_shard_by_shard():
+    zero, one = build_layouts(SEQUENCE_PLAN, SEQUENCE, sequence=True)
+    # Rank 0: a's two column shards and b's first row block, all 4 wide: one kernel, whose
+    # features go shard by shard (a1, a2 on shard 0; a1, a2 on shard 1; b on shard 2).
+    assert [(s.table, s.col_offset, s.cols) for s in zero.shards] == [
+        (0, 0, 4),
+        (0, 8, 4),
+        (1, 0, 4),
+    ]
+    [group] = zero.groups
+    assert group.key.width == 4
+    assert group.features == ((0, 0), (1, 0), (0, 1), (1, 1), (2, 2))
+    assert group.feature_table_map() == [0, 0, 1, 1, 2]  # never back to an earlier table
+    # Rank 1: widths 4 (a's middle shard, b's block) and 8 (c) make two kernels.
+    assert [g.key.width for g in one.groups] == [4, 8]
+    assert [g.feature_table_map() for g in one.groups] == [[0, 0, 1], [0]]
+
+
+def test_sequence_rows_come_back_to_their_columns_from_every_holder():
+    layouts = build_layouts(SEQUENCE_PLAN, SEQUENCE, sequence=True)
+    zero = sequence_exchange(SEQUENCE, layouts, 0)
+    # Rank 0 sends rank 0 its routes a1, a2, b (segments 0..2), rank 1 a1, a2, b, c (3..6).
+    assert zero.kernel_widths == (4, 4, 4, 4, 4)
+    assert zero.back_order == (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)  # (feature, sender) by sender
+    assert zero.blocks_from == (5, 4)
+    assert zero.block_segment == (0, 1, 0, 1, 2, 3, 4, 5, 6)
+    assert zero.block_column == (0, 0, 8, 8, 0, 4, 4, 0, 0)
+    assert zero.block_width == (4, 4, 4, 4, 4, 4, 4, 4, 8)
+    assert zero.block_feature == (0, 1, 0, 1, 2, 0, 1, 2, 3)
+    assert not any(zero.block_ghost) and zero.dims == (12, 12, 4, 8)
