@@ -7,7 +7,7 @@ PORT ?= 8000
 DB ?= var/shardplan.db
 PYTEST_ARGS ?=
 
-.PHONY: run test lint examples golden clean system-deps
+.PHONY: run test test-fast lint examples golden clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ run: $(VENV)/.installed-service
 
 test: $(VENV)/.installed-all system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Everything but the tests marked slow (multi-process runs, fresh venvs, end-to-end jobs).
+test-fast: $(VENV)/.installed-all system-deps
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-all
 	$(BIN)/ruff check .

@@ -14,6 +14,8 @@ from tests import runtime_cases
 from tests.distributed import run_ranks
 from tests.servers import Service
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adam"])

@@ -10,6 +10,8 @@ import pytest
 from tests import runtime_sequence_cases as cases
 from tests.distributed import run_ranks
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adam"])

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCHREC_ENV = ROOT / "benchmarks" / "torchrec_env.sh"
 ENV_TIMEOUT_S = 900  # a first build downloads ~200 MB of wheels
 # A first build of the environment runs inside the first test that needs it.
-pytestmark = pytest.mark.timeout(ENV_TIMEOUT_S + 300)
+pytestmark = [pytest.mark.timeout(ENV_TIMEOUT_S + 300), pytest.mark.slow]
 GiB = 2**30
 
 
