@@ -183,8 +183,9 @@ def check_sequence(
     tables: list[EmbeddingConfig],
     plan: ModulePlan,
     optimizer: str,
+    batches: list[int] | None = None,
 ) -> None:
-    batches = [3 + r for r in range(world)]
+    batches = batches or [3 + r for r in range(world)]
     start = sum(batches[:rank])
     end = start + batches[rank]
     reference = EmbeddingCollection(tables, seed=SEED)
@@ -226,6 +227,18 @@ def check_sequence(
 def equivalence(rank: int, world: int, optimizer: str) -> None:
     for name, (tables, plan) in scenarios(world).items():
         check_sequence(rank, world, name, tables, plan, optimizer)
+
+
+def empty_batch(rank: int, world: int) -> None:
+    """Rank 0 has no samples this step (an uneven last batch): it still takes part in every
+    exchange, gets empty outputs, and every shard trains as the unsharded module does."""
+    from tests import runtime_cases
+
+    batches = [0] + [3] * (world - 1)
+    tables, plan = scenarios(world)["mixed"]
+    check_sequence(rank, world, "mixed, empty batch", tables, plan, "sgd", batches)
+    mixed = next(s for s in runtime_cases.scenarios(world) if s.name == "mixed")
+    runtime_cases.check_scenario(rank, world, mixed, "sgd", batches=batches)
 
 
 def column_orders(rank: int, world: int, count: int) -> None:

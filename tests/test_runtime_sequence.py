@@ -32,3 +32,7 @@ def test_sequence_state_dict_load_and_gather_round_trip(world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_one_plan_shards_a_models_pooled_and_sequence_collections(world_size):
     run_ranks(cases.two_collections, world_size)
+
+
+def test_a_rank_with_an_empty_batch_takes_part_and_gets_empty_outputs():
+    run_ranks(cases.empty_batch, 3)

@@ -151,7 +151,8 @@ class InputDistribution:
             pool_lengths.append(lengths)
             pool_values.append(values)
             pool_weights.append(weights)
-            pool_counts.append(lengths.view(-1, local.batch).sum(dim=1))
+            buckets = self.exchange.buckets * len(self.exchange.row_features)
+            pool_counts.append(lengths.view(buckets, local.batch).sum(dim=1))
             pool_positions.extend([positions] if self.sequence else [])
         counts = concat(pool_counts)
         if self.exchange.send_identity:
@@ -160,7 +161,8 @@ class InputDistribution:
         weights = None
         if local.weights is not None:
             weights = concat([w for w in pool_weights if w is not None])
-        lengths = concat(pool_lengths).view(-1, local.batch)[self.send_segments].reshape(-1)
+        segments = len(self.features) + self.exchange.buckets * len(self.exchange.row_features)
+        lengths = concat(pool_lengths).view(segments, local.batch)[self.send_segments].reshape(-1)
         _, values, weights = torch.ops.fbgemm.permute_1D_sparse_data(
             self.send_segments_i32, counts, concat(pool_values), weights
         )

@@ -93,7 +93,8 @@ class SequenceOutputDistribution:
                 self.back_order, values, torch.arange(flat.numel(), device=self.device)
             )
             flat = flat.index_select(0, order)
-        per_sender = values.view(-1, world).sum(dim=0) if rows else values.new_zeros(world)
+        features = len(self.exchange.kernel_widths)
+        per_sender = values.view(features, world).sum(dim=0)
         return flat, per_sender.tolist()
 
     def _expected(self, sent: Sent) -> tuple[torch.Tensor, list[int]]:
