@@ -172,3 +172,22 @@ def test_runtime_install_cli_names_the_extra_a_command_needs(runtime_venv):
     assert validated.returncode == 0, validated.stderr
     assert validated.stdout.startswith("valid: plan ")
     assert runtime_venv.run("shardplan", "options", str(request)).returncode == 0
+
+
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + 300)
+def test_runtime_install_runs_the_example_job(runtime_venv, run_cli, tmp_path):
+    """A worker's install is all the example training job needs: torchrun, the runtime and
+    the client; its progress bar and results need no library beyond them."""
+    example = str(EXAMPLES / "dlrm" / "train.py")
+    options = ["--scale", "0.001", "--batch-size", "16"]
+    printed = runtime_venv.run("python", example, "--print-request", *options)
+    assert printed.returncode == 0, printed.stderr
+    request, plan = tmp_path / "request.json", tmp_path / "plan.json"
+    request.write_text(printed.stdout)
+    assert run_cli("plan", request, "--output", plan).returncode == 0
+    trained = runtime_venv.run(
+        "torchrun", "--standalone", "--nproc-per-node", "2", example, "--plan", str(plan),
+        "--steps", "3", *options, timeout=180,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "trained 3 steps: loss " in trained.stdout
