@@ -1,25 +1,31 @@
 """Step time of our sharded runtime vs TorchRec 1.8's DistributedModelParallel, same plans.
 
     bash benchmarks/torchrec_env.sh                       # dev-only venv with torchrec 1.8.0
-    .venv/bin/python benchmarks/runtime_vs_torchrec.py [--tables 16] [--rows 100000] \
-        [--dim 64] [--batch 512] [--pooling 8] [--warmup 5] [--steps 30] [--repeats 3]
+    .venv/bin/python benchmarks/runtime_vs_torchrec.py [--module pooled|sequence] \
+        [--plans table_wise column_wise row_wise] [--tables 16] [--rows 100000] [--dim 64] \
+        [--batch 512] [--pooling 8] [--warmup 5] [--steps 30] [--repeats 3]
 
-What is measured: one training step -- forward of a sharded pooled-embedding collection on a
-local batch, then ``out.values().sum().backward()`` with the SGD optimizer fused into the
-FBGEMM backward (table-batched kernels on CPU, learning rate 0.01) -- at world size 2 on CPU:
-two spawned processes, gloo over 127.0.0.1, one intra-op thread each (OMP_NUM_THREADS=1).
-Both implementations run the same plan (every table ``table_wise`` on rank ``i % 2``, or every
-table ``column_wise`` in two equal column shards on ranks 0 and 1), the same module shape
-(``--tables`` tables of ``--rows`` x ``--dim``, one feature each, sum pooling, fp32) and the
-same inputs (per rank, a generator seeded with the rank: bag lengths uniform in
-``0..2*pooling``, ids uniform over the rows), generated before timing. Each step starts
-after a barrier; ``time.perf_counter`` brackets forward + backward on every rank, and a
-step's time is the slowest rank's. A run is ``--warmup`` untimed steps then ``--steps`` timed
-ones, in fresh processes; each (implementation, plan) gets ``--repeats`` runs, interleaved
-with the other implementation's (a 2-core machine drifts from run to run). The table gives
-the median over all timed steps of all runs (with p10-p90 and each run's median) per
-implementation and plan, and the ratio of the medians, ours / TorchRec (below 1: ours is
-faster).
+What is measured: one training step of a sharded embedding collection on a local batch, with
+the SGD optimizer fused into the FBGEMM backward (table-batched kernels on CPU, learning rate
+0.01), at world size 2 on CPU: two spawned processes, gloo over 127.0.0.1, one intra-op
+thread each (OMP_NUM_THREADS=1). ``--module pooled`` (the default) is an
+``EmbeddingBagCollection`` (sum pooling), the step ``out.values().sum().backward()``;
+``--module sequence`` is an ``EmbeddingCollection`` (a row per id), the step the sum over
+features of each feature's rows' sum, then backward. Both implementations run the same plan
+(every table ``table_wise`` on rank ``i % 2``; every table ``column_wise`` in two equal
+column shards on ranks 0 and 1; or every table ``row_wise`` in two equal row blocks), the
+same module shape (``--tables`` tables of ``--rows`` x ``--dim``, one feature each, fp32)
+and the same inputs (per rank, a generator seeded with the rank: bag lengths -- ids per
+sample and feature -- uniform in ``0..2*pooling``, ids uniform over the rows), generated
+before timing. Each step starts after a barrier; ``time.perf_counter`` brackets forward +
+backward on every rank, and a step's time is the slowest rank's. Every rank checks its
+output's shapes after each step, outside the timing (pooled: ``[batch, sum of dims]``;
+sequence: each feature's rows ``[its ids, dim]`` with the input's lengths). A run is
+``--warmup`` untimed steps then ``--steps`` timed ones, in fresh processes; each
+(implementation, plan) gets ``--repeats`` runs, interleaved with the other implementation's
+(a 2-core machine drifts from run to run). The table gives the median over all timed steps
+of all runs (with p10-p90 and each run's median) per implementation and plan, and the ratio
+of the medians, ours / TorchRec (below 1: ours is faster).
 
 TorchRec is never importable from our product's venv and our package (which needs pydantic)
 is not importable from the TorchRec venv, so the parent process (any interpreter) re-invokes
@@ -49,7 +55,8 @@ PYTHONS = {
     "ours": ROOT / ".venv" / "bin" / "python",
     "torchrec": ROOT / ".venv-torchrec" / "bin" / "python",
 }
-PLANS = ("table_wise", "column_wise")
+PLANS = ("table_wise", "column_wise", "row_wise")
+MODULES = ("pooled", "sequence")
 WORLD_SIZE = 2
 LEARNING_RATE = 0.01
 CHILD_TIMEOUT_S = 300  # one (implementation, plan) run, spawn and set-up included
@@ -84,58 +91,87 @@ def _tables(config: Any, args: argparse.Namespace) -> list[Any]:
     ]
 
 
-def _build_ours(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any, Any]:
+def _per_table(
+    tables: list[Any], plan: str, helpers: tuple[Any, Any, Any], **kernel: Any
+) -> dict[str, Any]:
+    """Each table's sharding by ``plan``, built with ``helpers`` (ours or TorchRec's
+    ``table_wise``, ``column_wise``, ``row_wise``: same placements)."""
+    table_wise, column_wise, row_wise = helpers
+    every_rank = list(range(WORLD_SIZE))
+    return {
+        t.name: table_wise(rank=i % WORLD_SIZE, **kernel)
+        if plan == "table_wise"
+        else column_wise(ranks=every_rank, **kernel)
+        if plan == "column_wise"
+        else row_wise(**kernel)
+        for i, t in enumerate(tables)
+    }
+
+
+def _build_ours(args: argparse.Namespace, plan: str) -> tuple[Any, Any]:
     from runtime import (
         EmbeddingBagCollection,
         EmbeddingBagConfig,
+        EmbeddingCollection,
+        EmbeddingConfig,
         KeyedJaggedTensor,
         column_wise,
         construct_module_plan,
+        row_wise,
         shard_modules,
         table_wise,
     )
 
-    tables = _tables(EmbeddingBagConfig, args)
-    per_table = {
-        t.name: table_wise(rank=i % WORLD_SIZE)
-        if plan == "table_wise"
-        else column_wise(ranks=list(range(WORLD_SIZE)))
-        for i, t in enumerate(tables)
-    }
+    if args.module == "sequence":
+        tables = _tables(EmbeddingConfig, args)
+        module: Any = EmbeddingCollection(tables, device="meta")
+    else:
+        tables = _tables(EmbeddingBagConfig, args)
+        module = EmbeddingBagCollection(tables, device="meta")
+    per_table = _per_table(tables, plan, (table_wise, column_wise, row_wise))
     module_plan = construct_module_plan(tables, per_table, world_size=WORLD_SIZE)
-    ebc = EmbeddingBagCollection(tables, device="meta")
     fused = {"optimizer": "sgd", "learning_rate": LEARNING_RATE}
-    sharded = shard_modules(ebc, plan=module_plan, pg=None, device="cpu", fused_params=fused)
+    sharded = shard_modules(module, plan=module_plan, pg=None, device="cpu", fused_params=fused)
     return sharded, KeyedJaggedTensor.from_lengths_sync
 
 
-def _build_torchrec(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any, Any]:
+def _build_torchrec(args: argparse.Namespace, plan: str) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec import (
+        EmbeddingBagCollection,
+        EmbeddingBagConfig,
+        EmbeddingCollection,
+        EmbeddingConfig,
+        KeyedJaggedTensor,
+    )
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import (
         column_wise,
         construct_module_sharding_plan,
+        row_wise,
         table_wise,
     )
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
-    tables = _tables(EmbeddingBagConfig, args)
-    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-    sharder = EmbeddingBagCollectionSharder(
-        fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LEARNING_RATE}
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LEARNING_RATE}
+    meta = torch.device("meta")
+    if args.module == "sequence":
+        tables = _tables(EmbeddingConfig, args)
+        module: Any = EmbeddingCollection(tables=tables, device=meta)
+        sharder: Any = EmbeddingCollectionSharder(fused_params=fused)
+    else:
+        tables = _tables(EmbeddingBagConfig, args)
+        module = EmbeddingBagCollection(tables=tables, device=meta)
+        sharder = EmbeddingBagCollectionSharder(fused_params=fused)
+    per_table = _per_table(
+        tables, plan, (table_wise, column_wise, row_wise), compute_kernel="fused"
     )
-    per_table = {
-        t.name: table_wise(rank=i % WORLD_SIZE, compute_kernel="fused")
-        if plan == "table_wise"
-        else column_wise(ranks=list(range(WORLD_SIZE)), compute_kernel="fused")
-        for i, t in enumerate(tables)
-    }
     module_plan = construct_module_sharding_plan(
-        ebc,
+        module,
         per_table,
         sharder=sharder,
         local_size=WORLD_SIZE,
@@ -144,7 +180,7 @@ def _build_torchrec(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any
     )
     assert dist.group.WORLD is not None
     dmp = DistributedModelParallel(
-        ebc,
+        module,
         env=ShardingEnv.from_process_group(dist.group.WORLD),
         plan=ShardingPlan({"": module_plan}),
         sharders=[sharder],
@@ -156,24 +192,55 @@ def _build_torchrec(args: argparse.Namespace, plan: str, rank: int) -> tuple[Any
 BUILDERS = {"ours": _build_ours, "torchrec": _build_torchrec}
 
 
-def _measure(args: argparse.Namespace, rank: int) -> tuple[list[float], int]:
-    """Seconds of every timed step on this rank, and the output width."""
+def _loss(out: Any, sequence: bool) -> Any:
+    """The step's loss: the sum of the pooled output, or over features of their rows' sums."""
+    if sequence:
+        return sum(jagged.values().sum() for jagged in out.values())
+    return out.values().sum()
+
+
+def _output_shape(out: Any, args: argparse.Namespace, lengths: Any) -> list[int]:
+    """The output's shape (pooled ``[batch, width]``, sequence ``[ids, dim]`` summed over
+    features), checked against the input: every feature's rows and lengths are its own."""
+    if args.module == "pooled":
+        return list(out.values().shape)
+    per_feature = lengths.view(args.tables, args.batch)
+    got = dict(out.items())
+    if sorted(got) != sorted(f"f{i}" for i in range(args.tables)):
+        raise AssertionError(f"{args.impl} returned features {sorted(got)}")
+    for i in range(args.tables):
+        jagged = got[f"f{i}"]
+        expected = (int(per_feature[i].sum()), args.dim)
+        if tuple(jagged.values().shape) != expected or not bool(
+            (jagged.lengths() == per_feature[i]).all()
+        ):
+            raise AssertionError(
+                f"{args.impl}: feature f{i} gave rows {tuple(jagged.values().shape)} and "
+                f"lengths {jagged.lengths().tolist()[:8]}...; expected rows {expected} and "
+                f"lengths {per_feature[i].tolist()[:8]}..."
+            )
+    return [int(lengths.sum()), args.dim]
+
+
+def _measure(args: argparse.Namespace) -> tuple[list[float], list[int]]:
+    """Seconds of every timed step on this rank, and the output's shape."""
     import torch.distributed as dist
 
-    module, make_kjt = BUILDERS[args.impl](args, args.plan, rank)
+    module, make_kjt = BUILDERS[args.impl](args, args.plan)
     keys = [f"f{i}" for i in range(args.tables)]
-    times, width = [], 0
-    for step, (values, lengths) in enumerate(_inputs(args, rank)):
+    sequence = args.module == "sequence"
+    times, shape = [], []
+    for step, (values, lengths) in enumerate(_inputs(args, dist.get_rank())):
         kjt = make_kjt(keys, values, lengths)
         dist.barrier()
         start = time.perf_counter()
-        out = module(kjt).values()
-        out.sum().backward()
+        out = module(kjt)
+        _loss(out, sequence).backward()
         elapsed = time.perf_counter() - start
-        width = out.shape[1]
+        shape = _output_shape(out, args, lengths)
         if step >= args.warmup:
             times.append(elapsed)
-    return times, width
+    return times, shape
 
 
 def _rank(rank: int, args: argparse.Namespace, port: int, result: str) -> None:
@@ -185,12 +252,12 @@ def _rank(rank: int, args: argparse.Namespace, port: int, result: str) -> None:
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=PG_TIMEOUT)
     try:
-        times, width = _measure(args, rank)
+        times, shape = _measure(args)
         slowest = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         if rank == 0:
             ms = [1000.0 * t for t in slowest.tolist()]
-            row = {"impl": args.impl, "plan": args.plan, "ms": ms, "output": [args.batch, width]}
+            row = {"impl": args.impl, "plan": args.plan, "ms": ms, "output": shape}
             Path(result).write_text(json.dumps(row))
     finally:
         # The sharded module (TorchRec's holds the process group in reference cycles) must be
@@ -224,6 +291,7 @@ def _run(impl: str, plan: str, args: argparse.Namespace) -> dict[str, Any]:
     if not python.exists():
         raise SystemExit(f"{python} is missing (for TorchRec: bash benchmarks/torchrec_env.sh)")
     command = [str(python), str(Path(__file__).resolve()), "--impl", impl, "--plan", plan]
+    command += ["--module", args.module]
     for name in ("tables", "rows", "dim", "batch", "pooling", "warmup", "steps"):
         command += [f"--{name}", str(getattr(args, name))]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
@@ -255,11 +323,19 @@ def _cell(runs: list[list[float]]) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--module",
+        choices=MODULES,
+        default="pooled",
+        help="pooled: EmbeddingBagCollection; sequence: EmbeddingCollection",
+    )
     parser.add_argument("--tables", type=int, default=16)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=64, help="a multiple of 8 (2 column shards)")
     parser.add_argument("--batch", type=int, default=512, help="local batch per rank")
-    parser.add_argument("--pooling", type=int, default=8, help="mean ids per bag")
+    parser.add_argument(
+        "--pooling", type=int, default=8, help="mean ids per bag (per sample and feature)"
+    )
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per run")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per implementation and plan")
@@ -274,8 +350,9 @@ def main() -> None:
         run_child(args)
         return
 
+    kind = "EmbeddingCollection" if args.module == "sequence" else "EmbeddingBagCollection"
     print(
-        f"world size {WORLD_SIZE} (gloo, CPU, OMP_NUM_THREADS=1), {args.tables} tables x "
+        f"{kind}, world size {WORLD_SIZE} (gloo, CPU, OMP_NUM_THREADS=1), {args.tables} tables x "
         f"{args.rows} rows x dim {args.dim}, local batch {args.batch}, ~{args.pooling} ids/bag, "
         f"fused SGD; per run {args.warmup} warm-up + {args.steps} timed steps, {args.repeats} "
         "runs per cell (interleaved); step = slowest rank; ms: median (p10-p90; run medians)\n"
@@ -285,13 +362,14 @@ def main() -> None:
     impls = ("ours", "torchrec")
     for plan in args.plans:
         runs: dict[str, list[list[float]]] = {impl: [] for impl in impls}
-        widths = set()
+        shapes = {}
         for repeat in range(args.repeats):
             for impl in impls if repeat % 2 == 0 else reversed(impls):
                 row = _run(impl, plan, args)
                 runs[impl].append(row["ms"])
-                widths.add(tuple(row["output"]))
-        assert len(widths) == 1, widths  # both produce [local batch, sum of dims]
+                shapes[impl] = row["output"]
+        if shapes["ours"] != shapes["torchrec"]:  # the same inputs give the same shapes
+            raise SystemExit(f"{plan}: output shapes differ: {shapes}")
         (ours, ours_cell), (theirs, theirs_cell) = (_cell(runs[impl]) for impl in impls)
         print(f"| {plan} | {ours_cell} | {theirs_cell} | {ours / theirs:.2f} |", flush=True)
 

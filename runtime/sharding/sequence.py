@@ -2,17 +2,21 @@
 are, each placed where its id stands in that rank's batch.
 
 A sequence table gives one row per id, so nothing is summed across ranks: every holder
-returns the rows of a sender's ids in one all-to-all, and the sender scatters them into
-its output by an index it computes from what it sent (``Sent``: each sent id's place in the
-batch) and the static ``SequenceExchange``. Column shards of a table land at their columns
-whatever order the plan lists them in; a row-split table's ids come back from the block that
-held them, in the batch's order. Data-parallel replicas work as in the pooled module: a rank
-keeps its own replica's rows, and every replica gets the gradient of every rank's rows.
+returns the rows of a sender's ids in one all-to-all, and the sender places them in its
+output by an index it computes from what it sent (``Sent``: each sent id's place in the
+batch) and the static ``SequenceExchange``: one gather of whole rows (or of column chunks
+where shards split a row), whose backward is a gather as well. Column shards of a table
+land at their columns whatever order the plan lists them in; a row-split table's ids come
+back from the block that held them, in the batch's order. Data-parallel replicas work as in
+the pooled module: a rank keeps its own replica's rows, and every replica gets the gradient
+of every rank's rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -31,7 +35,11 @@ from runtime.sparse import (
 
 
 class SequenceOutputDistribution:
-    """This rank's ``SequenceExchange`` as tensors on the device."""
+    """This rank's ``SequenceExchange`` as tensors on the device.
+
+    Rows move as *chunks* of ``unit`` columns (the widest width that divides every shard's
+    width and column offset and every feature's dim), so every index below is per chunk,
+    not per value: the output is a permutation of the chunks that come back."""
 
     def __init__(
         self,
@@ -42,25 +50,36 @@ class SequenceOutputDistribution:
     ) -> None:
         self.exchange, self.group, self.device = exchange, group, device
         self.keys = [feature.name for feature in features_of(tables)]
-        world = exchange.world_size
-        # Receiving side: columns of each (kernel feature, sender) segment.
-        self.segment_widths = index_tensor(
-            [w for w in exchange.kernel_widths for _ in range(world)], device
+        self.unit = unit = max(
+            1,
+            math.gcd(
+                *exchange.kernel_widths,
+                *exchange.block_width,
+                *exchange.block_column,
+                *exchange.dims,
+            ),
         )
-        self.back_order = index_tensor(exchange.back_order, device, torch.int32)
-        # Sending side: the blocks that come back.
+        # Receiving side: the chunks in a row of each kernel feature.
+        self.kernel_chunks = index_tensor([w // unit for w in exchange.kernel_widths], device)
+        # Sending side: the blocks that come back, the chunks in a row of each and where
+        # their rows land (in chunks): column and feature dim.
         self.block_rank = index_tensor(
             [d for d, n in enumerate(exchange.blocks_from) for _ in range(n)], device
         )
         self.block_segment = index_tensor(exchange.block_segment, device)
-        self.block_width = index_tensor(exchange.block_width, device)
-        self.block_column = index_tensor(exchange.block_column, device)
+        self.block_chunks = index_tensor([w // unit for w in exchange.block_width], device)
+        self.one_chunk_rows = all(w == unit for w in exchange.block_width)
+        self.block_column = index_tensor([c // unit for c in exchange.block_column], device)
         self.block_feature = index_tensor(exchange.block_feature, device)
+        self.block_dim = index_tensor(
+            [exchange.dims[f] // unit for f in exchange.block_feature], device
+        )
         self.block_ghost = (
             index_tensor(exchange.block_ghost, device, torch.bool)
             if any(exchange.block_ghost)
             else None
         )
+        self.dim_chunks = index_tensor([d // unit for d in exchange.dims], device)
         self.dims = index_tensor(exchange.dims, device)
 
     def __call__(
@@ -76,65 +95,57 @@ class SequenceOutputDistribution:
     def _to_senders(
         self, rows: list[torch.Tensor], received: Received
     ) -> tuple[torch.Tensor, list[int]]:
-        """The looked-up rows, flat, sender by sender (then kernel feature by kernel feature),
-        and how many values go to each sender."""
-        world = self.exchange.world_size
-        bags = index_tensor(
-            [b for _ in self.exchange.kernel_widths for b in received.batches], self.device
-        )
-        values = segment_sums(received.lengths, bags) * self.segment_widths
-        flat = (
-            concat([r.reshape(-1) for r in rows])
-            if rows
-            else torch.zeros(0, device=self.device, requires_grad=torch.is_grad_enabled())
-        )
-        if not self.exchange.back_identity:
-            _, order, _ = torch.ops.fbgemm.permute_1D_sparse_data(
-                self.back_order, values, torch.arange(flat.numel(), device=self.device)
+        """The looked-up rows as ``[chunks, unit]``, sender by sender (then kernel feature by
+        kernel feature), and how many chunks go to each sender."""
+        world, widths = self.exchange.world_size, self.exchange.kernel_widths
+        if not rows:
+            empty = torch.zeros(
+                0, self.unit, device=self.device, requires_grad=torch.is_grad_enabled()
             )
-            flat = flat.index_select(0, order)
-        features = len(self.exchange.kernel_widths)
-        per_sender = values.view(features, world).sum(dim=0)
-        return flat, per_sender.tolist()
+            return empty, [0] * world
+        bags = index_tensor([b for _ in widths for b in received.batches], self.device)
+        ids = segment_sums(received.lengths, bags).view(len(widths), world)
+        chunks = (ids * self.kernel_chunks[:, None]).view(-1).tolist()
+        flat = concat([r.reshape(-1, self.unit) for r in rows])
+        if not self.exchange.back_identity:  # (kernel feature, sender) -> sender-major
+            segments = flat.split(chunks)
+            flat = torch.cat([segments[s] for s in self.exchange.back_order])
+        per_sender = [sum(chunks[j * world + s] for j in range(len(widths))) for s in range(world)]
+        return flat, per_sender
 
     def _expected(self, sent: Sent) -> tuple[torch.Tensor, list[int]]:
-        """The rows in each block that comes back, and the values from each rank."""
+        """The rows in each block that comes back, and the chunks from each rank."""
         ids = sent.counts[self.block_segment]
         per_rank = ids.new_zeros(self.exchange.world_size).index_add_(
-            0, self.block_rank, ids * self.block_width
+            0, self.block_rank, ids * self.block_chunks
         )
         return ids, per_rank.tolist()
 
     def _place(
         self, back: torch.Tensor, ids: torch.Tensor, sent: Sent, local: LocalBatch
     ) -> dict[str, JaggedTensor]:
-        """Scatter the returned rows into each feature's ``[ids, dim]`` block: block ``b``'s
+        """Put the returned rows into each feature's ``[ids, dim]`` block: block ``b``'s
         ``k``-th row is the id at ``sent.positions`` of its segment's ``k``-th sent id."""
-        block_of_row = torch.repeat_interleave(torch.arange(ids.numel(), device=self.device), ids)
-        row_in_block = (
-            torch.arange(block_of_row.numel(), device=self.device)
-            - (exclusive_cumsum(ids)[block_of_row])
-        )
-        segment_start = exclusive_cumsum(sent.counts)[self.block_segment]
-        position = sent.positions[segment_start[block_of_row] + row_in_block]
-        feature = self.block_feature[block_of_row]
-        id_start = exclusive_cumsum(local.per_feature)
-        out_start = exclusive_cumsum(local.per_feature * self.dims)
-        row_target = (
-            out_start[feature]
-            + (position - id_start[feature]) * self.dims[feature]
-            + self.block_column[block_of_row]
-        )
-        width = self.block_width[block_of_row]
-        target = torch.repeat_interleave(row_target, width) + (
-            torch.arange(back.numel(), device=self.device)
-            - torch.repeat_interleave(exclusive_cumsum(width), width)
-        )
-        if self.block_ghost is not None:  # another rank's replica: gradient only
-            ghost = torch.repeat_interleave(self.block_ghost[block_of_row], width)
-            back = back - back.detach() * ghost
+        block_of_row = torch.repeat_interleave(ids)
+        # Per block: where its rows' ids are in ``sent.positions`` (less the rows before
+        # it) and where in the output (in chunks) an id at batch position 0 would land.
+        sent_at = exclusive_cumsum(sent.counts)[self.block_segment] - exclusive_cumsum(ids)
+        feature = self.block_feature
+        id_start = exclusive_cumsum(local.per_feature)[feature]
+        out_start = exclusive_cumsum(local.per_feature * self.dim_chunks)[feature]
+        base = out_start - id_start * self.block_dim + self.block_column
+        rows = torch.arange(block_of_row.numel(), device=self.device)
+        position = sent.positions[sent_at[block_of_row] + rows]
+        target = base[block_of_row] + position * self.block_dim[block_of_row]
+        ghost = None if self.block_ghost is None else self.block_ghost[block_of_row]
+        if not self.one_chunk_rows:  # a row of several chunks: their targets follow on
+            per_row = self.block_chunks[block_of_row]
+            first = torch.repeat_interleave(exclusive_cumsum(per_row), per_row)
+            chunk = torch.arange(back.shape[0], device=self.device) - first
+            target = torch.repeat_interleave(target, per_row) + chunk
+            ghost = None if ghost is None else torch.repeat_interleave(ghost, per_row)
         sizes = (local.per_feature * self.dims).tolist()
-        out = back.new_zeros(sum(sizes)).index_add(0, target, back)
+        out = _place_chunks(back, target, ghost, sum(sizes) // self.unit).reshape(-1)
         lengths = local.lengths.view(len(self.keys), local.batch)
         return {
             key: JaggedTensor(values.view(-1, dim), lengths[f])
@@ -142,3 +153,38 @@ class SequenceOutputDistribution:
                 zip(self.keys, out.split(sizes), self.exchange.dims, strict=True)
             )
         }
+
+
+def _place_chunks(
+    chunks: torch.Tensor, target: torch.Tensor, ghost: torch.Tensor | None, total: int
+) -> torch.Tensor:
+    """``total`` chunks, chunk ``target[i]`` being ``chunks[i]``; a ghost chunk (another
+    rank's data-parallel replica) is placed for its gradient only."""
+    keep = torch.arange(chunks.shape[0], device=chunks.device)
+    placed = target
+    if ghost is not None:
+        keep, placed = keep[~ghost], target[~ghost]
+    # -1 where nothing lands, so a chunk the exchange failed to cover raises, not reads
+    # uninitialised memory.
+    source = torch.full((total,), -1, dtype=torch.int64, device=chunks.device)
+    source[placed] = keep
+    result: torch.Tensor = _Permute.apply(chunks, source, target)
+    return result
+
+
+class _Permute(torch.autograd.Function):
+    """Forward: ``x``'s rows picked by ``source``; backward: each row of ``x`` gets the
+    gradient of the output row at ``target`` (its place). Gathers both ways, where
+    ``index_select``'s own backward would scatter-add."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, source: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.save_for_backward(target)
+        return x.index_select(0, source)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (target,) = ctx.saved_tensors
+        return grad.index_select(0, target), None, None
