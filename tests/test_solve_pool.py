@@ -195,6 +195,29 @@ def test_no_process_outlives_the_server_killed_mid_solve(
         kill_what_is_left(server)
 
 
+def test_a_stopping_server_lets_a_solve_in_flight_finish_within_its_shutdown_grace(
+    shardplan_exe, tmp_path
+):
+    """SHARDPLAN_SHUTDOWN_GRACE_S above the solve's length: SIGTERM mid-solve still gets the
+    plan (201), then the server exits. With the default 10 s the same solve would get 503
+    (the test above)."""
+    grace = {"SHARDPLAN_SHUTDOWN_GRACE_S": str(LONG_SOLVE_S + 30)}
+    server = Service(
+        shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db"), env=grace
+    ).start()
+    assert server.process is not None
+    try:
+        solving_thread, outcome = start_long_solve(server, 3)
+        os.kill(server.process.pid, signal.SIGTERM)
+        solving_thread.join(timeout=LONG_SOLVE_S + 60)
+        response = outcome.get("response")
+        assert isinstance(response, httpx.Response), outcome
+        assert response.status_code == 201, response.text
+        assert server.process.wait(timeout=30) is not None
+    finally:
+        kill_what_is_left(server)
+
+
 def test_an_idle_solver_process_exits_when_its_pipe_to_the_service_closes():
     context = multiprocessing.get_context("spawn")
     service_end, solver_end = context.Pipe()

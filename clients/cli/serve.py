@@ -4,6 +4,7 @@ the only command that imports ``planner_service.service``, inside the command.""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level="warning",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # uvicorn takes int s
     )
     return EXIT_OK
 

@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     # A solve still running this long past its options.time_limit_s is killed (solving.py).
     solve_grace_s: float = Field(10.0, ge=0.0, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
     cache_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    # How long a stopping server waits for requests in flight (uvicorn's graceful shutdown)
+    # before it stops its solver processes; at least max_time_limit_s + solve_grace_s lets
+    # every admitted solve finish.
+    shutdown_grace_s: float = Field(10.0, ge=0.0, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
 
     @property
     def auth_enabled(self) -> bool:
