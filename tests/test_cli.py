@@ -431,13 +431,12 @@ def test_serve_takes_host_port_and_workers_from_the_environment(shardplan_exe, t
             [str(shardplan_exe), "serve"], stdout=out, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
         )  # fmt: skip
+    service = Service(shardplan_exe, log, db="", port=port)
+    service.process = process
     try:
-        service = Service(shardplan_exe, log, db="", port=port)
-        service.process = process
         service.wait_healthy(timeout=60)
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
+        service.stop()
     assert f"serving on http://127.0.0.1:{port} with 2 HTTP worker(s) x 1 solver" in log.read_text()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -165,7 +164,7 @@ def test_two_replicas_as_compose_wires_them_share_plans_and_aliases(
     create_database(postgres, env["SHARDPLAN_DATABASE_URL"])
     tokens = dict(entry.split(":", 1) for entry in env["SHARDPLAN_API_TOKENS"].split(","))
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDPLAN_")}
-    replicas: list[tuple[Service, subprocess.Popen[bytes]]] = []
+    replicas: list[Service] = []
     try:
         for index in range(compose()["services"]["planner"]["deploy"]["replicas"]):
             port = free_port()
@@ -180,10 +179,10 @@ def test_two_replicas_as_compose_wires_them_share_plans_and_aliases(
                 )  # fmt: skip
             service = Service(shardplan_exe, log, db="", port=port)
             service.process = process
-            replicas.append((service, process))
+            replicas.append(service)
             service.wait_healthy(timeout=90)
-        (one, _), (other, _) = replicas
-        for service, _ in replicas:
+        one, other = replicas
+        for service in replicas:
             assert httpx.get(f"{service.base}/readyz", timeout=10).status_code == 200
             assert "store postgresql://shardplan:***@127.0.0.1:" in service.log()
 
@@ -211,11 +210,5 @@ def test_two_replicas_as_compose_wires_them_share_plans_and_aliases(
             refused = client.put(f"{other.base}/v1/aliases/dlrm", json=alias)
             assert refused.status_code == 401
     finally:
-        for _, process in replicas:
-            os.killpg(process.pid, signal.SIGTERM)
-        for _, process in replicas:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        for service in replicas:
+            service.stop()

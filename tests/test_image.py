@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -161,8 +160,7 @@ def test_service_image_serves_and_passes_its_healthcheck(service_image):
         )  # fmt: skip
         assert answer.stdout == "200\n", answer.stderr
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
+        service.stop()
     text = log.read_text()
     assert "with 2 HTTP worker(s) x 1 solver process(es)" in text, text  # the image's ENV
     assert (service_image.path("/app/var") / "shardplan.db").is_file()  # under the volume
