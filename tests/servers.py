@@ -131,6 +131,11 @@ class Service:
             start_new_session=True,  # kill() takes the solver processes too
         )  # fmt: skip
         log.close()
+        return self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float = 60) -> Service:
+        """Waits for ``/healthz`` on ``port`` from ``process``, started here or by the caller."""
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while True:
             try:

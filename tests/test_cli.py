@@ -16,7 +16,7 @@ from planner_service.plan.types import PERF_COMPONENTS, ShardingPlan
 from planner_service.reports import OPTION_COLUMNS
 from tests import builders
 from tests.builders import request, table
-from tests.servers import free_port
+from tests.servers import Service, free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -419,12 +419,66 @@ def test_serve_refuses_protected_reads_without_tokens(shardplan_exe, tmp_path):
     assert "Traceback" not in err and "serving on" not in err
 
 
+def test_serve_takes_host_port_and_workers_from_the_environment(shardplan_exe, tmp_path):
+    """A container is configured by its environment alone (the image passes no flags)."""
+    port = free_port()
+    env = {**os.environ, "SHARDPLAN_HOST": "127.0.0.1", "SHARDPLAN_PORT": str(port)}
+    env |= {"SHARDPLAN_HTTP_WORKERS": "2", "SHARDPLAN_SOLVE_WORKERS": "1"}
+    env["SHARDPLAN_DATABASE_URL"] = str(tmp_path / "plans.db")
+    log = tmp_path / "log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(shardplan_exe), "serve"], stdout=out, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+    service = Service(shardplan_exe, log, db="", port=port)
+    service.process = process
+    try:
+        service.wait_healthy(timeout=60)
+    finally:
+        service.stop()
+    assert f"serving on http://127.0.0.1:{port} with 2 HTTP worker(s) x 1 solver" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("SHARDPLAN_PORT", "eighty", "environment: SHARDPLAN_PORT = 'eighty': must be an integer"),
+        (
+            "SHARDPLAN_PORT",
+            "70000",
+            "environment: SHARDPLAN_PORT = 70000: must be between 0 and 65535",
+        ),
+        (
+            "SHARDPLAN_HTTP_WORKERS",
+            "0",
+            "environment: SHARDPLAN_HTTP_WORKERS = 0: must be at least 1",
+        ),
+    ],
+)
+def test_serve_refuses_a_bad_port_or_workers_variable(shardplan_exe, variable, value, message):
+    result = _shardplan(shardplan_exe, "serve", env={variable: value})
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", message + "\n")
+
+
+def test_serve_flags_win_over_their_variables(shardplan_exe):
+    """A bad variable is not read when its flag is given; the flag's value is checked."""
+    env = {"SHARDPLAN_PORT": "eighty", "SHARDPLAN_HTTP_WORKERS": "eighty"}
+    result = _shardplan(shardplan_exe, "serve", "--port", "1", "--workers", "0", env=env)
+    assert (result.returncode, result.stderr) == (
+        2,
+        "--workers: (document) = 0: must be at least 1\n",
+    )
+
+
 def test_serve_help_names_the_services_default_store(run_cli):
     from planner_service.service.settings import DEFAULT_DATABASE
 
     result = run_cli("serve", "--help")
     assert result.returncode == 0, result.stderr
     assert f"else {DEFAULT_DATABASE})" in " ".join(result.stdout.split())
+    for variable in ("SHARDPLAN_HOST", "SHARDPLAN_PORT", "SHARDPLAN_HTTP_WORKERS"):
+        assert f"${variable}, else" in " ".join(result.stdout.split())
 
 
 # --------------------------------------------------------------------------- extras

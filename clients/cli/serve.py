@@ -16,18 +16,32 @@ from planner_service import __version__
 
 # The service's default store (settings.DEFAULT_DATABASE), for the help text only.
 DEFAULT_DATABASE = "var/shardplan.db"
+# Where a container sets what the flags set (the image's only configuration is its
+# environment): a flag given wins over its variable, the variable over the default.
+HOST_VARIABLE, DEFAULT_HOST = "SHARDPLAN_HOST", "127.0.0.1"
+PORT_VARIABLE, DEFAULT_PORT = "SHARDPLAN_PORT", 8000
+WORKERS_VARIABLE, DEFAULT_WORKERS = "SHARDPLAN_HTTP_WORKERS", 1
+MAX_PORT = 65535
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("serve", help="run the planner service")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    parser.add_argument(
+        "--host", help=f"address to bind (default: ${HOST_VARIABLE}, else {DEFAULT_HOST})"
+    )
+    parser.add_argument(
+        "--port", type=int, help=f"port to bind (default: ${PORT_VARIABLE}, else {DEFAULT_PORT})"
+    )
     parser.add_argument(
         "--db",
         help="plan store: a SQLite path or postgresql://… (default: $SHARDPLAN_DATABASE_URL, "
         f"else {DEFAULT_DATABASE})",
     )
-    parser.add_argument("--workers", type=int, default=1, help="HTTP worker processes (default 1)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help=f"HTTP worker processes (default: ${WORKERS_VARIABLE}, else {DEFAULT_WORKERS})",
+    )
     parser.add_argument(
         "--solve-workers",
         type=int,
@@ -42,26 +56,25 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
-    from planner_service.plan.errors import FieldProblem, InputError
-
+    host = args.host or os.environ.get(HOST_VARIABLE, "").strip() or DEFAULT_HOST
+    port = _number(args.port, "--port", PORT_VARIABLE, DEFAULT_PORT, 0, MAX_PORT)
+    workers = _number(args.workers, "--workers", WORKERS_VARIABLE, DEFAULT_WORKERS, 1, None)
     # Every worker process builds its app from the environment: flags become variables.
     if args.db:
         os.environ["SHARDPLAN_DATABASE_URL"] = args.db
     if args.solve_workers is not None:
         os.environ["SHARDPLAN_SOLVE_WORKERS"] = str(args.solve_workers)
-    if args.workers < 1:
-        raise InputError("--workers", [FieldProblem("", "must be at least 1", args.workers)])
     settings = Settings.from_env()  # refuse bad settings here, once, with a clear message
     _check_store_path(settings.database_url)
-    if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+    if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shardplan-metrics-")
     # uvicorn supervises N > 1 workers from this process; they die with it, even by SIGKILL.
     os.environ.pop(SUPERVISOR_PID_VARIABLE, None)
-    if args.workers > 1:
+    if workers > 1:
         os.environ[SUPERVISOR_PID_VARIABLE] = str(os.getpid())
     print(
-        f"shardplan {__version__}: serving on http://{args.host}:{args.port} with "
-        f"{args.workers} HTTP worker(s) x {settings.solve_workers} solver process(es), "
+        f"shardplan {__version__}: serving on http://{host}:{port} with "
+        f"{workers} HTTP worker(s) x {settings.solve_workers} solver process(es), "
         f"store {redacted(settings.database_url)}",
         file=sys.stderr,
         flush=True,
@@ -69,13 +82,36 @@ def run(args: argparse.Namespace) -> int:
     uvicorn.run(
         "planner_service.service.app:create_app",
         factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
+        host=host,
+        port=port,
+        workers=workers,
         log_level="warning",
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # uvicorn takes int s
     )
     return EXIT_OK
+
+
+def _number(
+    flag_value: int | None, flag: str, variable: str, default: int, low: int, high: int | None
+) -> int:
+    """The flag's value, else the variable's (an empty one means the default), checked
+    against ``low``..``high`` under the name it came from."""
+    from planner_service.plan.errors import FieldProblem, InputError
+
+    source, problem_path, value = flag, "", flag_value
+    if value is None:
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            return default
+        source, problem_path = "environment", variable
+        try:
+            value = int(text)
+        except ValueError:
+            raise InputError(source, [FieldProblem(variable, "must be an integer", text)]) from None
+    if value < low or (high is not None and value > high):
+        accepted = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise InputError(source, [FieldProblem(problem_path, f"must be {accepted}", value)])
+    return value
 
 
 def redacted(url: str) -> str:
