@@ -16,6 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from clients.cli import serve
 from planner_service.service.settings import ENV_PREFIX, Settings
 from tests.servers import started_service
 
@@ -90,9 +91,17 @@ def test_every_setting_is_in_the_guide_with_its_default_and_bounds(bare_environm
             assert default == f"`{_as_variable(field.default)}`", (variable, default)
         for bound in _bounds(field):
             assert bound in accepted, (variable, bound, accepted)
+    # shardplan serve's own variables, standing in for its flags, with serve's defaults.
+    serve_variables = {
+        serve.HOST_VARIABLE: serve.DEFAULT_HOST,
+        serve.PORT_VARIABLE: serve.DEFAULT_PORT,
+        serve.WORKERS_VARIABLE: serve.DEFAULT_WORKERS,
+    }
+    for variable, value in serve_variables.items():
+        assert table[variable][0] == f"`{value}`", (variable, table[variable][0])
     documented = {v for v in table if v.startswith(ENV_PREFIX)}
     fields = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
-    assert documented == fields, documented ^ fields
+    assert documented == fields | set(serve_variables), documented ^ fields
     assert "PROMETHEUS_MULTIPROC_DIR" in table
 
 
