@@ -31,6 +31,10 @@ def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args:
     )
     try:
         fn(rank, world_size, *args)
+        # No rank tears its gloo pairs down while a peer may still be using them: under load
+        # a rank leaving first has aborted its peer in gloo's threads ("terminate called
+        # without an active exception", SIGABRT) after every check had passed.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
