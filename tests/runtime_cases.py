@@ -254,6 +254,16 @@ def _targets(total: int, width: int, step: int) -> torch.Tensor:
     return torch.randn(total, width, generator=torch.Generator().manual_seed(SEED * 7 + step))
 
 
+def fused_params(optimizer: str) -> dict[str, object]:
+    """The sharded module's optimizer, as ReferenceOptimizer runs it."""
+    return {
+        "optimizer": optimizer,
+        "learning_rate": LEARNING_RATE,
+        "eps": ADAM_EPS if optimizer == "adam" else EPS,
+        **({"weight_decay": WEIGHT_DECAY} if optimizer == "adam" else {}),
+    }
+
+
 def check_scenario(
     rank: int,
     world: int,
@@ -267,15 +277,7 @@ def check_scenario(
     rows = slice(start, start + batches[rank])
     reference = EmbeddingBagCollection(scenario.tables, seed=SEED)
     sharded = shard_modules(
-        reference,
-        plan=scenario.plan,
-        pg=pg,
-        fused_params={
-            "optimizer": optimizer,
-            "learning_rate": LEARNING_RATE,
-            "eps": ADAM_EPS if optimizer == "adam" else EPS,
-            **({"weight_decay": WEIGHT_DECAY} if optimizer == "adam" else {}),
-        },
+        reference, plan=scenario.plan, pg=pg, fused_params=fused_params(optimizer)
     )
     ref_opt = ReferenceOptimizer(optimizer, reference, scenario.plan)
     width = sum(t.embedding_dim * len(t.feature_names) for t in scenario.tables)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from planner_service.plan.shards import COLUMN_ALIGNMENT, column_wise_shards
-from planner_service.plan.types import ParameterSharding, PoolingType, ShardingType
+from planner_service.plan.types import ComputeKernel, ParameterSharding, PoolingType, ShardingType
 from runtime import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
@@ -36,25 +36,16 @@ from runtime import (
     table_wise,
 )
 from tests.runtime_cases import (
-    ADAM_EPS,
     ATOL,
-    EPS,
-    LEARNING_RATE,
     SEED,
     STEPS,
-    WEIGHT_DECAY,
     ReferenceOptimizer,
+    Scenario,
+    check_scenario,
+    fused_params,
     global_batch,
 )
-
-
-def _fused_params(optimizer: str) -> dict[str, object]:
-    return {
-        "optimizer": optimizer,
-        "learning_rate": LEARNING_RATE,
-        "eps": ADAM_EPS if optimizer == "adam" else EPS,
-        **({"weight_decay": WEIGHT_DECAY} if optimizer == "adam" else {}),
-    }
+from tests.runtime_cases import scenarios as pooled_scenarios
 
 
 def _listed(kind: ShardingType, shards: list, order: list[int]) -> ParameterSharding:
@@ -62,7 +53,7 @@ def _listed(kind: ShardingType, shards: list, order: list[int]) -> ParameterShar
     listed = [shards[i] for i in order]
     return ParameterSharding(
         sharding_type=kind,
-        compute_kernel=column_wise([0])(EmbeddingConfig("x", 1, 4), 1, 1).compute_kernel,
+        compute_kernel=ComputeKernel.FUSED,
         ranks=[s.rank for s in listed],
         shards=listed,
     )
@@ -189,7 +180,7 @@ def check_sequence(
     start = sum(batches[:rank])
     end = start + batches[rank]
     reference = EmbeddingCollection(tables, seed=SEED)
-    sharded = shard_modules(reference, plan=plan, fused_params=_fused_params(optimizer))
+    sharded = shard_modules(reference, plan=plan, fused_params=fused_params(optimizer))
     ref_opt = ReferenceOptimizer(optimizer, reference, plan)
     for step in range(STEPS):
         whole, parts = global_batch(tables, batches, world, step)  # type: ignore[arg-type]
@@ -232,13 +223,11 @@ def equivalence(rank: int, world: int, optimizer: str) -> None:
 def empty_batch(rank: int, world: int) -> None:
     """Rank 0 has no samples this step (an uneven last batch): it still takes part in every
     exchange, gets empty outputs, and every shard trains as the unsharded module does."""
-    from tests import runtime_cases
-
     batches = [0] + [3] * (world - 1)
     tables, plan = scenarios(world)["mixed"]
     check_sequence(rank, world, "mixed, empty batch", tables, plan, "sgd", batches)
-    mixed = next(s for s in runtime_cases.scenarios(world) if s.name == "mixed")
-    runtime_cases.check_scenario(rank, world, mixed, "sgd", batches=batches)
+    mixed = next(s for s in pooled_scenarios(world) if s.name == "mixed")
+    check_scenario(rank, world, mixed, "sgd", batches=batches)
 
 
 def column_orders(rank: int, world: int, count: int) -> None:
@@ -249,8 +238,6 @@ def column_orders(rank: int, world: int, count: int) -> None:
             EmbeddingBagConfig(t.name, t.num_embeddings, t.embedding_dim, t.feature_names)
             for t in tables
         ]
-        from tests.runtime_cases import Scenario, check_scenario
-
         check_scenario(rank, world, Scenario(f"random pooled {i}", pooled, plan), "sgd")
 
 
@@ -338,7 +325,7 @@ def two_collections(rank: int, world: int) -> None:
     reference = TwoCollections()
     model = TwoCollections()
     model.load_state_dict(reference.state_dict())
-    sharded = shard_modules(model, plan=plan, fused_params=_fused_params("sgd"))
+    sharded = shard_modules(model, plan=plan, fused_params=fused_params("sgd"))
     assert sharded is model
     assert type(model.pooled).__name__ == "ShardedEmbeddingBagCollection"
     assert type(model.towers["history"]).__name__ == "ShardedEmbeddingCollection"
