@@ -35,6 +35,7 @@ from planner_service.plan.types import (
     SolverReport,
     SolverStatus,
 )
+from planner_service.solve.pipeline import solve
 from tests import builders
 from tests.builders import request, table
 
@@ -56,6 +57,48 @@ def test_canonical_bytes_sorted_compact_and_stable():
     first = plan_bytes(plan)
     assert first == plan_bytes(parse_plan(first))
     assert b" " not in first and first.index(b'"plan_id"') < first.index(b'"planner_version"')
+
+
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(alphabet='-0.,:[]{}"ab', max_size=8),
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(st.text(alphabet="-0.ab", max_size=4), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+)
+def test_canonical_bytes_write_negative_zero_as_zero_wherever_it_is(value):
+    # The fast path dumps once and normalises only when the text holds "-0.0"; the result
+    # must be what normalising first gives, strings that read "-0.0" included.
+    def normalised(data):
+        if isinstance(data, float):
+            return 0.0 if data == 0.0 else data
+        if isinstance(data, dict):
+            return {k: normalised(v) for k, v in data.items()}
+        if isinstance(data, list):
+            return [normalised(v) for v in data]
+        return data
+
+    expected = json.dumps(
+        normalised(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode()
+    assert canonical_bytes(value) == expected
+
+
+def test_a_sealed_plan_is_served_as_the_bytes_it_was_hashed_from():
+    req = request([table("a"), table("b", rows=5_000_000)], world_size=4)
+    outcome = solve(req)
+    assert outcome.plan is not None
+    sealed = plan_bytes(outcome.plan)  # kept from sealing
+    assert sealed == canonical_bytes(outcome.plan)  # what serialising it again gives
+    assert parse_plan(sealed) == outcome.plan
+    assert plan_id_of(json.loads(sealed)) == outcome.plan.plan_id
 
 
 def test_request_hash_ignores_memory_jitter_and_table_order():

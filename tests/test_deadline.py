@@ -122,6 +122,38 @@ def test_the_lp_gets_what_is_left_as_its_time_limit():
     assert not linear.deadline.reached
 
 
+def test_building_the_lp_stops_at_the_deadline():
+    # 300 distinct shapes: the build looks at the clock every 256 groups.
+    tables = [table(f"t{i}", rows=1_000 * (i + 1), dim=64) for i in range(300)]
+    req = request(tables, world_size=8, topology={"local_world_size": 4, "hbm_bytes": 2**30})
+    problem = _prepared(req).problem
+    assert problem is not None
+    # The clock reads 0.01 at the start, 0.02 before the LP, 0.03 at group 0 and 0.04 at
+    # group 256: past a deadline at 0.035, so the LP is given up.
+    clock = _Ticking(0.01)
+    prepared = prepare(req, Deadline(0.025, clock=clock))
+    assert clock.reads == 4  # stopped at the look at group 256
+    assert prepared.problem is not None and prepared.relaxation is None
+    assert [b.source for b in prepared.bounds or []] == ["work/world_size", "largest_shard"]
+    assert prepare(req, Deadline.never()).relaxation is not None
+
+
+def test_the_first_pass_is_guided_and_its_plan_is_kept_when_time_runs_out():
+    prepared = _prepared(_request())
+    problem = prepared.problem
+    assert problem is not None and prepared.relaxation is not None
+    guide = [[0]] * len(problem.tables)  # every table's first option first
+    # A clock that lets exactly one pass finish (40 tables: 3 reads a pass).
+    first = greedy_plan(problem, 0.0, [guide], Deadline(0.035, clock=_Ticking(0.01)))
+    assert first is not None
+    assert all(choice.option == 0 for choice in first)
+    # With time for every pass, the best of all passes wins, as listed (unguided first).
+    assert greedy_plan(problem, 0.0, [guide]) == min(
+        (greedy_plan(problem, 0.0, [guide]), greedy_plan(problem, 0.0, [])),
+        key=lambda plan: (loads_of(problem, plan).objective, loads_of(problem, plan).peak_hbm),
+    )
+
+
 def test_greedy_stops_at_the_deadline_but_keeps_a_finished_pass():
     prepared = _prepared(_request())
     problem = prepared.problem

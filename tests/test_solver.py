@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -1057,3 +1058,113 @@ def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
     assert outcome.plan.solver.status is SolverStatus.OPTIMAL
     assert outcome.details["cpsat_status"] == "OPTIMAL"
     assert outcome.details["cpsat_runs"] == 1
+
+
+# --------------------------------------------------------------------------- at scale
+
+
+def _loaded_state(problem, seed):
+    """A state with random loads and memory already on every rank."""
+    import numpy as np
+
+    from planner_service.solve.placement import State
+
+    rng = np.random.default_rng(seed)
+    state = State(
+        rng.random(problem.world_size),
+        (rng.random(problem.world_size) * problem.hbm_cap * 0.9).astype(np.int64),
+        np.zeros(problem.world_size, np.int64),
+    )
+    state.max_perf = float(state.perf.max())
+    state.free_hbm, state.free_bytes = problem.hbm_total, problem.hbm_total + problem.ddr_total
+    return state
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_column_shards_on_every_host_at_once_place_as_host_by_host(seed):
+    from planner_service.solve import placement
+
+    req = request(
+        [table("t", rows=400_000, dim=128)],
+        world_size=16,
+        topology={"local_world_size": 4, "hbm_bytes": 2**28},
+        constraints={"tables": {"t": {"sharding_types": ["table_column_wise"]}}},
+    )
+    problem, _ = _problem(req)
+    state = _loaded_state(problem, seed)
+    every = placement.Where(set(range(16)), np.arange(16), None)
+    for index, option in enumerate(problem.tables[0].options):
+        costs = problem.costs(option)
+        best = None  # host by host, as for restricted ranks
+        for host in range(problem.num_hosts):
+            ranks = placement._place_free(
+                problem, state, costs, np.arange(host * 4, host * 4 + 4), None
+            )
+            score = ranks and placement._score(problem, state, costs, ranks, index, 0.5)
+            if score and (
+                best is None or placement._between_hosts(score) < placement._between_hosts(best[0])
+            ):
+                best = (score, ranks)
+        found = placement.try_option(problem, state, every, index, option, 0.5)
+        if best is None:
+            assert found is None
+            continue
+        assert found is not None and found.choice.ranks == best[1]
+        assert found.score == pytest.approx(best[0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_options_on_every_rank_score_as_any_placement(seed):
+    from planner_service.solve import placement
+
+    req = request([table("t", rows=3_000_000, dim=64)], world_size=8)
+    problem, _ = _problem(req)
+    state = _loaded_state(problem, seed)
+    every = placement.Where(set(range(8)), np.arange(8), None)
+    fixed = [
+        (i, o) for i, o in enumerate(problem.tables[0].options) if o.placement is Placement.FIXED
+    ]
+    assert fixed
+    for index, option in fixed:
+        found = placement.try_option(problem, state, every, index, option, 0.1)
+        score = placement._score(
+            problem, state, problem.costs(option), problem.every_rank, index, 0.1
+        )
+        assert (found.score if found else None) == score
+
+
+def test_an_option_lists_its_shards_as_runs_of_equal_ones():
+    req = request([table("t", rows=1_000_003, dim=64)], world_size=6)
+    (entry,) = enumerate_options(req)
+    for option in entry.options:
+        expanded = [shard for shard, count in option.runs for _ in range(count)]
+        assert list(option.shards) == expanded
+        assert len(option.runs) <= 3
+
+
+def test_distinct_rank_rows_are_found_as_numpy_finds_them():
+    from planner_service.solve.bounds.lp import _distinct_rows
+
+    rng = np.random.default_rng(0)
+    matrix = rng.integers(0, 3, size=(200, 5)).astype(float)
+    _, first = np.unique(matrix, axis=0, return_index=True)
+    assert _distinct_rows(matrix).tolist() == sorted(first.tolist())
+    column = rng.integers(0, 2, size=200).astype(float)
+    _, first = np.unique(np.column_stack([column, matrix]), axis=0, return_index=True)
+    assert _distinct_rows(matrix, column).tolist() == sorted(first.tolist())
+
+
+def test_an_lp_with_fewer_rank_rows_is_looser_and_still_a_bound(monkeypatch):
+    from planner_service.solve.bounds import lp
+
+    tables = [
+        table(f"t{i}", rows=200_003 * (i + 1), dim=32, pooling_factors=[4.0]) for i in range(6)
+    ]
+    req = request(tables, world_size=7, topology={"hbm_bytes": 2**30})
+    problem, groups = _problem(req)
+    full = lp.LinearRelaxation(problem, groups).solve()
+    monkeypatch.setattr(lp, "MAX_RANK_ROW_COEFFICIENTS", 1)  # one row per tier
+    capped = lp.LinearRelaxation(problem, groups).solve()
+    assert full is not None and capped is not None
+    assert capped.bound.value <= full.bound.value * (1 + 1e-9)
+    assert full.bound.value <= _brute_force_optimum(req, most=200_000) * (1 + 1e-9)

@@ -129,16 +129,17 @@ class _OptionBuilder:
         self, ctx: OptionContext, runs: list[tuple[tuple[int, int], int]]
     ) -> ShardingOption:
         perf_by_cols: dict[int, tuple[Perf, ...]] = {}
-        shards: tuple[ShardEstimate, ...] = ()
+        estimates: list[tuple[ShardEstimate, int]] = []
         for sizes, count in runs:
             cols = sizes[1]
             perf = perf_by_cols.get(cols)
             if perf is None:
                 perf = tuple(estimate_perf(ctx, cols, spec) for spec in self.classes.specs)
                 perf_by_cols[cols] = perf
-            estimate = ShardEstimate(sizes, perf, estimate_storage(ctx, *sizes))
-            shards += (estimate,) * count
-        return ShardingOption(ctx.sharding_type, ctx.compute_kernel, ctx.cache_load_factor, shards)
+            estimates.append((ShardEstimate(sizes, perf, estimate_storage(ctx, *sizes)), count))
+        return ShardingOption(
+            ctx.sharding_type, ctx.compute_kernel, ctx.cache_load_factor, tuple(estimates)
+        )
 
 
 def _row_runs(rows: int, dim: int, blocks: int) -> list[tuple[tuple[int, int], int]]:
@@ -242,12 +243,15 @@ def fit_options(request: PlanRequest, tables: list[TableOptions]) -> FitResult:
     kept, problems = [], []
     # Tables of one shape share option objects, so their fit is decided once per shape.
     decided: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[ShardingOption, ...]] = {}
+    checkers: dict[tuple[int, ...], _FitChecker] = {}  # one per set of pinned ranks
     for entry in tables:
         pinned = request.constraints.for_table(entry.table.name).ranks
         key = (tuple(map(id, entry.options)), tuple(pinned or ()))
         options = decided.get(key)
         if options is None:
-            fits = _FitChecker(request.topology, capacities, pinned)
+            fits = checkers.get(key[1])
+            if fits is None:
+                fits = checkers[key[1]] = _FitChecker(request.topology, capacities, pinned)
             options = tuple(option for option in entry.options if fits.option_fits(option))
             decided[key] = options
         kept.append(TableOptions(entry.table, options))
@@ -265,16 +269,23 @@ class _FitChecker:
         allowed_caps = [capacities[r] for r in self.allowed]
         # Distinct (HBM, DDR) pairs: a shard fits some allowed rank iff it fits one of these.
         self.distinct = sorted({(c.hbm_bytes, c.ddr_bytes) for c in allowed_caps})
+        # The one capacity of every rank, when all ranks have the same.
+        everywhere = {(c.hbm_bytes, c.ddr_bytes) for c in capacities}
+        self.uniform = capacities[0] if len(everywhere) == 1 else None
 
     def option_fits(self, option: ShardingOption) -> bool:
         if option.placement is Placement.FIXED:
+            if self.uniform is not None:  # every rank alike: each distinct shard once
+                return all(_fits(shard.storage, self.uniform) for shard, _ in option.runs)
             return all(
                 _fits(shard.storage, self.capacities[rank])
                 for rank, shard in enumerate(option.shards)
             )
         if option.placement is Placement.PER_HOST:
+            if self.uniform is not None and len(self.allowed) == self.topology.world_size:
+                return all(_fits(shard.storage, self.uniform) for shard, _ in option.runs)
             return any(self._host_fits(option, host) for host in range(self.topology.num_hosts))
-        return all(self._fits_somewhere(shard.storage) for shard in option.shards)
+        return all(self._fits_somewhere(shard.storage) for shard, _ in option.runs)
 
     def _fits_somewhere(self, storage: Storage) -> bool:
         return any(storage.hbm_bytes <= h and storage.ddr_bytes <= d for h, d in self.distinct)
@@ -312,9 +323,11 @@ def _explain(
         )
     smallest = min(
         entry.options,
-        key=lambda o: max(_pressure(s.storage, largest_hbm, largest_ddr) for s in o.shards),
+        key=lambda o: max(_pressure(s.storage, largest_hbm, largest_ddr) for s, _ in o.runs),
     )
-    worst = max(smallest.shards, key=lambda s: _pressure(s.storage, largest_hbm, largest_ddr))
+    worst = max(
+        (s for s, _ in smallest.runs), key=lambda s: _pressure(s.storage, largest_hbm, largest_ddr)
+    )
     return TableProblem(
         code=TableProblemCode.DOES_NOT_FIT,
         table=table.name,

@@ -8,7 +8,7 @@ reports read them.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -63,12 +63,24 @@ class ShardEstimate:
 @dataclass(frozen=True, slots=True)
 class ShardingOption:
     """One way to shard a table. ``shards`` are in shard order: by row for row-wise
-    types, by column for column-wise types, by rank for data-parallel replicas."""
+    types, by column for column-wise types, by rank for data-parallel replicas.
+
+    ``runs`` is the same sequence as (estimate, count) runs of consecutive equal shards: an
+    option has at most three distinct shards (row-wise: full blocks, the remainder, empty
+    blocks), so work that depends on shards' contents, not their positions, is done per
+    run (a row-wise option on 4,096 ranks is 4,096 shards but at most 3 runs)."""
 
     sharding_type: ShardingType
     compute_kernel: ComputeKernel
     cache_load_factor: float | None
-    shards: tuple[ShardEstimate, ...]
+    runs: tuple[tuple[ShardEstimate, int], ...]
+    shards: tuple[ShardEstimate, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        shards: tuple[ShardEstimate, ...] = ()
+        for estimate, count in self.runs:
+            shards += (estimate,) * count
+        object.__setattr__(self, "shards", shards)
 
     @property
     def placement(self) -> Placement:

@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import json
 import re
+import weakref
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -47,14 +48,19 @@ M = TypeVar("M", bound=BaseModel)
 def canonical_bytes(value: Any) -> bytes:
     """Canonical JSON bytes of a model or of plain JSON data."""
     data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-    text = json.dumps(
-        _normalise_floats(data),
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-    )
+    text = _dumps(data)
+    # ``-0.0`` is the only float written differently from its canonical form, and it can
+    # only be in the text where it is a float or inside a string; so the document (a plan:
+    # up to millions of shards) is walked to normalise floats only when the text has it.
+    if "-0.0" in text:
+        text = _dumps(_normalise_floats(data))
     return text.encode("utf-8")
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(
+        data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def sha256_hex(data: bytes) -> str:
@@ -135,12 +141,28 @@ def seal_plan_data(
         "rank_stats": rank_stats,
         "solver": solver,
     }
-    body["plan_id"] = plan_id_of(body)
-    return ShardingPlan.model_validate_json(canonical_bytes(body))
+    # ``plan_id`` sorts before every other key, so the sealed document is the hashed one
+    # with the id put in front: one serialisation of a plan of many shards, not two.
+    assert min(body) > "plan_id"
+    hashed = canonical_bytes(body)
+    plan_id = sha256_hex(hashed)
+    document = b'{"plan_id":"' + plan_id.encode() + b'",' + hashed[1:]
+    plan = ShardingPlan.model_validate_json(document)
+    key = id(plan)
+    _SEALED[key] = (weakref.ref(plan, lambda _: _SEALED.pop(key, None)), document)
+    return plan
+
+
+# Plans sealed in this process, weakly, with their canonical bytes (dropped with the plan),
+# so that storing or printing a plan just sealed does not serialise it again.
+_SEALED: dict[int, tuple[weakref.ref[ShardingPlan], bytes]] = {}
 
 
 def plan_bytes(plan: ShardingPlan) -> bytes:
     """The bytes a plan is stored and served as."""
+    sealed = _SEALED.get(id(plan))
+    if sealed is not None and sealed[0]() is plan:
+        return sealed[1]
     return canonical_bytes(plan)
 
 

@@ -52,24 +52,37 @@ def greedy_plan(
     memory should push into slower tiers), or None when no pass places every table. Passes
     stop at the deadline, keeping the best plan of the passes that finished."""
     deadline = deadline or Deadline.never()
-    best: tuple[tuple[float, int], list[Choice]] | None = None
+    best: tuple[tuple[float, int, int], list[Choice]] | None = None
     least = _least_memory(problem)
-    for guide in [None, *(guides or [])]:
-        factors = UNGUIDED_TARGET_FACTORS if guide is None else GUIDED_TARGET_FACTORS
-        for factor in factors:
-            if best is not None and deadline.expired():
-                return best[1]
-            # The first plan may use the deadline's grace; better plans only its time.
-            stop = deadline.expired if best is not None else deadline.past_grace
-            choices = _greedy(problem, lower_bound * factor, guide, least, stop)
-            if choices is None:
-                continue
-            loads = loads_of(problem, choices)
-            key = (loads.objective, loads.peak_hbm)
-            if best is None or key < best[0]:
-                best = (key, choices)
-            if lower_bound > 0 and loads.objective <= lower_bound * factor:
-                break  # met its target: larger targets cannot do better
+    passes = [
+        (rank, guide, factor)
+        for rank, (guide, factor) in enumerate(
+            [(None, f) for f in UNGUIDED_TARGET_FACTORS]
+            + [(g, f) for g in guides or [] for f in GUIDED_TARGET_FACTORS]
+        )
+    ]
+    # Guided passes run first: a table tries its guide's option before the others, so a
+    # guided pass costs about one placement per table instead of one per option, and on
+    # thousands of tables and ranks the first plan must come quickly. Ties still go to the
+    # pass listed first above, so the plan is the same whenever every pass finishes.
+    passes.sort(key=lambda p: p[1] is None)
+    met: set[int] = set()  # guides (0: unguided) whose pass met its target
+    for rank, guide, factor in passes:
+        if id(guide) in met:
+            continue
+        if best is not None and deadline.expired():
+            return best[1]
+        # The first plan may use the deadline's grace; better plans only its time.
+        stop = deadline.expired if best is not None else deadline.past_grace
+        choices = _greedy(problem, lower_bound * factor, guide, least, stop)
+        if choices is None:
+            continue
+        loads = loads_of(problem, choices)
+        key = (loads.objective, loads.peak_hbm, rank)
+        if best is None or key < best[0]:
+            best = (key, choices)
+        if lower_bound > 0 and loads.objective <= lower_bound * factor:
+            met.add(id(guide))  # met its target: larger targets cannot do better
     return best[1] if best else None
 
 

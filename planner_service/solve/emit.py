@@ -9,6 +9,7 @@ import numpy as np
 
 from planner_service import PLANNER_VERSION
 from planner_service.costs.estimate import total_components
+from planner_service.costs.options import Placement
 from planner_service.plan.codec import seal_plan_data
 from planner_service.plan.types import (
     PERF_COMPONENTS,
@@ -35,17 +36,33 @@ def build_plan(
     tables: dict[str, dict[str, object]] = {}
     components = np.zeros((problem.world_size, len(PERF_COMPONENTS)))
     vectors: dict[int, np.ndarray] = {}  # shards of one size share one Perf object
+    # Options fixed on every rank (row-wise, data-parallel: world-size shards each) always
+    # have the same shards on the same ranks: their shard list and per-rank components are
+    # built once per option and shared by every table that takes it.
+    fixed: dict[int, tuple[list[dict[str, object]], np.ndarray]] = {}
     for entry, choice in zip(problem.tables, choices, strict=True):
         option = entry.options[choice.option]
         ranks = [int(rank) for rank in choice.ranks]
-        shards = []
-        for offsets, shard, rank in zip(option.offsets(), option.shards, ranks, strict=True):
-            shards.append({"offsets": list(offsets), "sizes": list(shard.sizes), "rank": rank})
-            perf = shard.perf[problem.class_of_rank[rank]]
-            vector = vectors.get(id(perf))
-            if vector is None:
-                vector = vectors[id(perf)] = np.array([getattr(perf, n) for n in PERF_COMPONENTS])
-            components[rank] += vector
+        known = fixed.get(id(option))
+        if known is None:
+            # one shard per rank when fixed: adding them into zeros first is exact
+            is_fixed = option.placement is Placement.FIXED
+            added = np.zeros_like(components) if is_fixed else components
+            shards = []
+            for offsets, shard, rank in zip(option.offsets(), option.shards, ranks, strict=True):
+                shards.append({"offsets": list(offsets), "sizes": list(shard.sizes), "rank": rank})
+                perf = shard.perf[problem.class_of_rank[rank]]
+                vector = vectors.get(id(perf))
+                if vector is None:
+                    vector = np.array([getattr(perf, n) for n in PERF_COMPONENTS])
+                    vectors[id(perf)] = vector
+                added[rank] += vector
+            if is_fixed:
+                fixed[id(option)] = shards, added
+                components += added
+        else:
+            shards, added = known
+            components += added
         tables[entry.table.name] = {
             "sharding_type": option.sharding_type.value,
             "compute_kernel": option.compute_kernel.value,

@@ -217,8 +217,8 @@ class _LeastBytes:
     def _of(self, option: ShardingOption) -> tuple[int, int]:
         known = self._bytes.get(id(option))
         if known is None:
-            hbm = sum(shard.storage.hbm_bytes for shard in option.shards)
-            ddr = sum(shard.storage.ddr_bytes for shard in option.shards)
+            hbm = sum(shard.storage.hbm_bytes * count for shard, count in option.runs)
+            ddr = sum(shard.storage.ddr_bytes * count for shard, count in option.runs)
             known = self._bytes[id(option)] = (hbm, ddr)
         return known
 

@@ -110,10 +110,15 @@ def try_option(
     costs = problem.costs(option)
     allowed, colocated = where.allowed, where.colocated
     if option.placement is Placement.FIXED:
-        ranks_options = [tuple(range(problem.world_size))]
-    elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
+        everywhere = len(allowed) == problem.world_size
+        if not everywhere or (colocated is not None and len(colocated) != problem.world_size):
+            return None
+        return _on_every_rank(problem, state, costs, index, makespan_target)
+    if option.sharding_type is ShardingType.TABLE_ROW_WISE:
         return _best_host(problem, state, costs, index, makespan_target, allowed, colocated)
-    elif option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+    if option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+        if colocated is None and len(allowed) == problem.world_size:
+            return _best_host_columns(problem, state, costs, index, makespan_target)
         ranks_options = []
         host_of = where.ranks // problem.local_world_size
         for host in range(problem.num_hosts):
@@ -135,6 +140,28 @@ def try_option(
     return best
 
 
+def _on_every_rank(
+    problem: Problem, state: State, costs: OptionCosts, index: int, target: float
+) -> Candidate | None:
+    """An option fixed on every rank (shard ``r`` on rank ``r``): ``_score`` without
+    gathering ranks."""
+    if _eats_reserve(state, costs):
+        return None
+    assert costs.fixed_cost is not None
+    new_hbm = state.hbm + costs.hbm
+    if (new_hbm > problem.hbm_cap).any() or (state.ddr + costs.ddr > problem.ddr_cap).any():
+        return None
+    load_after = float((state.perf + costs.fixed_cost).max())
+    score = Score(
+        max(state.max_perf, load_after, target),
+        float(costs.fixed_cost.sum()),
+        int(new_hbm.max()),
+        index,
+        load_after,
+    )
+    return Candidate(score, Choice(index, problem.every_rank))
+
+
 def _best_host(
     problem: Problem,
     state: State,
@@ -154,13 +181,14 @@ def _best_host(
         usable = np.array(
             [set(ranks) <= allowed and colocated in (None, set(ranks)) for ranks in grid.tolist()]
         )
-    shard_cost = costs.cost[np.arange(grid.shape[1]), problem.class_of_rank[grid]]
-    hbm = state.hbm[grid] + costs.hbm
-    usable &= (hbm <= problem.hbm_cap[grid]).all(axis=1)
-    usable &= (state.ddr[grid] + costs.ddr <= problem.ddr_cap[grid]).all(axis=1)
+    shard_cost = costs.local_on_hosts(problem)
+    shape = grid.shape  # per-rank arrays seen as host x local rank (views, no copies)
+    hbm = state.hbm.reshape(shape) + costs.hbm
+    usable &= (hbm <= problem.hbm_cap.reshape(shape)).all(axis=1)
+    usable &= (state.ddr.reshape(shape) + costs.ddr <= problem.ddr_cap.reshape(shape)).all(axis=1)
     if not usable.any():
         return None
-    load_after = (state.perf[grid] + shard_cost).max(axis=1)
+    load_after = (state.perf.reshape(shape) + shard_cost).max(axis=1)
     floor = np.maximum(np.maximum(load_after, state.max_perf), target)
     work = shard_cost.sum(axis=1)
     peak_hbm = hbm.max(axis=1)
@@ -168,6 +196,49 @@ def _best_host(
     h = int(hosts[np.lexsort((peak_hbm[hosts], load_after[hosts], work[hosts], floor[hosts]))[0]])
     score = Score(float(floor[h]), float(work[h]), int(peak_hbm[h]), index, float(load_after[h]))
     return Candidate(score, Choice(index, tuple(int(r) for r in grid[h])))
+
+
+def _best_host_columns(
+    problem: Problem, state: State, costs: OptionCosts, index: int, target: float
+) -> Candidate | None:
+    """A table-column-wise option on its best host, every host at once: on each host, each
+    shard in turn goes to the rank with the lowest resulting load that can hold it (as
+    ``_place_free`` does on one host), then hosts compare by ``_between_hosts``, ties to
+    the lower host."""
+    if _eats_reserve(state, costs):
+        return None
+    grid = problem.host_grid
+    hosts = np.arange(len(grid))
+    perf, hbm, ddr = (a.reshape(grid.shape).copy() for a in (state.perf, state.hbm, state.ddr))
+    hbm_cap, ddr_cap = problem.hbm_cap.reshape(grid.shape), problem.ddr_cap.reshape(grid.shape)
+    shard_costs = costs.on_hosts(problem)
+    usable = np.ones(len(grid), dtype=bool)
+    touched = np.zeros(grid.shape, dtype=bool)
+    picks = np.empty((len(grid), costs.num_shards), dtype=np.int64)
+    work = np.zeros(len(grid))
+    for s in range(costs.num_shards):
+        fits = (hbm + costs.hbm[s] <= hbm_cap) & (ddr + costs.ddr[s] <= ddr_cap)
+        usable &= fits.any(axis=1)
+        new_load = np.where(fits, perf + shard_costs[s], np.inf)
+        pick = np.argmin(new_load, axis=1)
+        picks[:, s] = pick
+        work += shard_costs[s][hosts, pick]
+        perf[hosts, pick] = new_load[hosts, pick]
+        hbm[hosts, pick] += costs.hbm[s]
+        ddr[hosts, pick] += costs.ddr[s]
+        touched[hosts, pick] = True
+    if not usable.any():
+        return None
+    load_after = np.where(touched, perf, -np.inf).max(axis=1)
+    peak_hbm = np.where(touched, hbm, np.iinfo(np.int64).min).max(axis=1)
+    makespan = np.maximum(np.maximum(load_after, state.max_perf), target)
+    candidates = np.flatnonzero(usable)
+    order = np.lexsort(
+        (peak_hbm[candidates], load_after[candidates], work[candidates], makespan[candidates])
+    )
+    h = int(candidates[order[0]])
+    score = Score(float(makespan[h]), float(work[h]), int(peak_hbm[h]), index, float(load_after[h]))
+    return Candidate(score, Choice(index, tuple(int(r) for r in grid[h, picks[h]])))
 
 
 def _between_hosts(score: Score) -> tuple[float, float, float, int]:

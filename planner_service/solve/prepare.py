@@ -14,7 +14,7 @@ from planner_service.plan.types import PlanRequest, TableProblem
 from planner_service.solve.bounds.lp import LinearRelaxation, Relaxation, RelaxationInfeasible
 from planner_service.solve.bounds.simple import LowerBound, best_bound, simple_bounds
 from planner_service.solve.construct import greedy_plan
-from planner_service.solve.deadline import Deadline
+from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.improve import improve
 from planner_service.solve.problem import Choice, Group, Problem, group_tables, without_equivalents
 
@@ -55,7 +55,10 @@ def prepare(request: PlanRequest, deadline: Deadline | None = None) -> Prepared:
     bounds = simple_bounds(problem)
     if deadline.expired():
         return Prepared([], problem, groups, bounds, fitted=fitted)
-    linear = LinearRelaxation(problem, groups, deadline)
+    try:
+        linear = LinearRelaxation(problem, groups, deadline)
+    except OutOfTime:
+        return Prepared([], problem, groups, bounds, fitted=fitted)
     try:
         relaxation = linear.solve()
     except RelaxationInfeasible:

@@ -32,13 +32,35 @@ class OptionCosts:
 
     def __init__(self, option: ShardingOption, classes: DeviceClasses) -> None:
         self.option = option
-        self.cost = np.array([[p.total for p in s.perf] for s in option.shards], dtype=float)
-        self.hbm = np.array([s.storage.hbm_bytes for s in option.shards], dtype=np.int64)
-        self.ddr = np.array([s.storage.ddr_bytes for s in option.shards], dtype=np.int64)
+        # Built per run of equal shards and repeated (numpy), not shard by shard.
+        counts = [count for _, count in option.runs]
+        estimates = [estimate for estimate, _ in option.runs]
+        self.cost = np.repeat(
+            np.array([[p.total for p in e.perf] for e in estimates], dtype=float), counts, axis=0
+        )
+        self.hbm = np.repeat(np.array([e.storage.hbm_bytes for e in estimates], np.int64), counts)
+        self.ddr = np.repeat(np.array([e.storage.ddr_bytes for e in estimates], np.int64), counts)
         self.fixed_cost: np.ndarray | None = None
+        self._on_hosts: np.ndarray | None = None
+        self._local_on_hosts: np.ndarray | None = None
         if option.placement is Placement.FIXED:
             class_of_rank = np.asarray(classes.class_of_rank)
             self.fixed_cost = self.cost[np.arange(len(option.shards)), class_of_rank]
+
+    def on_hosts(self, problem: Problem) -> np.ndarray:
+        """``cost`` per shard on every rank of the host grid (shard x host x local rank),
+        worked out once per option."""
+        if self._on_hosts is None:
+            self._on_hosts = self.cost[:, problem.class_of_rank[problem.host_grid]]
+        return self._on_hosts
+
+    def local_on_hosts(self, problem: Problem) -> np.ndarray:
+        """``cost`` of shard ``i`` on local rank ``i`` of every host (host x local rank): a
+        table-row-wise option's shards on each host, worked out once per option."""
+        if self._local_on_hosts is None:
+            local = np.arange(problem.local_world_size)
+            self._local_on_hosts = self.on_hosts(problem)[local, :, local].T
+        return self._local_on_hosts
 
     @cached_property
     def hbm_total(self) -> int:
@@ -96,7 +118,9 @@ class Problem:
             for t in self.tables
         ]
         self._costs: dict[int, OptionCosts] = {}
-        # Row h: the ranks of host h, in order.
+        self.every_rank = tuple(range(self.world_size))  # an option fixed on every rank
+        # Row h: the ranks of host h, in order (hosts are consecutive ranks, so the grid
+        # is a reshape of the rank axis: placement reshapes per-rank arrays the same way).
         self.host_grid = np.arange(self.num_hosts * self.local_world_size).reshape(
             self.num_hosts, self.local_world_size
         )
@@ -220,7 +244,9 @@ def _equivalence_key(option: ShardingOption, topology: Topology) -> tuple[object
         family = "free"
     else:
         family = kind.value
-    shards = tuple((s.sizes, tuple(p.total for p in s.perf), s.storage) for s in option.shards)
+    shards = tuple(
+        (s.sizes, tuple(p.total for p in s.perf), s.storage, count) for s, count in option.runs
+    )
     return (family, option.compute_kernel, option.cache_load_factor, shards)
 
 

@@ -29,6 +29,16 @@ LP_SAFETY = 1e-9  # relative slack for the LP's floating-point optimum
 MEMORY_RESOLUTION = 2.0**-24  # the LP's memory coefficients, in units (see _MemoryScale)
 
 
+# Per-rank rows are one per distinct rank (its capacity and its shares of the options fixed
+# on every rank), each with a coefficient per such option. Row-wise tables of many shapes
+# on thousands of ranks make nearly every rank distinct (3 million coefficients for 5,384
+# tables on 1,024 ranks, most of the LP's build and solve time), so beyond this many
+# coefficients only the heaviest ranks' rows are kept. Dropping rows only relaxes the LP:
+# its optimum stays a lower bound.
+MAX_RANK_ROW_COEFFICIENTS = 150_000
+BUILD_CHECK_EVERY = 256  # groups added between looks at the deadline
+
+
 class RelaxationInfeasible(Exception):
     """Not even fractional option choices fit the memory: no plan exists."""
 
@@ -109,15 +119,17 @@ class LinearRelaxation:
         self.capacity_rows: list[tuple[pywraplp.Constraint, float]] = []
         # Per-rank rows (perf, HBM, DDR): (constraint, that rank's shares of the fixed options).
         rows: list[list[tuple[pywraplp.Constraint, np.ndarray]]] = [[], [], []]
-        _, first = np.unique(shares[0], axis=0, return_index=True)
-        for r in sorted(first):
+        most_rows = max(1, MAX_RANK_ROW_COEFFICIENTS // max(1, 3 * len(fixed)))  # 3 tiers
+        first = _distinct_rows(shares[0])
+        for r in _heaviest(first, shares[0], most_rows):
             row = solver.Constraint(-inf, 0.0)
             row.SetCoefficient(makespan, -1.0)
             rows[0].append((row, shares[0][r]))
         for tier in (0, 1):
-            keyed = np.column_stack([capacities[tier], shares[tier + 1]])
-            _, first = np.unique(keyed, axis=0, return_index=True)
-            for r in sorted(first):
+            first = _distinct_rows(shares[tier + 1], capacities[tier])
+            # The fullest ranks: the most of the fixed options in units of their capacity.
+            fullness = shares[tier + 1] / np.maximum(capacities[tier], 1e-300)[:, None]
+            for r in _heaviest(first, fullness, most_rows):
                 row = solver.Constraint(-inf, capacities[tier][r])
                 self.capacity_rows.append((row, capacities[tier][r]))
                 rows[tier + 1].append((row, shares[tier + 1][r]))
@@ -130,8 +142,11 @@ class LinearRelaxation:
         for floor, definition in zip(floors, floor_rows, strict=True):
             definition.SetCoefficient(floor, 1.0)
         fixed_index = {(g, o): i for i, (g, o, _) in enumerate(fixed)}
+        least_shares = [tier_shares.min(axis=0, initial=math.inf) for tier_shares in shares]
         self.variables: list[list[pywraplp.Variable]] = []
         for g, group in enumerate(groups):
+            if g % BUILD_CHECK_EVERY == 0:
+                self.deadline.check()  # OutOfTime: the solve goes on without the LP
             size = float(group.size)
             choose = solver.Constraint(size, size)
             largest = solver.Constraint(-inf, 0.0)
@@ -154,19 +169,21 @@ class LinearRelaxation:
                 work.SetCoefficient(x, costs.work)
                 largest.SetCoefficient(x, costs.largest_shard)
                 memory = [costs.hbm, costs.ddr]
-                for total, bytes_, scale in zip(totals, memory, scales, strict=True):
-                    total.SetCoefficient(x, float(scale.down(bytes_.sum())))
+                for total, tier_bytes, scale in zip(
+                    totals, (costs.hbm_total, costs.ddr_total), scales, strict=True
+                ):
+                    total.SetCoefficient(x, scale.down_one(tier_bytes))
                 i = fixed_index.get((g, o))
                 if i is not None:
                     for tier_rows in rows:
                         for row, share in tier_rows:
                             row.SetCoefficient(x, float(share[i]))
-                    for definition, tier_shares in zip(floor_rows, shares, strict=True):
-                        definition.SetCoefficient(x, -float(tier_shares[:, i].min()))
+                    for definition, least in zip(floor_rows, least_shares, strict=True):
+                        definition.SetCoefficient(x, -float(least[i]))
                 else:
                     stacked.SetCoefficient(x, costs.largest_shard)
                     for row, bytes_, scale in zip(stacked_memory, memory, scales, strict=True):
-                        row.SetCoefficient(x, float(scale.down(bytes_.max())))
+                        row.SetCoefficient(x, scale.down_one(int(bytes_.max())))
         solver.Minimize(makespan)
 
     def solve(self, memory_fraction: float = 1.0) -> Relaxation | None:
@@ -187,6 +204,35 @@ class LinearRelaxation:
         counts = [[max(0.0, x.solution_value()) for x in row] for row in self.variables]
         bound = LowerBound(max(0.0, value * (1 - LP_SAFETY)), BoundSource.LP_RELAXATION)
         return Relaxation(bound, counts)
+
+
+def _distinct_rows(matrix: np.ndarray, column: np.ndarray | None = None) -> np.ndarray:
+    """The first row index of each distinct row of ``matrix`` (with ``column`` beside it,
+    when given), telling rows apart by two
+    fingerprints (dot products with fixed pseudo-random weights: equal rows give equal
+    fingerprints). Sorting thousands of rows of thousands of columns (``np.unique``) took
+    seconds. Two different rows with the same fingerprints (in practice never) would share
+    one row of the LP, which drops a constraint: the LP only gets looser, its optimum is
+    still a lower bound."""
+    weights = np.random.default_rng(0).random((matrix.shape[1], 2))
+    fingerprints = matrix @ weights if matrix.shape[1] else np.zeros((len(matrix), 2))
+    if column is not None:
+        fingerprints = np.column_stack([fingerprints, column])
+    first: dict[tuple[float, ...], int] = {}
+    for r, fingerprint in enumerate(map(tuple, fingerprints.tolist())):
+        first.setdefault(fingerprint, r)
+    return np.array(sorted(first.values()), dtype=np.int64)
+
+
+def _heaviest(ranks: np.ndarray, shares: np.ndarray, most: int) -> list[int]:
+    """Of the distinct ``ranks``, at most ``most``: those whose shares sum highest (ties to
+    the lower rank), in rank order."""
+    chosen = sorted(int(r) for r in ranks)
+    if len(chosen) <= most:
+        return chosen
+    weight = shares[chosen].sum(axis=1)
+    order = sorted(range(len(chosen)), key=lambda i: (-weight[i], chosen[i]))
+    return sorted(chosen[i] for i in order[:most])
 
 
 @dataclass(frozen=True)
@@ -219,3 +265,7 @@ class _MemoryScale:
         """Bytes in units, rounded down to the resolution."""
         units = np.asarray(num_bytes, dtype=float) / self.unit
         return np.floor(units / MEMORY_RESOLUTION) * MEMORY_RESOLUTION
+
+    def down_one(self, num_bytes: int) -> float:
+        """``down`` of one number, without arrays (the same IEEE operations)."""
+        return math.floor(float(num_bytes) / self.unit / MEMORY_RESOLUTION) * MEMORY_RESOLUTION
