@@ -75,3 +75,42 @@ def workload_request(
         **extra,
     }
     return parse_request(canonical_bytes(document))
+
+
+def synthetic_tables(count: int, *, jitter: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+    """``count`` tables drawn from the NVIDIA synthetic distribution at its largest scale
+    (the colossal model's nine config groups, in its proportions, by largest remainder).
+
+    With ``jitter`` 0 the tables repeat the groups' shapes exactly, as production models
+    repeat shapes; with ``jitter`` > 0 each table's rows are scaled by a seeded uniform
+    factor in [1 - jitter, 1 + jitter], so every table has a shape of its own (the hard
+    case for a solver that groups identical tables)."""
+    import random
+    from collections import Counter
+
+    base = nvidia_tables("colossal")
+    with NVIDIA_CSV.open() as f:
+        group_of = {
+            f"colossal_{row['table_id']}": row["config_group"]
+            for row in csv.DictReader(f)
+            if row["model"] == "colossal"
+        }
+    members: dict[str, list[dict[str, Any]]] = {}
+    for entry in base:
+        members.setdefault(group_of[entry["name"]], []).append(entry)
+    sizes = Counter({group: len(entries) for group, entries in members.items()})
+    exact = {group: count * size / len(base) for group, size in sizes.items()}
+    counts = {group: int(share) for group, share in exact.items()}
+    by_remainder = sorted(exact, key=lambda g: (-(exact[g] - counts[g]), int(g)))
+    for group in by_remainder[: count - sum(counts.values())]:
+        counts[group] += 1
+    rng = random.Random(seed)
+    tables = []
+    for group in sorted(counts, key=int):
+        for i in range(counts[group]):
+            entry = dict(members[group][i % len(members[group])], name=f"g{group}_t{i}")
+            if jitter:
+                scale = rng.uniform(1 - jitter, 1 + jitter)
+                entry["num_embeddings"] = max(1, round(entry["num_embeddings"] * scale))
+            tables.append(entry)
+    return tables

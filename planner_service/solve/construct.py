@@ -46,11 +46,13 @@ def greedy_plan(
     lower_bound: float = 0.0,
     guides: list[list[list[int]]] | None = None,
     deadline: Deadline | None = None,
+    reserve: Callable[[list[Choice]], float] | None = None,
 ) -> list[Choice] | None:
     """The best plan over several targets, unguided and with each guide (per table, the
     options to try first: the LP relaxation's rounded option mix, which knows which tables
     memory should push into slower tiers), or None when no pass places every table. Passes
-    stop at the deadline, keeping the best plan of the passes that finished."""
+    stop at the deadline, keeping the best plan of the passes that finished; once the first
+    plan exists, ``reserve(plan)`` seconds are kept before the deadline (to seal it)."""
     deadline = deadline or Deadline.never()
     best: tuple[tuple[float, int, int], list[Choice]] | None = None
     least = _least_memory(problem)
@@ -77,6 +79,8 @@ def greedy_plan(
         choices = _greedy(problem, lower_bound * factor, guide, least, stop)
         if choices is None:
             continue
+        if best is None and reserve is not None:
+            deadline.reserve(reserve(choices))
         loads = loads_of(problem, choices)
         key = (loads.objective, loads.peak_hbm, rank)
         if best is None or key < best[0]:

@@ -83,8 +83,16 @@ class GroupIndex:
                 for member in members:
                     target.setdefault(member, []).extend(m for m in members if m != member)
         self.linked = set(self.colocate) | set(self.separate)  # tables in any group
+        self._unlinked: dict[tuple[int, ...], Where] = {}  # by allowed ranks
 
     def where(self, problem: Problem, state: State, t: int) -> Where:
+        if t not in self.linked:  # where it may go never changes: built once per rank set
+            found = self._unlinked.get(problem.allowed[t])
+            if found is None:
+                ranks = problem.allowed[t]
+                found = Where(set(ranks), np.array(ranks, dtype=np.int64), None)
+                self._unlinked[ranks] = found
+            return found
         allowed = set(problem.allowed[t])
         for other in self.separate.get(t, ()):
             allowed -= state.placed.get(other, frozenset())
@@ -260,6 +268,8 @@ def _place_free(
     load that can hold it; with a colocate target, every target rank must receive a shard."""
     if not len(candidates):
         return None
+    if len(candidates) == problem.world_size and target is None:
+        return _place_anywhere(problem, state, costs)
     perf = state.perf[candidates].copy()
     hbm = state.hbm[candidates].copy()
     ddr = state.ddr[candidates].copy()
@@ -281,6 +291,32 @@ def _place_free(
         if uncovered is not None:
             uncovered[pick] = False
         ranks.append(int(candidates[pick]))
+    return tuple(ranks)
+
+
+def _place_anywhere(problem: Problem, state: State, costs: OptionCosts) -> tuple[int, ...] | None:
+    """``_place_free`` over every rank (candidates in rank order, no colocate target):
+    per-rank arrays as they are, and the option's per-rank costs worked out once."""
+    shard_costs = costs.on_ranks(problem)
+    if costs.num_shards == 1:  # nothing placed before it to account for: no copies
+        fits = (state.hbm + costs.hbm[0] <= problem.hbm_cap) & (
+            state.ddr + costs.ddr[0] <= problem.ddr_cap
+        )
+        if not fits.any():
+            return None
+        return (int(np.argmin(np.where(fits, state.perf + shard_costs[0], np.inf))),)
+    perf, hbm, ddr = state.perf.copy(), state.hbm.copy(), state.ddr.copy()
+    ranks = []
+    for s in range(costs.num_shards):
+        fits = (hbm + costs.hbm[s] <= problem.hbm_cap) & (ddr + costs.ddr[s] <= problem.ddr_cap)
+        if not fits.any():
+            return None
+        new_load = np.where(fits, perf + shard_costs[s], np.inf)
+        pick = int(np.argmin(new_load))
+        perf[pick] = new_load[pick]
+        hbm[pick] += costs.hbm[s]
+        ddr[pick] += costs.ddr[s]
+        ranks.append(pick)
     return tuple(ranks)
 
 

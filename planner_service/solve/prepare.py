@@ -6,6 +6,7 @@ fixes (``explain.py``), which re-run it on relaxed requests."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner_service.costs.enumerate import FitResult, enumerate_options, fit_options
@@ -70,27 +71,33 @@ def prepare(request: PlanRequest, deadline: Deadline | None = None) -> Prepared:
     return Prepared([], problem, groups, bounds, relaxation, linear=linear, fitted=fitted)
 
 
-def warm_start(prepared: Prepared, deadline: Deadline | None = None) -> list[Choice] | None:
+def warm_start(
+    prepared: Prepared,
+    deadline: Deadline | None = None,
+    reserve: Callable[[list[Choice]], float] | None = None,
+) -> list[Choice] | None:
     """The constructed plan, improved by local search; None if it places no plan
-    (before the deadline)."""
+    (before the deadline). ``reserve``: see ``greedy_plan``."""
     assert prepared.problem is not None and prepared.groups is not None
     deadline = deadline or Deadline.never()
     problem, groups = prepared.problem, prepared.groups
-    guides = _guides(prepared.relaxation, prepared.linear, groups, len(problem.tables), deadline)
-    choices = greedy_plan(problem, prepared.lower_bound.value, guides, deadline)
+    guides = _guides(problem, prepared.relaxation, prepared.linear, groups, deadline)
+    choices = greedy_plan(problem, prepared.lower_bound.value, guides, deadline, reserve)
     return improve(problem, choices, deadline) if choices is not None else None
 
 
 def _guides(
+    problem: Problem,
     relaxation: Relaxation | None,
     linear: LinearRelaxation | None,
     groups: list[Group],
-    num_tables: int,
     deadline: Deadline,
 ) -> list[list[list[int]]]:
-    """Per-table preferred options from the LP's option mix at full and reduced memory."""
+    """Per-table preferred options from the LP's option mix at full and reduced memory;
+    without the LP (its build ran out of time), each table's least-work option, so that
+    the first pass still places about one option per table."""
     if relaxation is None or linear is None:
-        return []
+        return [_least_work(problem, groups)]
     mixes = [relaxation]
     for fraction in GUIDE_MEMORY_FRACTIONS:
         if deadline.expired():
@@ -103,10 +110,21 @@ def _guides(
             mixes.append(mix)
     guides: list[list[list[int]]] = []
     for mix in mixes:
-        guide = _table_quotas(groups, mix.quotas(), num_tables)
+        guide = _table_quotas(groups, mix.quotas(), len(problem.tables))
         if guide not in guides:
             guides.append(guide)
     return guides
+
+
+def _least_work(problem: Problem, groups: list[Group]) -> list[list[int]]:
+    """Per table, its option adding the least work (the earlier on ties)."""
+    per_table: list[list[int]] = [[] for _ in problem.tables]
+    for group in groups:
+        works = [problem.costs(option).work for option in group.options]
+        best = min(range(len(works)), key=lambda o: (works[o], o))
+        for member in group.members:
+            per_table[member] = [best]
+    return per_table
 
 
 def _table_quotas(groups: list[Group], quotas: list[list[int]], num_tables: int) -> list[list[int]]:

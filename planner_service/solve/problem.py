@@ -41,11 +41,18 @@ class OptionCosts:
         self.hbm = np.repeat(np.array([e.storage.hbm_bytes for e in estimates], np.int64), counts)
         self.ddr = np.repeat(np.array([e.storage.ddr_bytes for e in estimates], np.int64), counts)
         self.fixed_cost: np.ndarray | None = None
+        self._on_ranks: np.ndarray | None = None
         self._on_hosts: np.ndarray | None = None
         self._local_on_hosts: np.ndarray | None = None
         if option.placement is Placement.FIXED:
             class_of_rank = np.asarray(classes.class_of_rank)
             self.fixed_cost = self.cost[np.arange(len(option.shards)), class_of_rank]
+
+    def on_ranks(self, problem: Problem) -> np.ndarray:
+        """``cost`` per shard on every rank (shard x rank), worked out once per option."""
+        if self._on_ranks is None:
+            self._on_ranks = self.cost[:, problem.class_of_rank]
+        return self._on_ranks
 
     def on_hosts(self, problem: Problem) -> np.ndarray:
         """``cost`` per shard on every rank of the host grid (shard x host x local rank),
