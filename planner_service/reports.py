@@ -381,8 +381,9 @@ def _diff_summary(diff: PlanDiff, markdown: bool) -> list[str]:
         f"new {_plan_line(diff.new)}",
         f"tables: {counts['changed']} changed, {counts['added']} added, "
         f"{counts['removed']} removed, {diff.unchanged_tables} unchanged",
-        f"moved: {gib_number(diff.moved_bytes)} GiB of weights to ranks that did not hold "
-        f"them{assumed}",
+        f"moved: {gib_number(diff.moved_bytes)} GiB of "
+        f"{'weights and optimizer state' if diff.element_bytes_from_request else 'weights'} "
+        f"to ranks that did not hold them{assumed}",
     ]
     if markdown:
         return [f"**{verdict}**", "", *(f"- {line}" for line in details)]

@@ -36,6 +36,7 @@ from planner_service.plan.types import (
     MAX_PLAN_BYTES,
     SCHEMA_VERSION,
     SCHEMA_VERSION_PATTERN,
+    SCHEMA_VERSION_WITHOUT_MIGRATION,
     PlanRequest,
     ShardingPlan,
 )
@@ -94,6 +95,9 @@ def normalised_request(request: PlanRequest) -> dict[str, Any]:
     for field in ("colocate", "separate"):
         constraints[field] = sorted(sorted(group) for group in constraints[field])
     data["tables"].sort(key=lambda table: table["name"])
+    previous = data["options"].pop("previous_plan", None)
+    if previous is not None:  # inline or from the store: the same plan, the same request
+        data["options"]["previous_plan_id"] = previous["plan_id"]
     return data
 
 
@@ -122,12 +126,13 @@ def seal_plan_data(
     tables: dict[str, dict[str, Any]],
     rank_stats: list[dict[str, Any]],
     solver: dict[str, Any],
+    migration: dict[str, Any] | None = None,
 ) -> ShardingPlan:
     """Assemble a plan for ``request`` from its parts as JSON data and stamp it with its
     content address: a plan of many shards is validated once, at the end, instead of once
     per object and again when sealed."""
     body = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION if migration else SCHEMA_VERSION_WITHOUT_MIGRATION,
         "request_hash": request_hash(request),
         "planner_version": planner_version,
         "world_size": request.topology.world_size,
@@ -135,6 +140,8 @@ def seal_plan_data(
         "rank_stats": rank_stats,
         "solver": solver,
     }
+    if migration is not None:
+        body["migration"] = migration
     body["plan_id"] = plan_id_of(body)
     return ShardingPlan.model_validate_json(canonical_bytes(body))
 

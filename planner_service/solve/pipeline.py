@@ -17,6 +17,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from planner_service.plan.diff import migration_data
+from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import (
     BoundSource,
     Infeasibility,
@@ -37,6 +39,13 @@ from planner_service.solve.cpsat.search import (
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.emit import build_plan, rank_io
 from planner_service.solve.explain import explain, memory_reasons
+from planner_service.solve.incremental import (
+    Moves,
+    best_within,
+    incremental_plan,
+    moves_of_plan,
+    over_cap,
+)
 from planner_service.solve.prepare import Prepared, prepare, warm_start
 from planner_service.solve.problem import Choice, Loads, Problem, loads_of
 
@@ -82,7 +91,9 @@ def solve(
         )
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
     search = _Search(prepared, request.options, deadline)
-    candidates = search.run(report)
+    moves = _moves(search.problem, request)
+    incremental = incremental_plan(search.problem, moves, deadline) if moves else None
+    candidates = search.run(report) + ([incremental] if incremental is not None else [])
     if not candidates:
         status = (
             SolverStatus.INFEASIBLE
@@ -91,8 +102,33 @@ def solve(
         )
         infeasibility = explain(request, [], status, deadline, prepared.fitted)
         return SolveOutcome(None, infeasibility, time.perf_counter() - start, search.details)
-    choices, loads = _best(search.problem, candidates)
-    plan = build_plan(search.problem, choices, loads, best_bound(search.bounds), deadline.reached)
+    migration = None
+    if moves is None:
+        choices, loads = _best(search.problem, candidates)
+    else:
+        picked = best_within(search.problem, moves, candidates)
+        if picked.choices is None or picked.loads is None:
+            assert moves.cap is not None
+            infeasibility = over_cap(moves.cap, picked.least_moved)
+            return SolveOutcome(None, infeasibility, time.perf_counter() - start, search.details)
+        choices, loads = picked.choices, picked.loads
+        migration = migration_data(
+            moves_of_plan(search.problem, moves.previous, choices),
+            moves.previous.plan_id,
+            moves.cap,
+            request.options.move_cost_ms_per_gib,
+        )
+        search.details["incremental_objective"] = (
+            loads_of(search.problem, incremental).objective if incremental else None
+        )
+    plan = build_plan(
+        search.problem,
+        choices,
+        loads,
+        best_bound(search.bounds),
+        deadline.reached,
+        migration=migration,
+    )
     io = rank_io(search.problem, choices)
     return SolveOutcome(plan, None, time.perf_counter() - start, search.details, io)
 
@@ -212,6 +248,22 @@ class _Search:
         if result.bound is not None:
             self.bounds.append(LowerBound(result.bound, BoundSource.CP_SAT))
         return result
+
+
+def _moves(problem: Problem, request: PlanRequest) -> Moves | None:
+    """The moved-bytes accounting of an incremental request (``incremental.py``)."""
+    options = request.options
+    if options.previous_plan is None:
+        if options.previous_plan_id is not None:
+            problem_ = FieldProblem(
+                "options.previous_plan_id",
+                "names a stored plan, which only the service can look up; give the plan "
+                "itself as options.previous_plan (shardplan plan --previous-plan FILE)",
+                options.previous_plan_id,
+            )
+            raise InputError("request", [problem_])
+        return None
+    return Moves(problem, options.previous_plan, options)
 
 
 def _best(problem: Problem, candidates: list[list[Choice]]) -> tuple[list[Choice], Loads]:
