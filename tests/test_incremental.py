@@ -19,7 +19,10 @@ from planner_service.plan.types import (
     SolverStatus,
 )
 from planner_service.solve.deadline import Deadline
+from planner_service.solve.incremental import Moves, kept_choices, revert_towards_previous
 from planner_service.solve.pipeline import solve
+from planner_service.solve.prepare import prepare, warm_start
+from planner_service.solve.problem import loads_of
 from planner_service.validate.validator import validate_plan
 from tests import builders
 from tests.builders import request, table
@@ -194,6 +197,33 @@ def test_a_cap_no_plan_meets_is_explained():
     assert reason.needed_bytes is not None and reason.needed_bytes > 0
     assert "no plan found that moves at most 0 bytes" in reason.message
     assert f"{reason.needed_bytes:,} bytes" in reason.message
+
+
+def test_reverting_towards_the_previous_plan_moves_less_and_never_slows_it(base_plan):
+    req = _replan(base_plan, 21)[0]
+    prepared = prepare(req)
+    problem = prepared.problem
+    assert problem is not None
+    moves = Moves(problem, base_plan, req.options)
+    scratch = warm_start(prepared)  # a plan made without regard to moves
+    assert scratch is not None
+    assert moves.total(scratch) > 0
+    kept = kept_choices(problem, moves)
+    assert sum(k is not None for k in kept) == 20  # every old table, none of the new one
+    reverted = revert_towards_previous(problem, moves, scratch, kept)
+    assert moves.total(reverted) <= moves.total(scratch)
+    assert loads_of(problem, reverted).objective <= loads_of(problem, scratch).objective
+    cap = moves.total(scratch) // 3
+    capped = Moves(problem, base_plan, req.options.model_copy(update={"max_moved_bytes": cap}))
+    assert capped.total(revert_towards_previous(problem, capped, scratch, kept)) <= cap
+
+
+def test_the_cli_needs_a_previous_plan_for_the_move_options(run_cli, tmp_path):
+    path = tmp_path / "request.json"
+    path.write_bytes(canonical_bytes(_workload(2)))
+    done = run_cli("plan", path, "--max-moved-bytes", "1GiB")
+    assert done.returncode == 2
+    assert "--previous-plan" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_requests_without_the_options_hash_and_dump_as_before(base_plan):

@@ -150,9 +150,7 @@ def incremental_plan(
     nowhere."""
     deadline = deadline or Deadline.never()
     groups = GroupIndex(problem)
-    choices: list[Choice | None] = [
-        None if t in groups.linked else _kept(problem, moves, t) for t in range(len(problem.tables))
-    ]
+    choices = kept_choices(problem, moves)
     loads = Loads.zeros(problem.world_size)
     for t, choice in enumerate(choices):
         if choice is not None:
@@ -330,7 +328,7 @@ def _improve(
     deadline: Deadline,
 ) -> list[Choice]:
     """Re-insertion on the most loaded rank while max-rank cost plus move cost drops
-    within the cap (module docstring)."""
+    within the cap, or stays and fewer ranks sit at the max (module docstring)."""
     loads = loads_of(problem, choices)
     moved = moves.total(choices)
     for _ in range(MAX_ROUNDS):
@@ -354,7 +352,10 @@ def _improve(
             if not moves.within_cap(new_moved):
                 continue
             _add(problem, without, t, best, 1)
-            if moves.score(without.objective, new_moved) < score * (1 - TOLERANCE):
+            new_score = moves.score(without.objective, new_moved)
+            if new_score < score * (1 - TOLERANCE) or (
+                new_score <= score and _at_peak(without) < _at_peak(loads)
+            ):
                 choices = list(choices)
                 choices[t] = best
                 loads, moved = without, new_moved
@@ -362,6 +363,11 @@ def _improve(
         else:
             break
     return choices
+
+
+def _at_peak(loads: Loads) -> int:
+    """How many ranks are at the most loaded rank's load, up to rounding."""
+    return int((loads.perf >= loads.objective * (1 - TOLERANCE)).sum())
 
 
 def _cost_on(problem: Problem, t: int, choice: Choice, rank: int) -> float:
@@ -373,6 +379,102 @@ def _cost_on(problem: Problem, t: int, choice: Choice, rank: int) -> float:
             if r == rank
         )
     )
+
+
+# --------------------------------------------------------------------------- revert
+
+
+def kept_choices(problem: Problem, moves: Moves) -> list[Choice | None]:
+    """Each table's previous sharding as a choice where still valid (None elsewhere, and
+    for tables in colocate or separate groups)."""
+    linked = GroupIndex(problem).linked
+    return [None if t in linked else _kept(problem, moves, t) for t in range(len(problem.tables))]
+
+
+def revert_towards_previous(
+    problem: Problem,
+    moves: Moves,
+    start: list[Choice],
+    kept: list[Choice | None],
+    deadline: Deadline | None = None,
+) -> list[Choice]:
+    """``start`` (a plan made without regard to moves) with tables put back where the
+    previous plan had them: first every revert that does not raise max-rank cost plus move
+    cost, the tables that move most first, pass after pass; then, while the plan moves
+    more than the cap, the revert that raises that sum least per byte it saves."""
+    deadline = deadline or Deadline.never()
+    choices = list(start)
+    loads = loads_of(problem, choices)
+    moved = moves.total(choices)
+    changed = True
+    while changed and not deadline.expired():
+        changed = False
+        candidates = _revertible(problem, moves, choices, kept)
+        for t in candidates:
+            trial = _reverted(problem, moves, choices, loads, moved, t, kept)
+            if trial is None:
+                continue
+            new_loads, new_moved = trial
+            if moves.score(new_loads.objective, new_moved) <= moves.score(loads.objective, moved):
+                choices[t] = _back(kept, t)
+                loads, moved, changed = new_loads, new_moved, True
+    while not moves.within_cap(moved) and not deadline.expired():
+        best = None
+        score = moves.score(loads.objective, moved)
+        for t in _revertible(problem, moves, choices, kept):
+            trial = _reverted(problem, moves, choices, loads, moved, t, kept)
+            if trial is None:
+                continue
+            rise = (moves.score(trial[0].objective, trial[1]) - score) / (moved - trial[1])
+            if best is None or rise < best[0]:
+                best = (rise, t, trial)
+        if best is None:
+            break
+        _, t, (loads, moved) = best
+        choices[t] = _back(kept, t)
+    return choices
+
+
+def _back(kept: list[Choice | None], t: int) -> Choice:
+    back = kept[t]
+    assert back is not None
+    return back
+
+
+def _revertible(
+    problem: Problem, moves: Moves, choices: list[Choice], kept: list[Choice | None]
+) -> list[int]:
+    """Tables not where the previous plan had them, that could go back, most bytes first."""
+    found = [
+        t
+        for t, choice in enumerate(choices)
+        if kept[t] is not None and choice != kept[t] and moves.of(t, choice) > 0
+    ]
+    found.sort(key=lambda t: (-moves.of(t, choices[t]), t))
+    return found
+
+
+def _reverted(
+    problem: Problem,
+    moves: Moves,
+    choices: list[Choice],
+    loads: Loads,
+    moved: int,
+    t: int,
+    kept: list[Choice | None],
+) -> tuple[Loads, int] | None:
+    """Loads and moved bytes with table ``t`` back on its previous choice, or None where
+    that overfills a rank."""
+    back = _back(kept, t)
+    trial = Loads(loads.perf.copy(), loads.hbm.copy(), loads.ddr.copy())
+    _add(problem, trial, t, choices[t], -1)
+    _add(problem, trial, t, back, 1)
+    touched = np.asarray(back.ranks, dtype=np.int64)
+    if (trial.hbm[touched] > problem.hbm_cap[touched]).any():
+        return None
+    if (trial.ddr[touched] > problem.ddr_cap[touched]).any():
+        return None
+    return trial, moved - moves.of(t, choices[t]) + moves.of(t, back)
 
 
 # --------------------------------------------------------------------------- choosing

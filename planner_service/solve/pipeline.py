@@ -13,6 +13,7 @@ which is kept out of the plan so that the same request always yields byte-identi
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -43,14 +44,19 @@ from planner_service.solve.incremental import (
     Moves,
     best_within,
     incremental_plan,
+    kept_choices,
     moves_of_plan,
     over_cap,
+    revert_towards_previous,
 )
 from planner_service.solve.prepare import Prepared, prepare, warm_start
 from planner_service.solve.problem import Choice, Loads, Problem, loads_of
 
 log = logging.getLogger("shardplan.solver")
-MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
+MIN_CPSAT_TIME_S = 0.05
+# Re-planning from a previous plan: the share of the time limit kept from the search for
+# putting the fastest plan's tables back where they were (``incremental.py``).
+REVERT_SHARE = 0.1  # below this, the warm start is the answer
 # Sealing a plan (building, hashing and validating its JSON) after the search, per shard:
 # 41 us measured on large/128 (13,480 shards, 0.56 s) on a loaded 2-core machine. The
 # search stops this much before the deadline (a plan's shard count barely varies).
@@ -93,6 +99,9 @@ def solve(
     search = _Search(prepared, request.options, deadline)
     moves = _moves(search.problem, request)
     incremental = incremental_plan(search.problem, moves, deadline) if moves else None
+    after_search = copy.copy(deadline)  # the reverting stage's, past the search's
+    if moves is not None:
+        deadline.reserve(REVERT_SHARE * request.options.time_limit_s)
     candidates = search.run(report) + ([incremental] if incremental is not None else [])
     if not candidates:
         status = (
@@ -106,6 +115,12 @@ def solve(
     if moves is None:
         choices, loads = _best(search.problem, candidates)
     else:
+        kept = kept_choices(search.problem, moves)
+        fastest = _best(search.problem, candidates)[0]
+        candidates.append(
+            revert_towards_previous(search.problem, moves, fastest, kept, after_search)
+        )
+        deadline.reached |= after_search.reached
         picked = best_within(search.problem, moves, candidates)
         if picked.choices is None or picked.loads is None:
             assert moves.cap is not None
