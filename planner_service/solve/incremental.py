@@ -25,6 +25,8 @@ plans), so a gap is never understated, only possibly overstated.
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -418,19 +420,22 @@ def revert_towards_previous(
             if moves.score(new_loads.objective, new_moved) <= moves.score(loads.objective, moved):
                 choices[t] = _back(kept, t)
                 loads, moved, changed = new_loads, new_moved, True
-    while not moves.within_cap(moved) and not deadline.expired():
-        best = None
+    # Over the cap: lazy greedy on the rise per byte saved (a rise, once computed, only
+    # grows as the other ranks fill, so the top of the heap is re-checked, not every table).
+    heap: list[tuple[float, int]] = []
+    if not moves.within_cap(moved):
+        heap = [(-math.inf, t) for t in _revertible(problem, moves, choices, kept)]
+    while heap and not moves.within_cap(moved) and not deadline.expired():
+        _, t = heapq.heappop(heap)
+        trial = _reverted(problem, moves, choices, loads, moved, t, kept)
+        if trial is None or trial[1] >= moved:
+            continue
         score = moves.score(loads.objective, moved)
-        for t in _revertible(problem, moves, choices, kept):
-            trial = _reverted(problem, moves, choices, loads, moved, t, kept)
-            if trial is None:
-                continue
-            rise = (moves.score(trial[0].objective, trial[1]) - score) / (moved - trial[1])
-            if best is None or rise < best[0]:
-                best = (rise, t, trial)
-        if best is None:
-            break
-        _, t, (loads, moved) = best
+        rise = (moves.score(trial[0].objective, trial[1]) - score) / (moved - trial[1])
+        if heap and rise > heap[0][0]:
+            heapq.heappush(heap, (rise, t))
+            continue
+        loads, moved = trial
         choices[t] = _back(kept, t)
     return choices
 
