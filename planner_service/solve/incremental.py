@@ -403,7 +403,9 @@ def revert_towards_previous(
     """``start`` (a plan made without regard to moves) with tables put back where the
     previous plan had them: first every revert that does not raise max-rank cost plus move
     cost, the tables that move most first, pass after pass; then, while the plan moves
-    more than the cap, the revert that raises that sum least per byte it saves."""
+    more than the cap, the revert that raises that sum least per byte it saves, down to
+    the cap, half and a quarter of it, each improved by re-insertion on the most loaded
+    rank within the cap (``_improve``), the best kept."""
     deadline = deadline or Deadline.never()
     choices = list(start)
     loads = loads_of(problem, choices)
@@ -420,12 +422,37 @@ def revert_towards_previous(
             if moves.score(new_loads.objective, new_moved) <= moves.score(loads.objective, moved):
                 choices[t] = _back(kept, t)
                 loads, moved, changed = new_loads, new_moved, True
-    # Over the cap: lazy greedy on the rise per byte saved (a rise, once computed, only
-    # grows as the other ranks fill, so the top of the heap is re-checked, not every table).
-    heap: list[tuple[float, int]] = []
-    if not moves.within_cap(moved):
-        heap = [(-math.inf, t) for t in _revertible(problem, moves, choices, kept)]
-    while heap and not moves.within_cap(moved) and not deadline.expired():
+    if moves.cap is None or moves.within_cap(moved):
+        return _improve(problem, moves, GroupIndex(problem), choices, deadline)
+    # Over the cap: revert down to the cap and to fractions of it (a plan that moves less
+    # can be faster: fewer tables crowd back onto their old ranks), improve each, and keep
+    # the best.
+    found: list[tuple[float, int, int, list[Choice]]] = []
+    for target in (moves.cap, moves.cap // 2, moves.cap // 4):
+        reverted = _revert_to(problem, moves, list(choices), loads, moved, kept, target, deadline)
+        improved = _improve(problem, moves, GroupIndex(problem), reverted, deadline)
+        total = moves.total(improved)
+        if moves.within_cap(total):
+            objective = loads_of(problem, improved).objective
+            found.append((moves.score(objective, total), total, len(found), improved))
+    return min(found)[3] if found else choices
+
+
+def _revert_to(
+    problem: Problem,
+    moves: Moves,
+    choices: list[Choice],
+    loads: Loads,
+    moved: int,
+    kept: list[Choice | None],
+    target: int,
+    deadline: Deadline,
+) -> list[Choice]:
+    """``choices`` reverted until they move at most ``target`` bytes: a lazy greedy on the
+    rise of max-rank cost plus move cost per byte saved (a rise, once computed, only grows
+    as the other ranks fill, so only the top of the heap is checked again)."""
+    heap = [(-math.inf, t) for t in _revertible(problem, moves, choices, kept)]
+    while heap and moved > target and not deadline.expired():
         _, t = heapq.heappop(heap)
         trial = _reverted(problem, moves, choices, loads, moved, t, kept)
         if trial is None or trial[1] >= moved:

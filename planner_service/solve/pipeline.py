@@ -117,6 +117,8 @@ def solve(
     else:
         kept = kept_choices(search.problem, moves)
         fastest = _best(search.problem, candidates)[0]
+        # Sealing, and counting the moves of the plan chosen, come after it.
+        after_search.reserve(2 * _seal_time_s(search.problem, fastest))
         candidates.append(
             revert_towards_previous(search.problem, moves, fastest, kept, after_search)
         )
