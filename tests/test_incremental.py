@@ -295,6 +295,13 @@ def test_an_edited_inline_plan_is_refused(base_plan):
     assert "does not match its plan_id" in message and base_plan.plan_id in message
 
 
+def test_an_inline_plan_of_a_newer_schema_is_refused(base_plan):
+    previous = json.loads(canonical_bytes(base_plan))
+    previous["schema_version"] = "1.9"
+    problems = _problems(_with_options(base_plan, previous_plan=previous))
+    assert "upgrade shardplan" in problems["options.previous_plan.schema_version"]
+
+
 def test_an_id_naming_another_plan_than_the_inline_one_is_refused(base_plan):
     previous = json.loads(canonical_bytes(base_plan))
     problems = _problems(

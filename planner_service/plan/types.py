@@ -558,8 +558,20 @@ class PlanOptions(_Value):
     def _check_previous(self) -> Self:
         previous = self.previous_plan
         if previous is not None:
-            from planner_service.plan.codec import plan_id_of  # codec imports this module
+            # codec imports this module
+            from planner_service.plan.codec import check_schema_version, plan_id_of
+            from planner_service.plan.errors import InputError
 
+            try:
+                check_schema_version(previous.schema_version)
+            except InputError as error:
+                raise _error(
+                    "schema_version",
+                    "previous_plan: {reason}",
+                    reason=error.problems[0].message,
+                    at="previous_plan.schema_version",
+                    value=previous.schema_version,
+                ) from None
             actual = plan_id_of(previous.model_dump(mode="json"))
             if actual != previous.plan_id:
                 raise _error(
