@@ -445,7 +445,16 @@ def _top_ranks(changed: list[RankChange], top: int) -> list[RankChange]:
 
 
 def _diff_ranks(ranks: list[RankChange]) -> tuple[list[str], list[list[str]]]:
-    header = ["rank", "HBM GiB", "HBM change", "perf ms", "perf change", "in GiB", "out GiB"]
+    header = [
+        "rank",
+        "HBM GiB",
+        "HBM change",
+        "perf ms",
+        "perf change",
+        "in GiB",
+        "sent GiB",
+        "out GiB",
+    ]
     rows = [
         [
             str(rank.rank),
@@ -454,6 +463,7 @@ def _diff_ranks(ranks: list[RankChange]) -> tuple[list[str], list[list[str]]]:
             f"{_stat(rank.old, _ms, 'perf')} -> {_stat(rank.new, _ms, 'perf')}",
             _signed_ms(rank.perf_delta),
             _gib(rank.bytes_in),
+            _gib(rank.bytes_sent),
             _gib(rank.bytes_out),
         ]
         for rank in ranks
