@@ -381,8 +381,9 @@ def _diff_summary(diff: PlanDiff, markdown: bool) -> list[str]:
         f"new {_plan_line(diff.new)}",
         f"tables: {counts['changed']} changed, {counts['added']} added, "
         f"{counts['removed']} removed, {diff.unchanged_tables} unchanged",
-        f"moved: {gib_number(diff.moved_bytes)} GiB of weights to ranks that did not hold "
-        f"them{assumed}",
+        f"moved: {gib_number(diff.moved_bytes)} GiB of "
+        f"{'weights and optimizer state' if diff.element_bytes_from_request else 'weights'} "
+        f"to ranks that did not hold them{assumed}",
     ]
     if markdown:
         return [f"**{verdict}**", "", *(f"- {line}" for line in details)]
@@ -444,7 +445,16 @@ def _top_ranks(changed: list[RankChange], top: int) -> list[RankChange]:
 
 
 def _diff_ranks(ranks: list[RankChange]) -> tuple[list[str], list[list[str]]]:
-    header = ["rank", "HBM GiB", "HBM change", "perf ms", "perf change", "in GiB", "out GiB"]
+    header = [
+        "rank",
+        "HBM GiB",
+        "HBM change",
+        "perf ms",
+        "perf change",
+        "in GiB",
+        "sent GiB",
+        "out GiB",
+    ]
     rows = [
         [
             str(rank.rank),
@@ -453,6 +463,7 @@ def _diff_ranks(ranks: list[RankChange]) -> tuple[list[str], list[list[str]]]:
             f"{_stat(rank.old, _ms, 'perf')} -> {_stat(rank.new, _ms, 'perf')}",
             _signed_ms(rank.perf_delta),
             _gib(rank.bytes_in),
+            _gib(rank.bytes_sent),
             _gib(rank.bytes_out),
         ]
         for rank in ranks

@@ -108,7 +108,7 @@ def test_the_json_document_has_its_documented_fields(req):
         "ranks",
         "totals",
     ]
-    assert document["version"] == 1 and document["element_bytes"] == "assumed_fp32"
+    assert document["version"] == 2 and document["element_bytes"] == "assumed_fp32"
     (entry,) = document["tables"]
     assert entry["old"]["sharding_type"] == "table_wise"
     assert entry["new"] == {

@@ -25,6 +25,7 @@ from planner_service.plan.types import (
     MAX_NUM_EMBEDDINGS,
     MAX_POOLING_FACTOR,
     SCHEMA_VERSION,
+    SCHEMA_VERSION_WITHOUT_MIGRATION,
     ComputeKernel,
     ParameterSharding,
     Perf,
@@ -215,11 +216,11 @@ def test_plan_id_is_hash_of_body_and_detects_edits():
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        ("2.0", "reads plan schema 1.x up to 1.1; upgrade shardplan"),
+        ("2.0", "reads plan schema 1.x up to 1.2; upgrade shardplan"),
         ("0.9", "re-plan"),
         ("1.7", "upgrade shardplan"),
-        ("one", 'must be a string like "1.1"'),
-        (3, 'must be a string like "1.1"'),
+        ("one", 'must be a string like "1.2"'),
+        (3, 'must be a string like "1.2"'),
     ],
 )
 def test_unknown_schema_versions_are_refused(version, message):
@@ -245,7 +246,7 @@ def test_schema_versions_are_read_without_unbounded_int(version):
 
 def test_current_schema_version_reads():
     _, plan = _two_table_plan()
-    assert plan.schema_version == SCHEMA_VERSION
+    assert plan.schema_version == SCHEMA_VERSION_WITHOUT_MIGRATION  # no migration section
     assert parse_plan(plan.model_dump_json()) == plan
 
 

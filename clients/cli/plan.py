@@ -31,6 +31,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="json: the plan document (default); table: stats tables",
     )
     parser.add_argument("--output", "-o", type=Path, help="also write the plan JSON to this file")
+    parser.add_argument(
+        "--previous-plan",
+        type=Path,
+        help="re-plan from this plan (ShardingPlan JSON file): sent as the request's "
+        "options.previous_plan; options.max_moved_bytes and options.move_cost_ms_per_gib "
+        "limit and price the moves (docs/requests.md)",
+    )
+    parser.add_argument(
+        "--max-moved-bytes",
+        metavar="SIZE",
+        help='with --previous-plan: options.max_moved_bytes, e.g. "10GiB" or 0',
+    )
+    parser.add_argument(
+        "--move-cost-ms-per-gib",
+        metavar="MS",
+        type=float,
+        help="with --previous-plan: options.move_cost_ms_per_gib, milliseconds of "
+        "objective per GiB moved",
+    )
     add_server_arguments(
         parser,
         server_help="solve on this planner service (POST /v1/plans, which stores the plan) "
@@ -54,9 +73,19 @@ def run(args: argparse.Namespace) -> int:
     from clients.cli.files import check_writable, write_output
     from planner_service.plan.capacity import usable_capacity
     from planner_service.plan.codec import plan_bytes
+    from planner_service.plan.errors import FieldProblem, InputError
     from planner_service.reports import plan_table
 
-    request = read_request(args)
+    if args.previous_plan is None and (
+        args.max_moved_bytes is not None or args.move_cost_ms_per_gib is not None
+    ):
+        problem = FieldProblem(
+            "--previous-plan",
+            "missing: --max-moved-bytes and --move-cost-ms-per-gib limit and price moves from "
+            "a previous plan; give it as --previous-plan PLAN_FILE",
+        )
+        raise InputError("plan", [problem])
+    request = read_request(args) if args.previous_plan is None else _with_previous_plan(args)
     if args.output:
         check_writable(args.output, "--output")
     if args.server is None:
@@ -89,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
         f"{outcome.where}",
         file=sys.stderr,
     )
+    if outcome.plan.migration is not None:
+        migration = outcome.plan.migration
+        print(
+            f"moved from {migration.previous_plan_id[:12]}: {migration.moved_bytes:,} bytes "
+            f"({migration.tables_moved} tables, {len(migration.ranks)} ranks send or receive)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -151,3 +187,31 @@ class ProgressLine:
             if bound is not None:
                 parts.append(f"bound {bound:.6g} ms")
             print(", ".join(parts), file=sys.stderr, flush=True)
+
+
+def _with_previous_plan(args: argparse.Namespace) -> PlanRequest:
+    """The request with the plan in ``--previous-plan`` as its ``options.previous_plan``
+    (added before validating: the request's ``max_moved_bytes`` needs it)."""
+    import json
+
+    from clients.cli.files import read_input, read_verified_plan, source_name
+    from clients.cli.request import merged_request
+    from planner_service.plan.codec import canonical_bytes, load_json, parse_request
+    from planner_service.plan.errors import FieldProblem, InputError
+
+    previous = read_verified_plan(args.previous_plan)
+    source = source_name(args.request)
+    if args.tables is None:
+        document = load_json(read_input(args.request), source)
+    else:
+        document = merged_request(args.request, args.tables)[0]
+    if not isinstance(document, dict) or not isinstance(document.get("options", {}), dict):
+        raise InputError(source, [FieldProblem("", "must be a JSON object (a PlanRequest)")])
+    options = document.setdefault("options", {})
+    options["previous_plan"] = json.loads(canonical_bytes(previous))
+    if args.max_moved_bytes is not None:
+        cap = args.max_moved_bytes
+        options["max_moved_bytes"] = int(cap) if cap.isascii() and cap.isdigit() else cap
+    if args.move_cost_ms_per_gib is not None:
+        options["move_cost_ms_per_gib"] = args.move_cost_ms_per_gib
+    return parse_request(json.dumps(document), source=source)

@@ -25,7 +25,6 @@ from planner_service.plan.types import (
     ComputeKernel,
     CostModel,
     DeviceSpec,
-    OptimizerType,
     Perf,
     PoolingType,
     ShardingType,
@@ -49,8 +48,6 @@ UVM_BANDWIDTH_DIVISOR = 10.0
 DENSE_BANDWIDTH_FACTOR = 0.5
 MS_PER_S = 1000.0
 
-# Optimizer state kept by FBGEMM's fused optimizers, in fp32 elements.
-OPTIMIZER_STATE_BYTES = 4
 CACHE_INDEX_BYTES_PER_ROW = 4  # cache_index_table_map (int32 per row)
 CACHE_STATE_BYTES_PER_SLOT = 16  # lxu_cache_state + lru_state (int64 each per cached slot)
 
@@ -371,7 +368,7 @@ def _optimizer_bytes(
     """
     if ctx.cost_model is CostModel.TORCHREC_1_8:
         return 0, 0
-    state = _optimizer_state_bytes(ctx.table.optimizer, rows, cols)
+    state = ctx.table.optimizer.state_bytes(rows, cols)
     if ctx.sharding_type is ShardingType.DATA_PARALLEL:
         state += rows * cols * ctx.dtype_bytes  # the replica's dense gradient
     in_hbm = ctx.topology.compute_device is ComputeDevice.CUDA and ctx.compute_kernel in (
@@ -379,13 +376,3 @@ def _optimizer_bytes(
         ComputeKernel.DENSE,
     )
     return (state, 0) if in_hbm else (0, state)
-
-
-def _optimizer_state_bytes(optimizer: OptimizerType, rows: int, cols: int) -> int:
-    if optimizer is OptimizerType.SGD:
-        return 0
-    if optimizer is OptimizerType.ROWWISE_ADAGRAD:
-        return rows * OPTIMIZER_STATE_BYTES
-    if optimizer is OptimizerType.ADAGRAD:
-        return rows * cols * OPTIMIZER_STATE_BYTES
-    return 2 * rows * cols * OPTIMIZER_STATE_BYTES  # adam: two moments

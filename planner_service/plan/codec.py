@@ -37,6 +37,7 @@ from planner_service.plan.types import (
     MAX_PLAN_BYTES,
     SCHEMA_VERSION,
     SCHEMA_VERSION_PATTERN,
+    SCHEMA_VERSION_WITHOUT_MIGRATION,
     PlanRequest,
     ShardingPlan,
 )
@@ -100,6 +101,9 @@ def normalised_request(request: PlanRequest) -> dict[str, Any]:
     for field in ("colocate", "separate"):
         constraints[field] = sorted(sorted(group) for group in constraints[field])
     data["tables"].sort(key=lambda table: table["name"])
+    previous = data["options"].pop("previous_plan", None)
+    if previous is not None:  # inline or from the store: the same plan, the same request
+        data["options"]["previous_plan_id"] = previous["plan_id"]
     return data
 
 
@@ -128,12 +132,13 @@ def seal_plan_data(
     tables: dict[str, dict[str, Any]],
     rank_stats: list[dict[str, Any]],
     solver: dict[str, Any],
+    migration: dict[str, Any] | None = None,
 ) -> ShardingPlan:
     """Assemble a plan for ``request`` from its parts as JSON data and stamp it with its
     content address: a plan of many shards is validated once, at the end, instead of once
     per object and again when sealed."""
     body = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION if migration else SCHEMA_VERSION_WITHOUT_MIGRATION,
         "request_hash": request_hash(request),
         "planner_version": planner_version,
         "world_size": request.topology.world_size,
@@ -141,12 +146,16 @@ def seal_plan_data(
         "rank_stats": rank_stats,
         "solver": solver,
     }
-    # ``plan_id`` sorts before every other key, so the sealed document is the hashed one
-    # with the id put in front: one serialisation of a plan of many shards, not two.
-    assert min(body) > "plan_id"
+    if migration is not None:
+        body["migration"] = migration
     hashed = canonical_bytes(body)
     plan_id = sha256_hex(hashed)
-    document = b'{"plan_id":"' + plan_id.encode() + b'",' + hashed[1:]
+    if min(body) > "plan_id":
+        # ``plan_id`` sorts first, so the sealed document is the hashed one with the id put
+        # in front: one serialisation of a plan of many shards, not two.
+        document = b'{"plan_id":"' + plan_id.encode() + b'",' + hashed[1:]
+    else:  # a key sorts before it ("migration")
+        document = canonical_bytes({**body, "plan_id": plan_id})
     plan = ShardingPlan.model_validate_json(document)
     key = id(plan)
     _SEALED[key] = (weakref.ref(plan, lambda _: _SEALED.pop(key, None)), document)

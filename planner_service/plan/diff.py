@@ -1,15 +1,23 @@
-"""What changes between two plans: the tables placed differently, the weight bytes that
-would move between ranks, and every rank's memory and time before and after.
+"""What changes between two plans: the tables placed differently, the bytes that move
+between ranks to get from one to the other, and every rank's memory and time before and
+after.
 
-Moved bytes are defined shard by shard: for every shard of the new plan, the part of it
-(rows x columns of its table) that the same rank did not hold in the old plan must arrive
-from elsewhere, and counts as moved; what a rank held and still holds does not. A shard
-that moves from rank 2 to rank 5 moves all its bytes once; a table-wise table that becomes
-data-parallel on 4 ranks moves three copies (its old rank already has the fourth).
-``bytes_out`` of a rank is the mirror image: what it held before and no longer holds.
-Only weights count, at the table's element size (4 bytes, fp32, unless a request says
-otherwise); optimizer state and caches are rebuilt or move with them. Tables added or
-removed are listed, not counted as moved.
+Moved bytes (``table_moves``, ``plan_moves``: the one definition that the solver's
+``migration`` report, ``shardplan diff`` and re-sharding use) are counted region by
+region. For every shard of the new plan, each part of it (rows x columns of its table)
+that its rank did not hold in the old plan, but some other rank did, is sent by that rank
+and received by this one; what a rank held and still holds does not move. So a shard that
+moves from rank 2 to rank 5 moves all its bytes once, a row-wise table re-split over more
+ranks moves only the rows whose rank changes, and a table-wise table that becomes
+data-parallel on 4 ranks moves three copies. Where the old plan replicates a table
+(data-parallel), a rank without a replica receives from replica ``rank mod replicas`` (in
+rank order), which spreads the sending. Parts of a new shard that no rank held (rows or
+columns a grown table gained) are new, not moved; tables added or removed are listed, not
+counted. A moved region of r rows and c columns counts ``r * c * element bytes`` of
+weights plus the optimizer state of those rows and columns (``OptimizerType.state_bytes``:
+4 bytes per row for rowwise_adagrad, 4 per element for adagrad, 8 for adam) where the
+request is known; without it, 4-byte weights and no state. ``bytes_out`` of a rank is
+what it held before and no longer holds (memory freed, weights only).
 
 The JSON form (``diff_document``) is documented in docs/reading-plans.md, "Comparing two
 plans"; its ``version`` changes when a field changes meaning or goes away.
@@ -18,19 +26,24 @@ plans"; its ``version`` changes when a field changes meaning or goes away.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import (
+    OptimizerType,
     ParameterSharding,
     PlanRequest,
     RankStats,
     Shard,
     ShardingPlan,
+    ShardingType,
 )
 
-DIFF_VERSION = 1
+# 2: moved bytes count optimizer state (with --request), exclude rows no rank held, and
+# ranks report bytes_sent.
+DIFF_VERSION = 2
 ASSUMED_ELEMENT_BYTES = 4  # fp32, the request format's default data type
 
 
@@ -49,14 +62,15 @@ class TableChange:
 
 @dataclass(frozen=True)
 class RankChange:
-    """One rank's estimates in both plans (None where the plan has no such rank) and the
-    weight bytes it receives and gives up."""
+    """One rank's estimates in both plans (None where the plan has no such rank), the
+    bytes it receives and sends, and the weight bytes it gives up."""
 
     rank: int
     old: RankStats | None
     new: RankStats | None
     bytes_in: int = 0
     bytes_out: int = 0
+    bytes_sent: int = 0
 
     @property
     def hbm_delta(self) -> int:
@@ -72,7 +86,9 @@ class RankChange:
 
     @property
     def changed(self) -> bool:
-        return self.old != self.new or self.bytes_in > 0 or self.bytes_out > 0
+        return (
+            self.old != self.new or self.bytes_in > 0 or self.bytes_out > 0 or self.bytes_sent > 0
+        )
 
 
 @dataclass(frozen=True)
@@ -103,9 +119,10 @@ def diff_plans(
     old: ShardingPlan, new: ShardingPlan, request: PlanRequest | None = None
 ) -> PlanDiff:
     """Compare ``old`` with ``new``; ``request`` (the new plan's) gives element sizes."""
-    sizes = {t.name: t.data_type.size_bytes for t in request.tables} if request else {}
+    elements = elements_of(request)
     bytes_in: dict[int, int] = defaultdict(int)
     bytes_out: dict[int, int] = defaultdict(int)
+    bytes_sent: dict[int, int] = defaultdict(int)
     tables: list[TableChange] = []
     unchanged = 0
     for name in natural_sorted(old.tables.keys() | new.tables.keys()):
@@ -118,20 +135,171 @@ def diff_plans(
         if not changes:
             unchanged += 1
             continue
-        element_bytes = sizes.get(name, ASSUMED_ELEMENT_BYTES)
-        arrived = _missing(after.shards, before.shards)
-        left = _missing(before.shards, after.shards)
-        for rank, elements in arrived.items():
-            bytes_in[rank] += elements * element_bytes
-        for rank, elements in left.items():
-            bytes_out[rank] += elements * element_bytes
-        moved = sum(arrived.values())
+        element = elements.get(name, Element())
+        moves = sharding_moves(before, after, element)
+        for rank, count in moves.received.items():
+            bytes_in[rank] += count
+        for rank, count in moves.sent.items():
+            bytes_sent[rank] += count
+        for rank, count in _missing(before.shards, after.shards).items():
+            bytes_out[rank] += count * element.weight_bytes
         tables.append(
-            TableChange(name, "changed", changes, before, after, moved, moved * element_bytes)
+            TableChange(name, "changed", changes, before, after, moves.elements, moves.moved_bytes)
         )
-    return PlanDiff(
-        old, new, tables, unchanged, _ranks(old, new, bytes_in, bytes_out), bool(request)
-    )
+    ranks = _ranks(old, new, bytes_in, bytes_out, bytes_sent)
+    return PlanDiff(old, new, tables, unchanged, ranks, bool(request))
+
+
+# --------------------------------------------------------------------------- moved bytes
+
+# A shard as (row offset, column offset, rows, columns, rank).
+Box = tuple[int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Element:
+    """What one element of a table weighs when it moves: its weight's bytes, and the
+    optimizer whose state moves with it."""
+
+    weight_bytes: int = ASSUMED_ELEMENT_BYTES
+    optimizer: OptimizerType = OptimizerType.SGD
+
+    def region_bytes(self, rows: int, cols: int) -> int:
+        return rows * cols * self.weight_bytes + self.optimizer.state_bytes(rows, cols)
+
+
+@dataclass(frozen=True)
+class TableMoves:
+    """The bytes each rank sends and receives for one table, and the elements moved."""
+
+    sent: dict[int, int] = field(default_factory=dict)
+    received: dict[int, int] = field(default_factory=dict)
+    elements: int = 0
+
+    @property
+    def moved_bytes(self) -> int:
+        return sum(self.received.values())
+
+
+NO_MOVES = TableMoves()
+
+
+def boxes(sharding: ParameterSharding) -> list[Box]:
+    return [(*shard.offsets, *shard.sizes, shard.rank) for shard in sharding.shards]
+
+
+def table_moves(
+    old: Sequence[Box], new: Sequence[Box], *, old_replicated: bool, element: Element
+) -> TableMoves:
+    """The moves that turn table shards ``old`` into ``new`` (module docstring);
+    ``old_replicated``: every old shard is a whole replica (data-parallel)."""
+    if sorted(old) == sorted(new):
+        return NO_MOVES
+    sent: dict[int, int] = defaultdict(int)
+    received: dict[int, int] = defaultdict(int)
+    elements = 0
+    held = {box[4] for box in old}
+    replicas = sorted(old, key=lambda box: box[4]) if old_replicated else []
+    for box in new:
+        rank = box[4]
+        if old_replicated:
+            sources = [] if rank in held else [replicas[rank % len(replicas)]]
+        else:
+            sources = [other for other in old if other[4] != rank]
+        for source in sources:
+            rows, cols = _overlap_extent(box, source)
+            if rows and cols:
+                moved = element.region_bytes(rows, cols)
+                sent[source[4]] += moved
+                received[rank] += moved
+                elements += rows * cols
+    return TableMoves(dict(sent), dict(received), elements)
+
+
+def _overlap_extent(a: Box, b: Box) -> tuple[int, int]:
+    """Rows and columns two boxes of one table have in common."""
+    rows = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
+    cols = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
+    return max(0, rows), max(0, cols)
+
+
+@dataclass(frozen=True)
+class PlanMoves:
+    """Every table's moves from an old plan to new tables, and their sums per rank."""
+
+    tables: dict[str, TableMoves]
+    sent: dict[int, int]
+    received: dict[int, int]
+
+    @property
+    def moved_bytes(self) -> int:
+        return sum(self.received.values())
+
+    @property
+    def tables_moved(self) -> int:
+        return sum(1 for moves in self.tables.values() if moves.elements)
+
+
+def elements_of(request: PlanRequest | None) -> dict[str, Element]:
+    """Each table's ``Element`` from the request (none without one: 4-byte weights)."""
+    if request is None:
+        return {}
+    return {t.name: Element(t.data_type.size_bytes, t.optimizer) for t in request.tables}
+
+
+def sharding_moves(
+    before: ParameterSharding, after: ParameterSharding, element: Element
+) -> TableMoves:
+    replicated = before.sharding_type is ShardingType.DATA_PARALLEL
+    return table_moves(boxes(before), boxes(after), old_replicated=replicated, element=element)
+
+
+def plan_moves(
+    old: ShardingPlan,
+    new_tables: Mapping[str, ParameterSharding],
+    request: PlanRequest | None = None,
+) -> PlanMoves:
+    """The moves from ``old`` to ``new_tables`` (a plan's tables) for tables in both."""
+    elements = elements_of(request)
+    tables: dict[str, TableMoves] = {}
+    sent: dict[int, int] = defaultdict(int)
+    received: dict[int, int] = defaultdict(int)
+    for name, after in new_tables.items():
+        before = old.tables.get(name)
+        if before is None:
+            continue
+        moves = sharding_moves(before, after, elements.get(name, Element()))
+        tables[name] = moves
+        for rank, count in moves.sent.items():
+            sent[rank] += count
+        for rank, count in moves.received.items():
+            received[rank] += count
+    return PlanMoves(tables, dict(sent), dict(received))
+
+
+def migration_data(
+    moves: PlanMoves,
+    previous_plan_id: str,
+    max_moved_bytes: int | None,
+    move_cost_ms_per_gib: float | None,
+) -> dict[str, Any]:
+    """A plan's ``migration`` section (``types.Migration``) as JSON data."""
+    ranks = sorted(moves.sent.keys() | moves.received.keys())
+    return {
+        "previous_plan_id": previous_plan_id,
+        "moved_bytes": moves.moved_bytes,
+        "tables_moved": moves.tables_moved,
+        "ranks": [
+            {
+                "rank": rank,
+                "sent_bytes": moves.sent.get(rank, 0),
+                "received_bytes": moves.received.get(rank, 0),
+            }
+            for rank in ranks
+        ],
+        "max_moved_bytes": max_moved_bytes,
+        "move_cost_ms_per_gib": move_cost_ms_per_gib,
+    }
 
 
 def _changes(before: ParameterSharding, after: ParameterSharding) -> tuple[str, ...]:
@@ -167,12 +335,23 @@ def _overlap(a: Shard, b: Shard) -> int:
 
 
 def _ranks(
-    old: ShardingPlan, new: ShardingPlan, bytes_in: dict[int, int], bytes_out: dict[int, int]
+    old: ShardingPlan,
+    new: ShardingPlan,
+    bytes_in: dict[int, int],
+    bytes_out: dict[int, int],
+    bytes_sent: dict[int, int],
 ) -> list[RankChange]:
     before = {stats.rank: stats for stats in old.rank_stats}
     after = {stats.rank: stats for stats in new.rank_stats}
     return [
-        RankChange(rank, before.get(rank), after.get(rank), bytes_in[rank], bytes_out[rank])
+        RankChange(
+            rank,
+            before.get(rank),
+            after.get(rank),
+            bytes_in[rank],
+            bytes_out[rank],
+            bytes_sent[rank],
+        )
         for rank in range(max(old.world_size, new.world_size))
     ]
 
@@ -257,6 +436,7 @@ def _rank_document(rank: RankChange) -> dict[str, Any]:
         },
         "bytes_in": rank.bytes_in,
         "bytes_out": rank.bytes_out,
+        "bytes_sent": rank.bytes_sent,
     }
 
 

@@ -49,7 +49,10 @@ DEFAULT_HBM_HEADROOM_FRACTION = 0.15
 DEFAULT_TIME_LIMIT_S = 10.0
 DEFAULT_GAP_LIMIT = 0.02
 
-SCHEMA_VERSION = "1.1"  # 1.1: solver.stop_reason
+SCHEMA_VERSION = "1.2"  # 1.1: solver.stop_reason; 1.2: migration
+# Plans are written at the oldest schema that has their fields: a plan without a
+# ``migration`` section stays 1.1, byte for byte what earlier versions wrote.
+SCHEMA_VERSION_WITHOUT_MIGRATION = "1.1"
 # "major.minor", each at most 9 ASCII digits: read without int() on unbounded text.
 SCHEMA_VERSION_PATTERN = r"^[0-9]{1,9}\.[0-9]{1,9}$"
 
@@ -74,6 +77,8 @@ MAX_JSON_DEPTH = 64
 # A plan's per-rank byte counts: int64, as every consumer of a plan (numpy, torch, other
 # languages' JSON readers) can hold them; valid plans stay within MAX_MEMORY_BYTES.
 MAX_PLAN_BYTES = 2**63 - 1
+# options.move_cost_ms_per_gib: at most 1,000 s of objective per GiB moved.
+MAX_MOVE_COST_MS_PER_GIB = 1e6
 
 Bool = Annotated[bool, Strict()]
 Name = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
@@ -176,6 +181,22 @@ class OptimizerType(StrEnum):
     ADAGRAD = "adagrad"
     ADAM = "adam"
 
+    def state_bytes(self, rows: int, cols: int) -> int:
+        """The fp32 state FBGEMM's fused optimizer keeps for ``rows`` x ``cols`` of a
+        table: none (sgd), one per row (rowwise_adagrad), one per element (adagrad), two
+        per element (adam)."""
+        if self is OptimizerType.SGD:
+            return 0
+        if self is OptimizerType.ROWWISE_ADAGRAD:
+            return rows * OPTIMIZER_STATE_BYTES
+        if self is OptimizerType.ADAGRAD:
+            return rows * cols * OPTIMIZER_STATE_BYTES
+        return 2 * rows * cols * OPTIMIZER_STATE_BYTES  # adam: two moments
+
+
+# Optimizer state kept by FBGEMM's fused optimizers, in fp32 elements.
+OPTIMIZER_STATE_BYTES = 4
+
 
 class Objective(StrEnum):
     MAX_RANK_COST = "max_rank_cost"
@@ -229,6 +250,16 @@ class _Value(BaseModel):
     """Base for every vocabulary model: immutable, no unknown fields, no NaN/inf."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def _without_absent(data: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """A model's JSON data without the optional fields ``names`` where they are unset: a
+    field added later stays out of the documents that do not use it, so their bytes (and
+    content addresses) are what they were before it existed."""
+    for name in names:
+        if data.get(name) is None:
+            data.pop(name, None)
+    return data
 
 
 def _error(
@@ -514,6 +545,83 @@ class PlanOptions(_Value):
     seed: Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)] = 0
     objective: Objective = Objective.MAX_RANK_COST
     cost_model: CostModel = CostModel.SHARDPLAN
+    # Incremental re-planning (docs/requests.md, "Re-planning a changed model"). Absent
+    # from the JSON form when unset, so requests without them hash and dump as before.
+    previous_plan_id: Sha256Hex | None = None
+    previous_plan: ShardingPlan | None = None
+    max_moved_bytes: ByteSize | None = None
+    move_cost_ms_per_gib: (
+        Annotated[float, Field(ge=0.0, le=MAX_MOVE_COST_MS_PER_GIB, allow_inf_nan=False)] | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _check_previous(self) -> Self:
+        previous = self.previous_plan
+        if previous is not None:
+            # codec imports this module
+            from planner_service.plan.codec import check_schema_version, plan_id_of
+            from planner_service.plan.errors import InputError
+
+            try:
+                check_schema_version(previous.schema_version)
+            except InputError as error:
+                raise _error(
+                    "schema_version",
+                    "previous_plan: {reason}",
+                    reason=error.problems[0].message,
+                    at="previous_plan.schema_version",
+                    value=previous.schema_version,
+                ) from None
+            actual = plan_id_of(previous.model_dump(mode="json"))
+            if actual != previous.plan_id:
+                raise _error(
+                    "plan_id_mismatch",
+                    "previous_plan's content does not match its plan_id {claimed}: its "
+                    "content address is {actual}; send the stored plan unchanged",
+                    claimed=previous.plan_id,
+                    actual=actual,
+                    at="previous_plan.plan_id",
+                    value=previous.plan_id,
+                )
+            if self.previous_plan_id is not None and self.previous_plan_id != previous.plan_id:
+                raise _error(
+                    "previous_plan_mismatch",
+                    "previous_plan_id {given} is not the plan_id of previous_plan ({inline}); "
+                    "give one of them, or both naming the same plan",
+                    given=self.previous_plan_id,
+                    inline=previous.plan_id,
+                    at="previous_plan_id",
+                    value=self.previous_plan_id,
+                )
+        elif self.previous_plan_id is None:
+            for name in ("max_moved_bytes", "move_cost_ms_per_gib"):
+                if getattr(self, name) is not None:
+                    raise _error(
+                        "needs_previous_plan",
+                        "{name} limits or prices moves from a previous plan; give "
+                        "previous_plan_id (or previous_plan) with it",
+                        name=name,
+                        at=name,
+                        value=getattr(self, name),
+                    )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_incremental(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_absent(handler(self), INCREMENTAL_OPTIONS)
+
+    @property
+    def incremental(self) -> bool:
+        """Whether the request re-plans from a previous plan."""
+        return self.previous_plan is not None or self.previous_plan_id is not None
+
+
+INCREMENTAL_OPTIONS = (
+    "previous_plan_id",
+    "previous_plan",
+    "max_moved_bytes",
+    "move_cost_ms_per_gib",
+)
 
 
 class PlanRequest(_Value):
@@ -696,17 +804,37 @@ class SolverReport(_Value):
 
     @model_serializer(mode="wrap")
     def _omit_absent_stop_reason(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("stop_reason") is None:
-            data.pop("stop_reason", None)
-        return data
+        return _without_absent(handler(self), ("stop_reason",))
+
+
+class RankMoves(_Value):
+    """The bytes one rank sends and receives to go from the previous plan to this one."""
+
+    rank: Rank
+    sent_bytes: PlanBytes
+    received_bytes: PlanBytes
+
+
+class Migration(_Value):
+    """How far a plan re-planned from a previous one is from it (schema 1.2): the bytes of
+    weights and optimizer state that move between ranks (``plan.diff.migration``), per rank
+    (ranks that send or receive nothing are left out), and the limits it was planned under.
+    ``moved_bytes`` is the sum of ``received_bytes`` (and of ``sent_bytes``)."""
+
+    previous_plan_id: Sha256Hex
+    moved_bytes: PlanBytes
+    tables_moved: Annotated[int, Strict(), Field(ge=0)]
+    ranks: list[RankMoves]
+    max_moved_bytes: PlanBytes | None = None
+    move_cost_ms_per_gib: NonNegativeFloat | None = None
 
 
 class ShardingPlan(_Value):
     """A complete, content-addressed sharding plan.
 
     ``plan_id`` is the sha256 of the canonical JSON of every other field, so a plan's
-    identity is its content (see ``plan.codec``).
+    identity is its content (see ``plan.codec``). ``migration`` is present only in plans
+    re-planned from a previous plan (and absent from their JSON otherwise).
     """
 
     schema_version: Annotated[str, Strict(), Field(pattern=SCHEMA_VERSION_PATTERN)] = SCHEMA_VERSION
@@ -717,6 +845,15 @@ class ShardingPlan(_Value):
     tables: dict[Name, ParameterSharding] = Field(min_length=1)
     rank_stats: list[RankStats]
     solver: SolverReport
+    migration: Migration | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_migration(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_absent(handler(self), ("migration",))
+
+
+PlanOptions.model_rebuild()
+PlanRequest.model_rebuild()
 
 
 def gap(objective: float, lower_bound: float) -> float:
@@ -780,6 +917,7 @@ class InfeasibilityCode(StrEnum):
     PINNED_RANKS_OVERLOADED = "pinned_ranks_overloaded"
     NO_FEASIBLE_COMBINATION = "no_feasible_combination"
     TIMED_OUT = "timed_out"
+    MOVE_BUDGET = "move_budget"  # no plan found within options.max_moved_bytes
 
 
 class InfeasibilityReason(_Value):

@@ -8,7 +8,8 @@ import json
 from collections.abc import Callable
 
 from planner_service import PLANNER_VERSION
-from planner_service.plan.codec import canonical_bytes
+from planner_service.plan.codec import canonical_bytes, parse_plan
+from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import Infeasibility, PlanRequest
 from planner_service.service import metrics
 from planner_service.service.problems import ProblemError
@@ -29,6 +30,7 @@ async def solve_and_store(
     request in flight shared the solve, nor when the plan was already stored). The plan is
     stored by the solve itself, so it is kept even when this caller has gone away."""
     store = state.store()
+    request = await with_previous_plan(state, request)
     request_document = canonical_bytes(request)
 
     def finish(result: SolveResult) -> tuple[SolveResult, bool]:
@@ -53,8 +55,32 @@ async def solve_and_store(
 
 
 async def solve_only(state: ServiceState, request: PlanRequest, key: str) -> SolveResult:
+    request = await with_previous_plan(state, request)
     result, _ = await _solve(state, "check:" + key, request, canonical_bytes(request), _same)
     return result
+
+
+async def with_previous_plan(state: ServiceState, request: PlanRequest) -> PlanRequest:
+    """``request`` with the stored plan its ``options.previous_plan_id`` names inlined as
+    ``options.previous_plan`` (the request hash is the same either way); 422 naming the
+    field when no such plan is stored."""
+    options = request.options
+    plan_id = options.previous_plan_id
+    if plan_id is None or options.previous_plan is not None:
+        return request
+    data = await state.plan_bytes(plan_id)
+    if data is None:
+        problem = FieldProblem(
+            "options.previous_plan_id",
+            f"no plan with plan_id {plan_id} is stored here; give the plan_id of a stored "
+            "plan (GET /v1/plans lists them), or the plan itself as options.previous_plan",
+            plan_id,
+        )
+        raise InputError("body", [problem])
+    previous = parse_plan(data, source=f"stored plan {plan_id}")
+    return request.model_copy(
+        update={"options": options.model_copy(update={"previous_plan": previous})}
+    )
 
 
 def _same(result: SolveResult) -> SolveResult:

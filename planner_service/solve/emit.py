@@ -30,6 +30,7 @@ def build_plan(
     loads: Loads,
     bound: LowerBound,
     deadline_reached: bool = False,
+    migration: dict[str, object] | None = None,
 ) -> ShardingPlan:
     """The sealed plan of ``choices``. Built as JSON data and validated once: a plan can
     hold hundreds of thousands of shards, and sealing happens after the deadline."""
@@ -100,6 +101,7 @@ def build_plan(
         tables=tables,
         rank_stats=rank_stats,
         solver=report.model_dump(mode="json"),
+        migration=migration,
     )
 
 

@@ -13,11 +13,14 @@ which is kept out of the plan so that the same request always yields byte-identi
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
 from functools import partial
 
+from planner_service.plan.diff import migration_data
+from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import (
     BoundSource,
     Infeasibility,
@@ -38,11 +41,23 @@ from planner_service.solve.cpsat.search import (
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.emit import build_plan, rank_io
 from planner_service.solve.explain import explain, memory_reasons
+from planner_service.solve.incremental import (
+    Moves,
+    best_within,
+    incremental_plan,
+    kept_choices,
+    moves_of_plan,
+    over_cap,
+    revert_towards_previous,
+)
 from planner_service.solve.prepare import Prepared, prepare, warm_start
 from planner_service.solve.problem import Choice, Loads, Problem, loads_of
 
 log = logging.getLogger("shardplan.solver")
 MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
+# Re-planning from a previous plan: the share of the time limit kept from the search for
+# putting the fastest plan's tables back where they were (``incremental.py``).
+REVERT_SHARE = 0.1
 # Sealing a plan (building, hashing and validating its JSON) after the search: measured on
 # a 2-core machine under a load of 10, 2.2 s for 315,524 shards (5,384 tables on 1,024
 # ranks: 7 us a shard), rounded up; what does not grow with the shards is in the finishing
@@ -85,7 +100,12 @@ def solve(
         )
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
     search = _Search(prepared, request.options, deadline)
-    candidates = search.run(report)
+    moves = _moves(search.problem, request)
+    incremental = incremental_plan(search.problem, moves, deadline) if moves else None
+    after_search = copy.copy(deadline)  # the reverting stage's, past the search's
+    if moves is not None:
+        deadline.reserve(REVERT_SHARE * request.options.time_limit_s)
+    candidates = search.run(report) + ([incremental] if incremental is not None else [])
     if not candidates:
         status = (
             SolverStatus.INFEASIBLE
@@ -94,8 +114,41 @@ def solve(
         )
         infeasibility = explain(request, [], status, deadline, prepared.fitted)
         return SolveOutcome(None, infeasibility, time.perf_counter() - start, search.details)
-    choices, loads = _best(search.problem, candidates)
-    plan = build_plan(search.problem, choices, loads, best_bound(search.bounds), deadline.reached)
+    migration = None
+    if moves is None:
+        choices, loads = _best(search.problem, candidates)
+    else:
+        kept = kept_choices(search.problem, moves)
+        fastest = _best(search.problem, candidates)[0]
+        # Sealing, and counting the moves of the plan chosen, come after it.
+        after_search.reserve(2 * _seal_time_s(search.problem, fastest))
+        candidates.append(
+            revert_towards_previous(search.problem, moves, fastest, kept, after_search)
+        )
+        deadline.reached |= after_search.reached
+        picked = best_within(search.problem, moves, candidates)
+        if picked.choices is None or picked.loads is None:
+            assert moves.cap is not None
+            infeasibility = over_cap(moves.cap, picked.least_moved)
+            return SolveOutcome(None, infeasibility, time.perf_counter() - start, search.details)
+        choices, loads = picked.choices, picked.loads
+        migration = migration_data(
+            moves_of_plan(search.problem, moves.previous, choices),
+            moves.previous.plan_id,
+            moves.cap,
+            request.options.move_cost_ms_per_gib,
+        )
+        search.details["incremental_objective"] = (
+            loads_of(search.problem, incremental).objective if incremental else None
+        )
+    plan = build_plan(
+        search.problem,
+        choices,
+        loads,
+        best_bound(search.bounds),
+        deadline.reached,
+        migration=migration,
+    )
     io = rank_io(search.problem, choices)
     return SolveOutcome(plan, None, time.perf_counter() - start, search.details, io)
 
@@ -215,6 +268,22 @@ class _Search:
         if result.bound is not None:
             self.bounds.append(LowerBound(result.bound, BoundSource.CP_SAT))
         return result
+
+
+def _moves(problem: Problem, request: PlanRequest) -> Moves | None:
+    """The moved-bytes accounting of an incremental request (``incremental.py``)."""
+    options = request.options
+    if options.previous_plan is None:
+        if options.previous_plan_id is not None:
+            problem_ = FieldProblem(
+                "options.previous_plan_id",
+                "names a stored plan, which only the service can look up; give the plan "
+                "itself as options.previous_plan (shardplan plan --previous-plan FILE)",
+                options.previous_plan_id,
+            )
+            raise InputError("request", [problem_])
+        return None
+    return Moves(problem, options.previous_plan, options)
 
 
 def _best(problem: Problem, candidates: list[list[Choice]]) -> tuple[list[Choice], Loads]:
