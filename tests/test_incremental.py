@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from planner_service.plan.codec import canonical_bytes, parse_request, request_hash
+from planner_service.plan.codec import canonical_bytes, parse_request, plan_bytes, request_hash
 from planner_service.plan.diff import Element, diff_plans, plan_moves
 from planner_service.plan.errors import InputError
 from planner_service.plan.types import (
@@ -148,6 +148,8 @@ def test_an_incremental_plan_reports_what_the_diff_recomputes(base_plan):
     plan = outcome.plan
     assert plan is not None and validate_plan(req, plan) == []
     assert plan.request_hash == request_hash(req) and plan.schema_version == "1.2"
+    # "migration" sorts before "plan_id": the sealed bytes are still the canonical ones
+    assert plan_bytes(plan) == canonical_bytes(plan)
     _assert_reports_the_diff(base_plan, req, plan)
 
 
