@@ -1168,3 +1168,27 @@ def test_an_lp_with_fewer_rank_rows_is_looser_and_still_a_bound(monkeypatch):
     assert full is not None and capped is not None
     assert capped.bound.value <= full.bound.value * (1 + 1e-9)
     assert full.bound.value <= _brute_force_optimum(req, most=200_000) * (1 + 1e-9)
+
+
+def test_rank_io_sums_every_shards_buffers_on_its_rank():
+
+    tables = [table(f"t{i}", rows=50_000 * (i + 1), dim=32 * (i % 3 + 1)) for i in range(8)]
+    req = request(tables, world_size=6, topology={"local_world_size": 3, "hbm_bytes": 2**27})
+    problem, _ = _problem(req)
+    outcome = solve(req)
+    assert outcome.plan is not None
+    expected = [[0, 0] for _ in range(6)]
+    for entry in problem.tables:
+        sharding = outcome.plan.tables[entry.table.name]
+        (option,) = [
+            o
+            for o in entry.options
+            if o.sharding_type == sharding.sharding_type
+            and o.compute_kernel == sharding.compute_kernel
+            and [list(s.sizes) for s in o.shards] == [list(s.sizes) for s in sharding.shards]
+        ]
+        for shard, placed in zip(option.shards, sharding.shards, strict=True):
+            expected[placed.rank][0] += shard.storage.input_bytes
+            expected[placed.rank][1] += shard.storage.output_bytes
+    assert [list(io) for io in outcome.rank_io_bytes] == expected
+    assert any(i for i, _ in expected)

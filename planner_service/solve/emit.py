@@ -108,9 +108,15 @@ def build_plan(
 def rank_io(problem: Problem, choices: list[Choice]) -> list[tuple[int, int]]:
     """(input id bytes, output embedding bytes) each rank's shards buffer per iteration."""
     io = np.zeros((problem.world_size, 2), dtype=np.int64)
+    per_shard: dict[int, np.ndarray] = {}  # per option: each shard's (input, output) bytes
     for entry, choice in zip(problem.tables, choices, strict=True):
-        for shard, rank in zip(entry.options[choice.option].shards, choice.ranks, strict=True):
-            io[rank] += (shard.storage.input_bytes, shard.storage.output_bytes)
+        option = entry.options[choice.option]
+        shards = per_shard.get(id(option))
+        if shards is None:
+            counts = [count for _, count in option.runs]
+            each = [(s.storage.input_bytes, s.storage.output_bytes) for s, _ in option.runs]
+            shards = per_shard[id(option)] = np.repeat(np.array(each, np.int64), counts, axis=0)
+        np.add.at(io, np.asarray(choice.ranks, dtype=np.int64), shards)
     return [(int(i), int(o)) for i, o in io]
 
 
