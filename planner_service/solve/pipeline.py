@@ -58,12 +58,13 @@ MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
 # Re-planning from a previous plan: the share of the time limit kept from the search for
 # putting the fastest plan's tables back where they were (``incremental.py``).
 REVERT_SHARE = 0.1
-# Sealing a plan (building, hashing and validating its JSON) after the search: measured on
-# a 2-core machine under a load of 10, 2.2 s for 315,524 shards (5,384 tables on 1,024
-# ranks: 7 us a shard), rounded up; what does not grow with the shards is in the finishing
-# slack. The search stops this much before the deadline (a plan's shard count barely
-# varies).
-SEAL_S_PER_SHARD = 10e-6
+# Sealing a plan (building, hashing and validating its JSON, and its per-rank buffers) after
+# the search, measured on a 2-core machine under load: 2.2 s for 315,524 shards of 5,384
+# tables on 1,024 ranks, 0.28 to 0.34 s for 14,565 shards of the same tables; rounded up
+# to a time per shard and per table. The search stops this much before the deadline (a
+# plan's shard count barely varies).
+SEAL_S_PER_SHARD = 12e-6
+SEAL_S_PER_TABLE = 40e-6
 
 
 @dataclass
@@ -299,4 +300,4 @@ def _seal_time_s(problem: Problem, choices: list[Choice]) -> float:
         len(entry.options[c.option].shards)
         for entry, c in zip(problem.tables, choices, strict=True)
     )
-    return shards * SEAL_S_PER_SHARD
+    return shards * SEAL_S_PER_SHARD + len(choices) * SEAL_S_PER_TABLE
