@@ -128,11 +128,14 @@ def test_building_the_lp_stops_at_the_deadline():
     req = request(tables, world_size=8, topology={"local_world_size": 4, "hbm_bytes": 2**30})
     problem = _prepared(req).problem
     assert problem is not None
-    # The clock reads 0.01 at the start, 0.02 before the LP, 0.03 at group 0 and 0.04 at
-    # group 256: past a deadline at 0.035, so the LP is given up.
+    # The clock reads 0.01 at the start (the deadline: 0.08), 0.02 before the LP, 0.03 and
+    # 0.04 to give the LP its 30% of what is left (until 0.055), 0.05 at group 0 and 0.06
+    # at group 256: past the LP's share, so the LP is given up, and the solve was cut.
     clock = _Ticking(0.01)
-    prepared = prepare(req, Deadline(0.025, clock=clock))
-    assert clock.reads == 4  # stopped at the look at group 256
+    deadline = Deadline(0.07, clock=clock)
+    prepared = prepare(req, deadline)
+    assert clock.reads == 6  # stopped at the look at group 256
+    assert deadline.reached
     assert prepared.problem is not None and prepared.relaxation is None
     assert [b.source for b in prepared.bounds or []] == ["work/world_size", "largest_shard"]
     assert prepare(req, Deadline.never()).relaxation is not None

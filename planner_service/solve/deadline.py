@@ -15,6 +15,7 @@ than at ``optimal``, ``gap_limit`` or ``work_budget`` (reproducible).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -103,6 +104,14 @@ class Deadline:
         """A wall-clock limit for one stage: ``budget_s``, but at most ``share`` of what is
         left of the deadline (so later stages keep some)."""
         return max(0.0, min(budget_s, self.remaining_s() * share))
+
+    def share(self, fraction: float) -> Deadline:
+        """A deadline for one stage: ``fraction`` of what is left of this one, on the same
+        clock (never: never). Whoever catches its expiry records it here with
+        ``reached``."""
+        if math.isinf(self._end):
+            return self
+        return Deadline(self.remaining_s() * fraction, clock=self._clock)
 
     def note_stop(self, limit_s: float, wall_s: float) -> None:
         """Record a stage that ran ``wall_s`` under a wall-clock limit of ``limit_s``: if it

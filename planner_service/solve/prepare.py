@@ -20,6 +20,7 @@ from planner_service.solve.improve import improve
 from planner_service.solve.problem import Choice, Group, Problem, group_tables, without_equivalents
 
 GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
+LP_SHARE = 0.3  # of the time left when the LP is built: its build, solve and guides
 
 
 @dataclass
@@ -56,12 +57,17 @@ def prepare(request: PlanRequest, deadline: Deadline | None = None) -> Prepared:
     bounds = simple_bounds(problem)
     if deadline.expired():
         return Prepared([], problem, groups, bounds, fitted=fitted)
+    # The LP and its guides get at most this share of what is left: on thousands of
+    # distinct shapes it can take seconds, and the greedy must still have time for a plan.
+    lp_deadline = deadline.share(LP_SHARE)
     try:
-        linear = LinearRelaxation(problem, groups, deadline)
+        linear = LinearRelaxation(problem, groups, lp_deadline)
     except OutOfTime:
+        deadline.reached = True
         return Prepared([], problem, groups, bounds, fitted=fitted)
     try:
         relaxation = linear.solve()
+        deadline.reached |= lp_deadline.reached
     except RelaxationInfeasible:
         return Prepared(
             [], problem, groups, bounds, None, relaxation_infeasible=True, fitted=fitted
@@ -100,12 +106,14 @@ def _guides(
         return [_least_work(problem, groups)]
     mixes = [relaxation]
     for fraction in GUIDE_MEMORY_FRACTIONS:
-        if deadline.expired():
+        if deadline.expired() or linear.deadline.expired():  # the LP's share of the time
+            deadline.reached |= linear.deadline.reached
             break
         try:
             mix = linear.solve(memory_fraction=fraction)
         except RelaxationInfeasible:
             break
+        deadline.reached |= linear.deadline.reached
         if mix is not None:
             mixes.append(mix)
     guides: list[list[list[int]]] = []
