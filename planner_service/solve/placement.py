@@ -198,10 +198,9 @@ def _best_host(
         return None
     load_after = (state.perf.reshape(shape) + shard_cost).max(axis=1)
     floor = np.maximum(np.maximum(load_after, state.max_perf), target)
-    work = shard_cost.sum(axis=1)
+    work = costs.local_work_on_hosts(problem)
     peak_hbm = hbm.max(axis=1)
-    hosts = np.flatnonzero(usable)
-    h = int(hosts[np.lexsort((peak_hbm[hosts], load_after[hosts], work[hosts], floor[hosts]))[0]])
+    h = _first_least((floor, work, load_after, peak_hbm), np.flatnonzero(usable))
     score = Score(float(floor[h]), float(work[h]), int(peak_hbm[h]), index, float(load_after[h]))
     return Candidate(score, Choice(index, tuple(int(r) for r in grid[h])))
 
@@ -240,13 +239,20 @@ def _best_host_columns(
     load_after = np.where(touched, perf, -np.inf).max(axis=1)
     peak_hbm = np.where(touched, hbm, np.iinfo(np.int64).min).max(axis=1)
     makespan = np.maximum(np.maximum(load_after, state.max_perf), target)
-    candidates = np.flatnonzero(usable)
-    order = np.lexsort(
-        (peak_hbm[candidates], load_after[candidates], work[candidates], makespan[candidates])
-    )
-    h = int(candidates[order[0]])
+    h = _first_least((makespan, work, load_after, peak_hbm), np.flatnonzero(usable))
     score = Score(float(makespan[h]), float(work[h]), int(peak_hbm[h]), index, float(load_after[h]))
     return Candidate(score, Choice(index, tuple(int(r) for r in grid[h, picks[h]])))
+
+
+def _first_least(keys: tuple[np.ndarray, ...], candidates: np.ndarray) -> int:
+    """The candidate (an index into each key, ascending) with the least keys compared in
+    order, the first one on a tie: lexicographic, narrowed key by key."""
+    for key in keys:
+        values = key[candidates]
+        candidates = candidates[values == values.min()]
+        if len(candidates) == 1:
+            break
+    return int(candidates[0])
 
 
 def _between_hosts(score: Score) -> tuple[float, float, float, int]:

@@ -44,6 +44,7 @@ class OptionCosts:
         self._on_ranks: np.ndarray | None = None
         self._on_hosts: np.ndarray | None = None
         self._local_on_hosts: np.ndarray | None = None
+        self._local_work_on_hosts: np.ndarray | None = None
         if option.placement is Placement.FIXED:
             class_of_rank = np.asarray(classes.class_of_rank)
             self.fixed_cost = self.cost[np.arange(len(option.shards)), class_of_rank]
@@ -68,6 +69,12 @@ class OptionCosts:
             local = np.arange(problem.local_world_size)
             self._local_on_hosts = self.on_hosts(problem)[local, :, local].T
         return self._local_on_hosts
+
+    def local_work_on_hosts(self, problem: Problem) -> np.ndarray:
+        """Per host, the work of the option's shard ``i`` on each local rank ``i``."""
+        if self._local_work_on_hosts is None:
+            self._local_work_on_hosts = self.local_on_hosts(problem).sum(axis=1)
+        return self._local_work_on_hosts
 
     @cached_property
     def hbm_total(self) -> int:
