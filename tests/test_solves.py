@@ -16,6 +16,7 @@ import pytest
 from clients.http import AsyncPlannerClient, NoPlanFound, NotFound, PlannerClient
 from planner_service.plan.api import SolveJob, SolveJobStatus
 from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
+from planner_service.service.jobs import job_id_for
 from planner_service.validate.validator import validate_plan
 from tests.conftest import BACKENDS, database_url
 from tests.servers import Service
@@ -197,6 +198,55 @@ def test_bad_job_ids_and_bad_requests_are_problems(service):
         # Preferences other than respond-async leave the sync answer.
         plain = http.post("/v1/plans", json=small_request("p"), headers={"Prefer": "wait=5"})
         assert plain.status_code in (200, 201) and "preference-applied" not in plain.headers
+
+
+def test_a_full_pool_refuses_a_new_job_but_not_the_one_it_runs(shardplan_exe, tmp_path):
+    env = {**LEASE_ENV, "SHARDPLAN_SOLVE_QUEUE": "0"}  # one solve at a time
+    server = Service(shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db"), env=env)
+    server.start()
+    try:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            running = http.post("/v1/plans", json=timed_request(18, 3.0), headers=ASYNC)
+            assert running.status_code == 202
+            refused = http.post("/v1/plans", json=timed_request(19, 3.0), headers=ASYNC)
+            assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+            assert refused.json()["title"] == "Solver pool full"
+            other_job = job_id_for(request_hash(parse_request(json.dumps(timed_request(19, 3.0)))))
+            assert http.get(f"/v1/solves/{other_job}").status_code == 404  # nothing recorded
+            # The job in flight is asked for again: joined, not refused.
+            again = http.post("/v1/plans", json=timed_request(18, 3.0), headers=ASYNC)
+            assert again.status_code == 202 and again.json()["job_id"] == running.json()["job_id"]
+            done = wait_for(http, running.json()["job_id"], lambda job: job.status.ended)
+            assert done.status is SolveJobStatus.DONE and done.attempts == 1
+    finally:
+        server.stop()
+
+
+def test_http_workers_share_jobs_through_the_store(shardplan_exe, tmp_path):
+    """With two HTTP workers, reads land on either: the one solving it answers from its
+    solve, the other from the store; neither takes over a job whose lease is live."""
+    server = Service(
+        shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db"), env=LEASE_ENV, workers=2
+    ).start()
+    try:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            job_id = http.post("/v1/plans", json=timed_request(20, 4.0), headers=ASYNC).json()[
+                "job_id"
+            ]
+            statuses = []
+            while not statuses or not statuses[-1].ended:
+                # A new connection each time: uvicorn's workers share the listening socket.
+                read = httpx.get(f"{server.base}/v1/solves/{job_id}", timeout=30)
+                assert read.status_code == 200
+                statuses.append(SolveJob.model_validate_json(read.content).status)
+                time.sleep(0.05)
+            # (Not in order: a worker reading the store may be a write behind the other.)
+            assert SolveJobStatus.RUNNING in statuses
+            done = SolveJob.model_validate_json(http.get(f"/v1/solves/{job_id}").content)
+            assert done.status is SolveJobStatus.DONE and done.attempts == 1
+            assert events(http, job_id)[-1][1] == done
+    finally:
+        server.stop()
 
 
 # --------------------------------------------------------------------------- restarts
