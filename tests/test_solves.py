@@ -13,9 +13,17 @@ import time
 import httpx
 import pytest
 
-from clients.http import AsyncPlannerClient, NoPlanFound, NotFound, PlannerClient
+from clients.http import (
+    AsyncPlannerClient,
+    NoPlanFound,
+    NotFound,
+    PlannerClient,
+    UnexpectedResponse,
+)
+from clients.http.core import EventDecoder
 from planner_service.plan.api import SolveJob, SolveJobStatus
 from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
+from planner_service.plan.errors import InputError
 from planner_service.service.jobs import job_id_for
 from planner_service.validate.validator import validate_plan
 from tests.conftest import BACKENDS, database_url
@@ -367,3 +375,24 @@ def test_plan_on_the_server_shows_the_solvers_progress(service, run_cli, tmp_pat
     assert parse_plan(result.stdout).request_hash == request_hash(
         parse_request(request_file.read_text())
     )
+
+
+def test_the_event_decoder_reads_the_sse_format_and_bounds_it():
+    job = SolveJob(
+        job_id="a" * 64, status=SolveJobStatus.RUNNING, request_hash="b" * 64,
+        planner_version="v", time_limit_s=1.0, attempts=1, created_at="t", updated_at="t",
+    )  # fmt: skip
+    text = job.model_dump_json()
+    decoder = EventDecoder("GET x")
+    lines = [": keep-alive", "", "event: solve", "id: 1", f"data: {text[:10]}", f"data:{text[10:]}"]
+    assert [decoder.line(line) for line in lines] == [None] * len(lines)
+    # Two data lines join with a newline, which JSON reads as whitespace.
+    assert decoder.line("") == SolveJob.model_validate_json(text[:10] + "\n" + text[10:])
+    with pytest.raises(UnexpectedResponse, match="not a SolveJob"):
+        decoder.line("data: <html>")
+        decoder.line("")
+    with pytest.raises(UnexpectedResponse, match="an event of over"):
+        for _ in range(2000):
+            decoder.line("data: " + "x" * 1000)
+    with pytest.raises(InputError, match="job_id"):
+        PlannerClient("http://127.0.0.1:9").get_solve("../plans")
