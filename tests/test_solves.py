@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 import time
 
@@ -29,6 +31,7 @@ from planner_service.validate.validator import validate_plan
 from tests.conftest import BACKENDS, database_url
 from tests.servers import Service
 from tests.test_service import infeasible_request, slow_request, small_request
+from tests.test_solve_pool import solver_pids
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -253,6 +256,32 @@ def test_http_workers_share_jobs_through_the_store(shardplan_exe, tmp_path):
             done = SolveJob.model_validate_json(http.get(f"/v1/solves/{job_id}").content)
             assert done.status is SolveJobStatus.DONE and done.attempts == 1
             assert events(http, job_id)[-1][1] == done
+    finally:
+        server.stop()
+
+
+def test_a_job_whose_solver_process_dies_fails_and_is_solved_again_when_asked(
+    shardplan_exe, tmp_path
+):
+    server = Service(shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db"), env=LEASE_ENV)
+    server.start()
+    try:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            document = timed_request(21, 4.0)
+            job_id = http.post("/v1/plans", json=document, headers=ASYNC).json()["job_id"]
+            wait_for(http, job_id, lambda job: job.status is SolveJobStatus.RUNNING)
+            (victim,) = solver_pids(server)
+            os.kill(victim, signal.SIGKILL)  # as the kernel's OOM killer would
+            failed = wait_for(http, job_id, lambda job: job.status.ended)
+            assert failed.status is SolveJobStatus.FAILED and failed.plan_id is None
+            assert failed.problem["status"] == 503
+            assert failed.problem["title"] == "Solver process died"
+            assert "SIGKILL" in failed.problem["detail"]
+            again = http.post("/v1/plans", json=document, headers=ASYNC)
+            assert again.status_code == 202 and again.json()["attempts"] == 1
+            assert again.json()["status"] in ("queued", "running")
+            done = wait_for(http, job_id, lambda job: job.status.ended)
+            assert done.status is SolveJobStatus.DONE and done.problem is None
     finally:
         server.stop()
 

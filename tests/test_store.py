@@ -219,6 +219,11 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
         )
         assert listed.planner_version == "v0"
         assert opened.get_plan("d" * 64).plan == plan
+        # ... and the solves table that async jobs need.
+        assert opened.get_solve("j" * 64) is None
+        assert opened.claim_solve(
+            "j" * 64, owner="a", now="1", stale_before="0", max_attempts=3, new=_new_solve()
+        )[1]
     finally:
         opened.close()
 
