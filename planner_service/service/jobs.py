@@ -72,6 +72,7 @@ class _Running:
     started_at: str | None = None
     recorded: float = -1e9  # loop time of the last progress written to the store
     last: SolveProgress | None = None  # the last progress its solver process reported
+    flush_pending: bool = False  # a write of the latest progress is scheduled
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -100,11 +101,12 @@ class SolveJobs:
     async def stop(self) -> None:
         """Stop solving (the pool is about to be shut down) and let this process's leases
         lapse, so that another process resumes its jobs at once."""
+        had_jobs = bool(self._running)
         tasks = [t for t in (self._sweeper, *(r.task for r in self._running.values())) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, *self._writes, return_exceptions=True)
-        if len(tasks) > 1:  # jobs were running here
+        if had_jobs:
             with contextlib.suppress(StoreUnavailableError):
                 await run_in_threadpool(self.state.store().release_solves, self.owner)
         self._running.clear()
@@ -125,9 +127,21 @@ class SolveJobs:
         first_start = state is not None and state.running and running.started_at is None
         if first_start and state is not None:
             running.started_at = _stamp(_now() - timedelta(seconds=state.elapsed_s))
-        if first_start or loop_time - running.recorded >= RECORD_INTERVAL_S:
-            running.recorded = loop_time
-            self._write(self._record(running))
+        wait_s = running.recorded + RECORD_INTERVAL_S - loop_time
+        if first_start or wait_s <= 0:
+            self._record_now(running)
+        elif not running.flush_pending:  # the last report of a burst is written too
+            running.flush_pending = True
+            asyncio.get_running_loop().call_later(wait_s, self._flush, running)
+
+    def _record_now(self, running: _Running) -> None:
+        running.recorded = asyncio.get_running_loop().time()
+        self._write(self._record(running))
+
+    def _flush(self, running: _Running) -> None:
+        running.flush_pending = False
+        if self._running.get(running.row.job_id) is running:
+            self._record_now(running)
 
     # ------------------------------------------------------------------ submit
 
