@@ -161,6 +161,9 @@ def test_two_async_and_one_sync_identical_requests_share_one_solve(service):
     with httpx.Client(base_url=service.base, timeout=120) as http:
         solves_before = solves_counted(http)
         first = http.post("/v1/plans", json=document, headers=ASYNC)
+        page = http.get(f"{first.headers['location']}/view")  # for people: reloads while it runs
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert '<meta http-equiv="refresh" content="2">' in page.text and "<script" not in page.text
         answers: dict[str, httpx.Response] = {}
         sync = threading.Thread(
             target=lambda: answers.update(sync=http.post("/v1/plans", json=document))
@@ -172,6 +175,8 @@ def test_two_async_and_one_sync_identical_requests_share_one_solve(service):
         job_id = first.json()["job_id"]
         assert second.json()["job_id"] == job_id
         done = wait_for(http, job_id, lambda job: job.status.ended)
+        to_plan = f'content="0; url=/v1/plans/{done.plan_id}/view"'
+        assert to_plan in http.get(f"/v1/solves/{job_id}/view").text
         assert done.status is SolveJobStatus.DONE and done.attempts == 1
         assert answers["sync"].status_code in (200, 201)
         assert answers["sync"].headers["x-shardplan-plan-id"] == done.plan_id
@@ -187,6 +192,8 @@ def test_a_job_without_a_plan_ends_with_the_problem_a_sync_post_answers(service)
         assert sync.status_code == 422
         assert ended.status is SolveJobStatus.NO_PLAN and ended.plan_id is None
         assert ended.problem == sync.json()
+        page = http.get(f"/v1/solves/{ended.job_id}/view").text
+        assert "<h2>No plan exists</h2>" in page and "refresh" not in page
 
 
 def test_bad_job_ids_and_bad_requests_are_problems(service):

@@ -1,6 +1,7 @@
 """Asynchronous solves: ``POST /v1/plans`` with ``Prefer: respond-async`` (RFC 7240)
-answers 202 with a job (``jobs.py``); GET /v1/solves/{job_id} reports it, and
-GET /v1/solves/{job_id}/events streams it as server-sent events until it ends."""
+answers 202 with a job (``jobs.py``); GET /v1/solves/{job_id} reports it,
+GET /v1/solves/{job_id}/events streams it as server-sent events until it ends, and
+GET /v1/solves/{job_id}/view shows it to people."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
 from planner_service.plan.api import SolveJob
 from planner_service.plan.types import PlanRequest
@@ -20,6 +21,7 @@ from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
 from planner_service.service.responses import JSON
 from planner_service.service.schemas import schema_ref
 from planner_service.service.solving import SolveUnavailableError
+from planner_service.service.view import render_job_page
 
 router = APIRouter(tags=["solves"])
 
@@ -153,6 +155,19 @@ async def _events(jobs: SolveJobs, job: SolveJob, http_request: Request) -> Asyn
             job = await jobs.get(job.job_id) or job
     finally:
         jobs.streams -= 1
+
+
+@router.get(
+    "/v1/solves/{job_id}/view",
+    dependencies=[Depends(reader)],
+    response_class=HTMLResponse,
+    responses={404: {"description": "no such job", **PROBLEM_CONTENT}},
+)
+async def view_solve(job_id: JobId, jobs: Jobs) -> HTMLResponse:
+    """A page for people: the job's status and progress, reloaded every 2 s while it runs
+    (no scripts), then the plan's page once it is done."""
+    job = await _job(jobs, job_id)
+    return HTMLResponse(render_job_page(job), headers={"Cache-Control": "no-store"})
 
 
 async def _job(jobs: SolveJobs, job_id: str) -> SolveJob:
