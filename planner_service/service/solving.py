@@ -359,9 +359,6 @@ class SolvePool:
                 self.retry_after_s(),
             )
 
-    def in_flight(self, key: str) -> bool:
-        return key in self._in_flight
-
     def progress(self, key: str) -> SolveState | None:
         """Where the solve of ``key`` is, while it is in flight."""
         job = self._jobs.get(key)
