@@ -356,3 +356,12 @@ def test_the_service_replans_from_a_stored_plan(service):
         assert unknown.status_code == 422, unknown.text
         body = unknown.json()
         assert "options.previous_plan_id" in unknown.text and "f" * 64 in body["detail"]
+        # asked for as a job, the same: refused at once, no job made
+        queued = http.post("/v1/plans", json=second, headers={"Prefer": "respond-async"})
+        assert queued.status_code == 422, queued.text
+        assert "options.previous_plan_id" in queued.text
+        # and a job re-planning from a stored plan ends with the plan the sync POST gave
+        second["options"]["previous_plan_id"] = old.plan_id
+        job = http.post("/v1/plans", json=second, headers={"Prefer": "respond-async"})
+        assert job.status_code == 202, job.text
+        assert job.json()["status"] == "done" and job.json()["plan_id"] == plan.plan_id

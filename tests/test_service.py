@@ -572,6 +572,14 @@ def test_writes_need_a_bearer_token(secured):
         )
         assert wrong_put.status_code == 403
         assert http.put(f"/v1/plans/{imported_id}", json=body, headers=good).status_code == 201
+        # An async solve is a write too; reading its job is a read.
+        async_missing = http.post("/v1/plans", json=document, headers={"Prefer": "respond-async"})
+        assert async_missing.status_code == 401
+        accepted = http.post(
+            "/v1/plans", json=document, headers={**good, "Prefer": "respond-async"}
+        )
+        assert accepted.status_code == 202 and accepted.json()["plan_id"] == plan_id
+        assert http.get(accepted.headers["location"]).json()["status"] == "done"
         # Reads stay open by default.
         assert http.get(f"/v1/plans/{plan_id}").status_code == 200
         assert http.get("/v1/aliases/p").status_code == 200
@@ -603,6 +611,12 @@ def test_protected_reads_need_a_token_too(read_protected):
         assert http.post("/v1/check", json=small_request("pr")).status_code == 401
         assert http.get("/v1/plans").status_code == 401
         assert http.get("/v1/aliases").status_code == 401
+        accepted = http.post(
+            "/v1/plans", json=small_request("pr"), headers={**good, "Prefer": "respond-async"}
+        )
+        job = accepted.headers["location"]
+        assert http.get(job).status_code == http.get(f"{job}/events").status_code == 401
+        assert http.get(job, headers=good).json()["plan_id"] == plan_id
         assert http.get("/v1/plans", headers=good).json()["plans"][0]["plan_id"] == plan_id
         assert http.get("/healthz").status_code == 200  # probes stay open
 

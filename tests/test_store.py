@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from contextlib import closing
@@ -9,7 +10,12 @@ from contextlib import closing
 import pytest
 
 from planner_service.plan.api import PlanSummary
-from planner_service.service.store import StoreUnavailableError, UnknownPlanError, open_store
+from planner_service.service.store import (
+    NewSolve,
+    StoreUnavailableError,
+    UnknownPlanError,
+    open_store,
+)
 
 SUMMARY = PlanSummary(world_size=2, num_tables=1, objective=1.5, status="optimal")
 
@@ -213,5 +219,92 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
         )
         assert listed.planner_version == "v0"
         assert opened.get_plan("d" * 64).plan == plan
+        # ... and the solves table that async jobs need.
+        assert opened.get_solve("j" * 64) is None
+        assert opened.claim_solve(
+            "j" * 64, owner="a", now="1", stale_before="0", max_attempts=3, new=_new_solve()
+        )[1]
     finally:
         opened.close()
+
+
+# --------------------------------------------------------------------------- solves (jobs)
+
+
+def _new_solve(job_id: str = "j" * 64) -> NewSolve:
+    return NewSolve(job_id, "r" * 64, "v1", b'{"req":1}', 5.0)
+
+
+def _claim(store, owner: str, now: str, stale_before: str, new=None, max_attempts: int = 3):
+    return store.claim_solve(
+        "j" * 64, owner=owner, now=now, stale_before=stale_before, max_attempts=max_attempts,
+        new=new,
+    )  # fmt: skip
+
+
+def test_a_solve_is_claimed_once_then_taken_over_when_its_lease_lapses(store):
+    row, claimed = _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
+    assert claimed and (row.status, row.owner, row.attempts) == ("queued", "a", 1)
+    assert store.solve_request("j" * 64) == b'{"req":1}'
+    # Asked again while its lease is live: not taken, wherever it is asked.
+    row, claimed = _claim(store, "b", "2026-01-01T00:00:01", "2025", new=_new_solve())
+    assert not claimed and row.owner == "a"
+    assert store.record_progress(
+        "j" * 64, "a", running=True, stage="cp-sat", objective=2.0, bound=1.5,
+        started_at="2026-01-01T00:00:01", now="2026-01-01T00:00:02",
+    )  # fmt: skip
+    running = store.get_solve("j" * 64)
+    assert (running.status, running.stage, running.objective, running.lower_bound) == (
+        "running", "cp-sat", 2.0, 1.5,
+    )  # fmt: skip
+    assert store.lapsed_solves("2026-01-01T00:00:02", 10) == []
+    assert store.lapsed_solves("2026-01-01T00:00:03", 10) == ["j" * 64]
+    # Lapsed: b takes it over; a can no longer record progress on it.
+    row, claimed = _claim(store, "b", "2026-01-01T00:01:00", "2026-01-01T00:00:03")
+    assert claimed and (row.status, row.owner, row.attempts, row.stage) == ("queued", "b", 2, None)
+    assert not store.record_progress(
+        "j" * 64, "a", running=True, stage="x", objective=None, bound=None, started_at=None,
+        now="2026-01-01T00:01:01",
+    )  # fmt: skip
+    store.end_solve(
+        "j" * 64, "done", plan_id="p" * 64, problem=None, progress=("cp-sat", 1.9, 1.6),
+        now="2026-01-01T00:01:05",
+    )  # fmt: skip
+    done = store.get_solve("j" * 64)
+    assert (done.status, done.plan_id, done.objective, done.active) == (
+        "done",
+        "p" * 64,
+        1.9,
+        False,
+    )
+    assert store.lapsed_solves("9999", 10) == []
+    row, claimed = _claim(store, "c", "2026-01-02", "9999", new=_new_solve())
+    assert not claimed and row.status == "done"
+
+
+def test_a_failed_solve_is_claimed_again_and_a_lapsing_one_gives_up(store):
+    _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
+    store.end_solve("j" * 64, "failed", plan_id=None, problem=b'{"status": 503}', now="2026-01-01")
+    failed = store.get_solve("j" * 64)
+    assert failed.problem == b'{"status": 503}'
+    row, claimed = _claim(store, "b", "2026-01-02", "2025", new=_new_solve())
+    assert claimed and (row.status, row.attempts, row.problem) == ("queued", 1, None)
+    # Its process stops before it ends, again and again: after max_attempts it fails.
+    for attempt in (2, 3):
+        row, claimed = _claim(store, "c", f"2026-01-0{attempt + 1}", "9999")
+        assert claimed and row.attempts == attempt
+    row, claimed = _claim(store, "c", "2026-01-05", "9999")
+    assert not claimed and row.status == "failed"
+    assert json.loads(row.problem)["title"] == "Solve abandoned"
+
+
+def test_released_solves_lapse_at_once_and_done_solves_are_recorded_as_done(store):
+    _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
+    store.renew_solves("a", "2026-01-01T00:05:00")
+    assert store.get_solve("j" * 64).heartbeat_at == "2026-01-01T00:05:00"
+    store.release_solves("a")
+    assert store.lapsed_solves("0", 10) == ["j" * 64]  # before any time at all
+    done = store.add_done_solve(_new_solve("k" * 64), "p" * 64, "2026-01-01")
+    assert (done.status, done.plan_id, done.attempts) == ("done", "p" * 64, 0)
+    marked = store.add_done_solve(_new_solve(), "q" * 64, "2026-01-02")
+    assert (marked.status, marked.plan_id) == ("done", "q" * 64)

@@ -18,6 +18,7 @@ from clients.cli.request import add_request_arguments, read_request
 
 if TYPE_CHECKING:
     from clients.http import PlannerClient
+    from planner_service.plan.api import SolveJob
     from planner_service.plan.types import Infeasibility, PlanRequest, ShardingPlan
 
 
@@ -52,8 +53,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_server_arguments(
         parser,
-        server_help="solve on this planner service (POST /v1/plans, which stores the plan) "
-        "instead of here: needs no OR-Tools; the same output and exit codes",
+        server_help="solve on this planner service (POST /v1/plans as an async job, which "
+        "stores the plan; progress from its event stream) instead of here: needs no "
+        "OR-Tools; the same output and exit codes",
     )
     parser.set_defaults(command=run)
 
@@ -139,21 +141,33 @@ def _solve_here(request: PlanRequest) -> Solved:
 
 
 def _solve_on(client: PlannerClient, request: PlanRequest) -> Solved:
-    """The service's plan; the bytes each rank buffers are recomputed from its shards, as
-    the validator prices them (the same estimates the solver used)."""
-    from clients.cli.plan_source import ServiceSource
+    """The service's plan, solved as an async job whose event stream feeds the progress
+    line (so no connection is held for the whole solve, and a restarted service resumes
+    it); the bytes each rank buffers are recomputed from its shards, as the validator
+    prices them (the same estimates the solver used)."""
+    from clients.http import NoPlanFound
     from planner_service.validate.usage import rank_usage
 
     start = time.monotonic()
     with ProgressLine() as progress:
-        answer = ServiceSource(client)(request, on_progress=progress.update)
+        progress.update(f"on {client.base_url}", None, None)
+
+        def report(job: SolveJob) -> None:
+            stage = job.stage or job.status.value
+            progress.update(f"{stage} on {client.base_url}", job.objective, job.lower_bound)
+
+        infeasibility: Infeasibility | None = None
+        try:
+            plan = client.wait_for_plan(request, on_progress=report)
+        except NoPlanFound as none:
+            plan, infeasibility = None, none.infeasibility
     wall_time_s = time.monotonic() - start
     where = f" on {client.base_url} (round trip)"
-    if answer.plan is None:
-        return Solved(None, answer.infeasibility, [], wall_time_s, where)
-    usage = rank_usage(request, answer.plan.tables)
+    if plan is None:
+        return Solved(None, infeasibility, [], wall_time_s, where)
+    usage = rank_usage(request, plan.tables)
     io = usage.io_bytes(request.topology.world_size)
-    return Solved(answer.plan, None, io, wall_time_s, where)
+    return Solved(plan, None, io, wall_time_s, where)
 
 
 class ProgressLine:

@@ -17,6 +17,9 @@
   alias is answered from it only with ``allow_stale_alias=True``, and says so
   (``Resolved.stale``; ``cache.py``).
 - Errors: one hierarchy under ``PlannerError`` (``errors.py``).
+- Long solves: ``wait_for_plan`` submits an async job (``Prefer: respond-async``) and
+  follows its server-sent events, reconnecting through a restart; ``submit_plan``,
+  ``get_solve`` and ``watch_solve`` are its steps.
 """
 
 from __future__ import annotations

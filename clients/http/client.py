@@ -6,16 +6,33 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
 import httpx
 
-from clients.http.core import Call, Core, Imported, Operation, Outcome, Resolved, Step, cache_for
+from clients.http.core import (
+    Call,
+    Core,
+    EventDecoder,
+    Imported,
+    Operation,
+    Outcome,
+    Resolved,
+    Step,
+    cache_for,
+)
 from clients.http.retry import RetryPolicy
 from planner_service import __version__
-from planner_service.plan.api import AliasPage, AliasRecord, CheckResult, PlanPage, ValidateResult
+from planner_service.plan.api import (
+    AliasPage,
+    AliasRecord,
+    CheckResult,
+    PlanPage,
+    SolveJob,
+    ValidateResult,
+)
 from planner_service.plan.types import PlanRequest, ShardingPlan
 
 T = TypeVar("T")
@@ -29,6 +46,12 @@ DEFAULT_RETRIES = 4
 Request = PlanRequest | Mapping[str, Any]
 Plan = ShardingPlan | Mapping[str, Any]
 PathLike = str | os.PathLike[str]
+OnProgress = Callable[[SolveJob], None]
+EVENT_STREAM = "text/event-stream"
+
+
+class _StreamEnded(httpx.RemoteProtocolError):
+    """An event stream that closed before its job ended: reconnect, as after a reset."""
 
 
 class _Client(Generic[TransportT, HttpT]):
@@ -91,6 +114,61 @@ class PlannerClient(_Client[httpx.BaseTransport, httpx.Client]):
         """POST /v1/plans: the plan for ``request``, solved now or already stored. The
         plan must answer this request (its ``request_hash``)."""
         return self._run(self._core.create_plan(request))
+
+    def submit_plan(self, request: Request) -> SolveJob:
+        """POST /v1/plans with ``Prefer: respond-async``: the solve's job at once (202),
+        done already when the plan is stored. Follow it with ``get_solve``,
+        ``watch_solve`` or ``wait_for_plan``."""
+        return self._run(self._core.submit_plan(request))
+
+    def get_solve(self, job_id: str) -> SolveJob:
+        """GET /v1/solves/{job_id}: the job as it is now."""
+        return self._run(self._core.get_solve(job_id))
+
+    def watch_solve(self, job_id: str) -> Iterator[SolveJob]:
+        """GET /v1/solves/{job_id}/events: the job on each change, the last one ended
+        (done, no_plan, failed). A stream that breaks (a restarted service) is reopened
+        with the retry policy's waits; the job goes on meanwhile."""
+        call = Call("GET", self._core.solve_events_path(job_id))
+        started, attempts = time.monotonic(), 0
+        while True:
+            attempts += 1
+            try:
+                with self._http.stream(
+                    "GET", call.path, headers={"accept": EVENT_STREAM}
+                ) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        outcome: httpx.Response | httpx.RequestError = response
+                    else:
+                        decoder = EventDecoder(f"GET {self.base_url}{call.path}")
+                        for line in response.iter_lines():
+                            job = decoder.line(line)
+                            if job is not None:
+                                attempts = 0  # an answer: the failures start over
+                                yield job
+                                if job.status.ended:
+                                    return
+                        outcome = _StreamEnded("the stream ended before the job did")
+            except httpx.RequestError as error:
+                outcome = error
+            time.sleep(self._core.stream_failed(call, outcome, attempts, started))
+
+    def wait_for_plan(
+        self, request: Request, *, on_progress: OnProgress | None = None
+    ) -> ShardingPlan:
+        """``create_plan``'s plan by way of an async solve: submit it, follow its events
+        (``on_progress`` hears each), then fetch the plan. No connection is held for the
+        whole solve, and a service restarted meanwhile resumes the job. Raises what
+        ``create_plan`` would (``NoPlanFound``, ``Overloaded``...)."""
+        job = self.submit_plan(request)
+        if not job.status.ended:
+            for job in self.watch_solve(job.job_id):  # noqa: B020 (the last is the end)
+                if on_progress is not None:
+                    on_progress(job)
+        elif on_progress is not None:
+            on_progress(job)
+        return self._run(self._core.solved_plan(job))
 
     def get_plan(self, plan_id: str) -> ShardingPlan:
         """GET /v1/plans/{plan_id}, or the cache when it holds the plan (plans never
@@ -180,6 +258,54 @@ class AsyncPlannerClient(_Client[httpx.AsyncBaseTransport, httpx.AsyncClient]):
     async def create_plan(self, request: Request) -> ShardingPlan:
         """See ``PlannerClient.create_plan``."""
         return await self._run(self._core.create_plan(request))
+
+    async def submit_plan(self, request: Request) -> SolveJob:
+        """See ``PlannerClient.submit_plan``."""
+        return await self._run(self._core.submit_plan(request))
+
+    async def get_solve(self, job_id: str) -> SolveJob:
+        """See ``PlannerClient.get_solve``."""
+        return await self._run(self._core.get_solve(job_id))
+
+    async def watch_solve(self, job_id: str) -> AsyncIterator[SolveJob]:
+        """See ``PlannerClient.watch_solve``."""
+        call = Call("GET", self._core.solve_events_path(job_id))
+        started, attempts = time.monotonic(), 0
+        while True:
+            attempts += 1
+            try:
+                async with self._http.stream(
+                    "GET", call.path, headers={"accept": EVENT_STREAM}
+                ) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        outcome: httpx.Response | httpx.RequestError = response
+                    else:
+                        decoder = EventDecoder(f"GET {self.base_url}{call.path}")
+                        async for line in response.aiter_lines():
+                            job = decoder.line(line)
+                            if job is not None:
+                                attempts = 0  # an answer: the failures start over
+                                yield job
+                                if job.status.ended:
+                                    return
+                        outcome = _StreamEnded("the stream ended before the job did")
+            except httpx.RequestError as error:
+                outcome = error
+            await asyncio.sleep(self._core.stream_failed(call, outcome, attempts, started))
+
+    async def wait_for_plan(
+        self, request: Request, *, on_progress: OnProgress | None = None
+    ) -> ShardingPlan:
+        """See ``PlannerClient.wait_for_plan``."""
+        job = await self.submit_plan(request)
+        if not job.status.ended:
+            async for job in self.watch_solve(job.job_id):  # noqa: B020 (the last is the end)
+                if on_progress is not None:
+                    on_progress(job)
+        elif on_progress is not None:
+            on_progress(job)
+        return await self._run(self._core.solved_plan(job))
 
     async def get_plan(self, plan_id: str) -> ShardingPlan:
         """See ``PlannerClient.get_plan``."""

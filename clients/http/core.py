@@ -32,7 +32,15 @@ from clients.http.errors import (
 )
 from clients.http.integrity import PLAN_ID, verified_plan
 from clients.http.retry import RetryPolicy, is_retryable, retry_after_s
-from planner_service.plan.api import AliasPage, AliasRecord, CheckResult, PlanPage, ValidateResult
+from planner_service.plan.api import (
+    AliasPage,
+    AliasRecord,
+    CheckResult,
+    PlanPage,
+    SolveJob,
+    SolveJobStatus,
+    ValidateResult,
+)
 from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import PlanRequest, ShardingPlan
@@ -43,6 +51,8 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 ALIAS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+JOB_ID = re.compile(r"[0-9a-f]{64}")
+MAX_EVENT_CHARS = 1 << 20  # one server-sent event's data; more is not a job
 JSON = "application/json"
 
 
@@ -124,6 +134,49 @@ class Core:
             )
         self._keep(plan)
         return plan
+
+    # ------------------------------------------------------------------------ async solves
+
+    def submit_plan(self, request: PlanRequest | Mapping[str, Any]) -> Operation[SolveJob]:
+        """POST /v1/plans with ``Prefer: respond-async``: the solve's job (202)."""
+        body = canonical_bytes(as_request(request))
+        headers = {"content-type": JSON, "prefer": "respond-async"}
+        call = Call("POST", "/v1/plans", body, headers=headers)
+        response = yield from self._exchange(call)
+        if response.status_code != 202:
+            raise UnexpectedResponse(
+                f"POST {self._url(call)}: {response.status_code}, not 202 with a job: the "
+                "service did not honour `Prefer: respond-async` (older than the async API?)"
+            )
+        return self._document(response, call, SolveJob)
+
+    def get_solve(self, job_id: str) -> Operation[SolveJob]:
+        check_job_id(job_id)
+        call = Call("GET", f"/v1/solves/{job_id}")
+        response = yield from self._exchange(call)
+        return self._document(response, call, SolveJob)
+
+    def solve_events_path(self, job_id: str) -> str:
+        check_job_id(job_id)
+        return f"/v1/solves/{job_id}/events"
+
+    def solved_plan(self, job: SolveJob) -> Operation[ShardingPlan]:
+        """An ended job's plan (fetched, verified, and checked to answer the job's
+        request), or its problem raised as the sync POST would have raised it."""
+        url = f"{self.base_url}/v1/solves/{job.job_id}"
+        if job.status is SolveJobStatus.DONE and job.plan_id is not None:
+            plan = yield from self.get_plan(job.plan_id)
+            if plan.request_hash != job.request_hash:
+                raise IntegrityError(
+                    f"GET {url}: its plan {plan.plan_id} answers the request with hash "
+                    f"{plan.request_hash}, not the job's ({job.request_hash})",
+                    expected_plan_id=job.plan_id,
+                    plan_id=plan.plan_id,
+                )
+            return plan
+        if job.problem is not None:
+            raise PlannerHTTPError.from_problem("GET", url, job.problem)
+        raise UnexpectedResponse(f"GET {url}: job {job.status.value} without a plan or problem")
 
     def get_plan(self, plan_id: str) -> Operation[ShardingPlan]:
         check_plan_id(plan_id)
@@ -262,6 +315,29 @@ class Core:
             )  # fmt: skip
             yield Sleep(delay_s)
 
+    def stream_failed(
+        self,
+        call: Call,
+        outcome: httpx.Response | httpx.RequestError,
+        attempts: int,
+        started: float,
+    ) -> float:
+        """An event stream's attempt failed (its answer was not a stream, or the connection
+        broke or ended before the job did): the wait before attempt ``attempts + 1``, or
+        the error to raise, as ``_exchange`` decides for other calls."""
+        if not is_retryable(outcome):
+            self._final(call, outcome)  # raises for errors
+            raise UnexpectedResponse(f"GET {self._url(call)}: not an event stream")
+        error, wait_s = self._failure(outcome)
+        if attempts > self.policy.retries:
+            raise PlannerUnavailable(
+                call.method, self._url(call), attempts=attempts,
+                elapsed_s=time.monotonic() - started, last_error=error,
+            ) from error  # fmt: skip
+        delay_s = self.policy.delay_s(attempts, wait_s)
+        log.info("GET %s: %s; reconnecting in %.2f s", self._url(call), error, delay_s)
+        return delay_s
+
     def _final(self, call: Call, outcome: httpx.Response | httpx.RequestError) -> httpx.Response:
         if isinstance(outcome, httpx.RequestError):
             raise PlannerError(f"{call.method} {self._url(call)}: {outcome}") from outcome
@@ -341,6 +417,47 @@ def check_plan_id(plan_id: str) -> None:
     if not isinstance(plan_id, str) or not PLAN_ID.fullmatch(plan_id):
         message = "must be 64 lowercase hex digits (a plan's sha256 content address)"
         raise InputError("argument", [FieldProblem("plan_id", message, plan_id)])
+
+
+def check_job_id(job_id: str) -> None:
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        message = "must be 64 lowercase hex digits (a solve job's id, from submit_plan)"
+        raise InputError("argument", [FieldProblem("job_id", message, job_id)])
+
+
+class EventDecoder:
+    """Jobs from a job's server-sent event stream (the WHATWG format), line by line:
+    ``line`` returns the job an event holds when a blank line ends it, else None.
+    Comments (keep-alives), ``event``, ``id`` and ``retry`` are skipped; data over
+    ``MAX_EVENT_CHARS``, or data that is not a ``SolveJob``, is ``UnexpectedResponse``."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._data: list[str] = []
+        self._chars = 0
+
+    def line(self, line: str) -> SolveJob | None:
+        if not line:
+            data, self._data, self._chars = "\n".join(self._data), [], 0
+            return self._job(data) if data else None
+        name, _, value = line.partition(":")
+        if name == "data":
+            value = value.removeprefix(" ")
+            self._chars += len(value)
+            if self._chars > MAX_EVENT_CHARS:
+                raise UnexpectedResponse(
+                    f"{self.source}: an event of over {MAX_EVENT_CHARS} characters"
+                )
+            self._data.append(value)
+        return None
+
+    def _job(self, data: str) -> SolveJob:
+        try:
+            return SolveJob.model_validate_json(data)
+        except ValidationError as error:
+            raise UnexpectedResponse(
+                f"{self.source}: an event that is not a SolveJob: {validation_summary(error)}"
+            ) from None
 
 
 def check_alias(name: str) -> None:

@@ -102,6 +102,14 @@ class PlannerHTTPError(PlannerError):
         request = response.request
         return kind(request.method, str(request.url), response.status_code, problem, retry_after_s)
 
+    @classmethod
+    def from_problem(cls, method: str, url: str, problem: dict[str, Any]) -> PlannerHTTPError:
+        """The error a problem document names (an async solve's ``problem``), of the
+        class its ``status`` would have had as a response."""
+        status = problem.get("status")
+        status = status if isinstance(status, int) and 400 <= status < 600 else 500
+        return _class_for(status, problem)(method, url, status, problem, None)
+
 
 class BadRequest(PlannerHTTPError):
     """The input was refused (400, 413, 422...): retrying the same input cannot help.

@@ -9,6 +9,8 @@ service that adds fields.
 from __future__ import annotations
 
 import json
+from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -125,3 +127,48 @@ class PlanPage(_Document):
 
     plans: list[PlanListing]
     next: str | None = Field(description="pass as `after` for the next page; null on the last page")
+
+
+class SolveJobStatus(StrEnum):
+    """Where a job is: ``queued`` (admitted, waiting for a solver process), ``running``,
+    and the ends: ``done`` (``plan_id`` names the stored plan), ``no_plan`` (``problem``
+    says why none exists, with the infeasibility report, as a sync POST's 422) and
+    ``failed`` (``problem``: the solve overran, its process died, or it was abandoned)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    NO_PLAN = "no_plan"
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        return self not in (SolveJobStatus.QUEUED, SolveJobStatus.RUNNING)
+
+
+class SolveJob(_Document):
+    """GET /v1/solves/{job_id} (and each event of its stream): one asynchronous solve.
+
+    The job id is derived from the request's hash and the planner version, so the same
+    request always names the same job (and shares its solve)."""
+
+    job_id: str
+    status: SolveJobStatus
+    request_hash: str
+    planner_version: str
+    stage: str | None = Field(
+        None, description="the solver's stage: enumerate, warm start, packing bound, cp-sat"
+    )
+    objective: float | None = Field(None, description="the best plan's objective so far, ms")
+    lower_bound: float | None = Field(None, description="the best lower bound so far, ms")
+    gap: float | None = Field(None, description="(objective - lower_bound) / objective")
+    elapsed_s: float | None = Field(None, description="since a solver process took it")
+    time_limit_s: float
+    attempts: int = Field(description="times a service process started it (resumed: > 1)")
+    created_at: str = Field(description="ISO 8601, UTC")
+    updated_at: str = Field(description="ISO 8601, UTC")
+    plan_id: str | None = Field(None, description="when done: the stored plan")
+    plan_url: str | None = Field(None, description="when done: /v1/plans/{plan_id}")
+    problem: dict[str, Any] | None = Field(
+        None, description="when no_plan or failed: the RFC 9457 problem a sync POST answers"
+    )

@@ -7,13 +7,17 @@ environment (see ``settings.py``).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 
 from planner_service import __version__
+from planner_service.service.jobs import SolveJobs
 from planner_service.service.limits import BodyLimitMiddleware
 from planner_service.service.metrics import QUEUE_DEPTH, SOLVE_SECONDS, MetricsMiddleware
 from planner_service.service.problems import COMMON_PROBLEMS, add_exception_handlers
-from planner_service.service.routes import aliases, check, health, plans, validate
+from planner_service.service.routes import aliases, check, health, plans, solves, validate
 from planner_service.service.schemas import document_raw_bodies
 from planner_service.service.settings import Settings
 from planner_service.service.solving import SolvePool
@@ -22,24 +26,38 @@ from planner_service.service.state import PlanCache, ServiceState
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    jobs: SolveJobs | None = None
     pool = SolvePool(
         settings.solve_workers,
         settings.solve_queue,
         grace_s=settings.solve_grace_s,
         on_depth=QUEUE_DEPTH.set,
         on_failure=lambda outcome, seconds: SOLVE_SECONDS.labels(outcome).observe(seconds),
+        on_progress=lambda key: jobs.on_progress(key) if jobs else None,
     )
     state = ServiceState(settings=settings, pool=pool, cache=PlanCache(settings.cache_bytes))
+    jobs = SolveJobs(state)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        assert jobs is not None
+        async with state.running():
+            jobs.start()
+            yield
+            await jobs.stop()
+
     app = FastAPI(
         title="shardplan planner",
         version=__version__,
         description="Plans embedding-table sharding for DLRM-style models and serves the plans.",
-        lifespan=lambda _: state.running(),
+        lifespan=lifespan,
         responses=COMMON_PROBLEMS,
     )
     app.state.service = state
-    for router in (health.router, plans.router, aliases.router, check.router, validate.router):
-        app.include_router(router)
+    app.state.jobs = jobs
+    routers = (health, plans, solves, aliases, check, validate)
+    for module in routers:
+        app.include_router(module.router)
     add_exception_handlers(app)
     document_raw_bodies(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
+from planner_service.service.jobs import SolveJobs
 from planner_service.service.problems import ProblemError
 from planner_service.service.settings import Settings
 from planner_service.service.state import ServiceState
@@ -19,6 +20,11 @@ PLAN_ID_PATTERN = r"^[0-9a-f]{64}$"
 def state_of(request: Request) -> ServiceState:
     state: ServiceState = request.app.state.service
     return state
+
+
+def jobs_of(request: Request) -> SolveJobs:
+    jobs: SolveJobs = request.app.state.jobs
+    return jobs
 
 
 def writer(request: Request) -> str:
@@ -58,6 +64,7 @@ def _bearer_identity(request: Request, settings: Settings) -> str:
 
 
 State = Annotated[ServiceState, Depends(state_of)]
+Jobs = Annotated[SolveJobs, Depends(jobs_of)]
 Writer = Annotated[str, Depends(writer)]
 PlanId = Annotated[
     str, Path(pattern=PLAN_ID_PATTERN, description="a plan's content address (sha256, hex)")

@@ -107,14 +107,14 @@ async def _solve(
     except SolveUnavailableError as error:
         if isinstance(error, PoolFullError):
             metrics.REJECTED.inc()
-        raise _unavailable(error) from None
+        raise unavailable(error) from None
     except asyncio.CancelledError:
         # uvicorn cancels the requests still running when its graceful shutdown period
         # ends, and the pool kills their solves next: say so, rather than uvicorn's bare 500.
-        raise _unavailable(ShuttingDownError()) from None
+        raise unavailable(ShuttingDownError()) from None
 
 
-def _unavailable(error: SolveUnavailableError) -> ProblemError:
+def unavailable(error: SolveUnavailableError) -> ProblemError:
     return ProblemError(
         503,
         f"{error}; retry in {error.retry_after_s} s",

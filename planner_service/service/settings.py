@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     # before it stops its solver processes; at least max_time_limit_s + solve_grace_s lets
     # every admitted solve finish.
     shutdown_grace_s: float = Field(10.0, ge=0.0, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
+    # An async solve's job whose process has not renewed its lease for this long is taken
+    # over by another service process (jobs.py); renewed every third of it.
+    job_lease_s: float = Field(15.0, ge=0.5, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
+    # Server-sent event streams (GET /v1/solves/{id}/events) open at once per HTTP worker.
+    max_event_streams: int = Field(100, ge=1)
 
     @property
     def auth_enabled(self) -> bool:

@@ -13,6 +13,9 @@ one job at a time over its own pipe; the event loop only awaits them.
   solver is meant to stop at its time limit; the service does not depend on it.
   (``ProcessPoolExecutor``, used before, cannot kill one task.)
 - A solver process that dies (the OOM killer, a crash) is replaced: ``SolverDiedError``.
+- Progress: the solver's ``on_progress`` reports (stage, best objective, bound) travel
+  back over the same pipe, at most one per ``PROGRESS_INTERVAL_S`` (and each new stage),
+  and ``progress(key)`` tells where a solve in flight is; ``on_progress`` hears the key.
 - No orphans: each solver process asks the kernel to SIGKILL it when the thread that
   started it ends (``PR_SET_PDEATHSIG``), so it dies with the service however the service
   ends, and an idle one also exits when its pipe closes. Processes are started only on
@@ -32,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -49,6 +53,27 @@ READY = "ready"  # a solver process's first message: warm, waiting for a job
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 RESPAWN_DELAY_S = 1.0  # before replacing a process that died before it was ready
 RECENT_SOLVES = 32
+PROGRESS_INTERVAL_S = 0.5  # a solver process reports progress at most this often
+
+
+@dataclass(frozen=True)
+class SolveProgress:
+    """Where a solve is: the solver's stage, its best objective and best lower bound so far
+    (ms; None until known)."""
+
+    stage: str
+    objective: float | None
+    bound: float | None
+
+
+@dataclass(frozen=True)
+class SolveState:
+    """A solve in flight: ``running`` once a solver process took it (else waiting), for
+    ``elapsed_s`` seconds, and the last progress its process reported."""
+
+    running: bool
+    elapsed_s: float
+    progress: SolveProgress | None
 
 
 @dataclass(frozen=True)
@@ -140,23 +165,52 @@ def run_solver_process(connection: Connection, service_pid: int) -> None:
         connection.send(READY)
         while True:
             document = connection.recv_bytes()
-            connection.send(_solve_safely(document))
+            reporter = _ProgressReporter(connection)
+            result = _solve_safely(document, reporter.report)
+            with reporter.lock:
+                connection.send(result)
 
 
-def _solve_safely(request_document: bytes) -> SolveResult | _SolverCrash:
+class _ProgressReporter:
+    """The solver's ``on_progress`` in a solver process: sends each new stage, and otherwise
+    at most one report per ``PROGRESS_INTERVAL_S``, to the service. CP-SAT calls it from
+    its own thread, hence the lock. Reporting never changes what the solver does."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.lock = threading.Lock()
+        self._stage: str | None = None
+        self._sent = -math.inf
+
+    def report(self, stage: str, objective: float | None, bound: float | None) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if stage == self._stage and now - self._sent < PROGRESS_INTERVAL_S:
+                return
+            self._stage, self._sent = stage, now
+            with contextlib.suppress(OSError, ValueError):
+                self.connection.send(SolveProgress(stage, objective, bound))
+
+
+def _solve_safely(
+    request_document: bytes, on_progress: Callable[[str, float | None, float | None], None]
+) -> SolveResult | _SolverCrash:
     try:
-        return solve_document(request_document)
+        return solve_document(request_document, on_progress)
     except Exception:
         return _SolverCrash(traceback.format_exc())
 
 
-def solve_document(request_document: bytes) -> SolveResult:
+def solve_document(
+    request_document: bytes,
+    on_progress: Callable[[str, float | None, float | None], None] | None = None,
+) -> SolveResult:
     """Runs in a solver process: parse (already validated by the API) and solve."""
     from planner_service.plan.codec import parse_request, plan_bytes
     from planner_service.solve.pipeline import solve
 
     request = parse_request(request_document)
-    outcome = solve(request)
+    outcome = solve(request, on_progress=on_progress)
     if outcome.plan is not None:
         plan = outcome.plan
         return SolveResult(
@@ -172,11 +226,13 @@ def solve_document(request_document: bytes) -> SolveResult:
 
 @dataclass(eq=False)
 class _Job:
+    key: str
     document: bytes
     time_limit_s: float
     done: asyncio.Future[SolveResult]
     started: float = 0.0  # event-loop time when a solver process took it
     deadline: float = math.inf  # started + time limit + grace: killed past this
+    progress: SolveProgress | None = None  # the last its solver process reported
 
 
 @dataclass(eq=False)
@@ -206,7 +262,8 @@ class SolvePool:
     """``workers`` solver processes and room for ``queue`` waiting solves; a solve is
     killed ``grace_s`` past its time limit. ``on_depth`` hears the number of solves
     admitted, ``on_failure`` each solve that overran or whose process died (with its
-    seconds). Call ``start`` and everything else on the event loop's thread."""
+    seconds), ``on_progress`` the key of each solve that started or reported progress.
+    Call ``start`` and everything else on the event loop's thread."""
 
     def __init__(
         self,
@@ -216,12 +273,15 @@ class SolvePool:
         grace_s: float,
         on_depth: Callable[[int], None] | None = None,
         on_failure: Callable[[str, float], None] | None = None,
+        on_progress: Callable[[str], None] | None = None,
     ) -> None:
         self.workers = workers
         self.queue = queue
         self.grace_s = grace_s
         self._on_depth = on_depth or (lambda depth: None)
         self._on_failure = on_failure or (lambda outcome, elapsed_s: None)
+        self._on_progress = on_progress or (lambda key: None)
+        self._jobs: dict[str, _Job] = {}  # by key, while in flight
         self._solvers: list[_Solver] = []
         self._waiting: deque[_Job] = deque()
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
@@ -281,32 +341,52 @@ class SolvePool:
         task = self._in_flight.get(key)
         if task is not None:
             return await asyncio.shield(task), True
-        if self.depth >= self.capacity:
-            raise PoolFullError(
-                f"all {self.workers} solver process(es) are busy and the queue of "
-                f"{self.queue} is full",
-                self.retry_after_s(),
-            )
+        self.admit(key)
         self.start()
-        task = asyncio.create_task(self._run(request_document, time_limit_s, finish))
+        task = asyncio.create_task(self._run(key, request_document, time_limit_s, finish))
         self._in_flight[key] = task
         self._on_depth(self.depth)
         task.add_done_callback(lambda done: self._finished(key, done))
         return await asyncio.shield(task), False
 
+    def admit(self, key: str) -> None:
+        """Raise ``PoolFullError`` unless a solve of ``key`` would be admitted now (or
+        joins the one in flight)."""
+        if key not in self._in_flight and self.depth >= self.capacity:
+            raise PoolFullError(
+                f"all {self.workers} solver process(es) are busy and the queue of "
+                f"{self.queue} is full",
+                self.retry_after_s(),
+            )
+
+    def progress(self, key: str) -> SolveState | None:
+        """Where the solve of ``key`` is, while it is in flight."""
+        job = self._jobs.get(key)
+        if job is None or self._loop is None:
+            return None
+        running = job.started > 0
+        elapsed_s = self._loop.time() - job.started if running else 0.0
+        return SolveState(running, elapsed_s, job.progress)
+
     def _finished(self, key: str, task: asyncio.Task[Any]) -> None:
         self._in_flight.pop(key, None)
+        self._jobs.pop(key, None)
         self._on_depth(self.depth)
         if not task.cancelled():
             task.exception()  # retrieved, even when every caller has gone away
 
     async def _run(
-        self, request_document: bytes, time_limit_s: float, finish: Callable[[SolveResult], T]
+        self,
+        key: str,
+        request_document: bytes,
+        time_limit_s: float,
+        finish: Callable[[SolveResult], T],
     ) -> T:
         if self._closed:
             raise ShuttingDownError()
         assert self._loop is not None
-        job = _Job(request_document, time_limit_s, self._loop.create_future())
+        job = _Job(key, request_document, time_limit_s, self._loop.create_future())
+        self._jobs[key] = job
         self._waiting.append(job)
         self._dispatch()
         result = await job.done
@@ -391,6 +471,11 @@ class SolvePool:
     def _received(self, solver: _Solver, message: Any) -> None:
         assert self._loop is not None
         if solver.retired:
+            return
+        if isinstance(message, SolveProgress):
+            if solver.job is not None:
+                solver.job.progress = message
+                self._on_progress(solver.job.key)
             return
         if message == READY:
             solver.ready = True
@@ -506,6 +591,7 @@ class SolvePool:
         solver.watchdog = self._loop.call_at(job.deadline, self._overran, solver)
         with contextlib.suppress(OSError):  # the process is gone: its exit answers the job
             solver.connection.send_bytes(job.document)
+        self._on_progress(job.key)
 
     def _unassign(self, solver: _Solver) -> _Job | None:
         if solver.watchdog is not None:

@@ -11,12 +11,18 @@ updated or deleted. ``put_plan`` returns only after the commit, so a plan the AP
 as stored is durable. Aliases are the one mutable thing; every change is appended to
 ``alias_history`` in the same transaction as the alias itself.
 
+Solves asked for with ``Prefer: respond-async`` are rows of ``solves`` (one per job id:
+the request, its status and progress, and the lease of the service process running it,
+renewed while it runs), so that a job outlives the process that started it: a row still
+queued or running whose lease has lapsed is taken over (``claim_solve``) and solved again.
+
 Lists are pages in a fixed order with a keyset cursor (the last row's sort key), so a page
 costs the same however deep it is and rows stored meanwhile neither repeat nor shift it.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
@@ -62,6 +68,26 @@ CREATE TABLE IF NOT EXISTS alias_history (
     changed_at TEXT NOT NULL,
     PRIMARY KEY (name, version)
 );
+CREATE TABLE IF NOT EXISTS solves (
+    job_id TEXT PRIMARY KEY,
+    request_hash TEXT NOT NULL,
+    planner_version TEXT NOT NULL,
+    request BLOB NOT NULL,
+    time_limit_s DOUBLE PRECISION NOT NULL,
+    status TEXT NOT NULL,
+    stage TEXT,
+    objective DOUBLE PRECISION,
+    lower_bound DOUBLE PRECISION,
+    attempts INTEGER NOT NULL,
+    owner TEXT,
+    heartbeat_at TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    started_at TEXT,
+    updated_at TEXT NOT NULL,
+    plan_id TEXT,
+    problem BLOB
+);
+CREATE INDEX IF NOT EXISTS solves_by_heartbeat ON solves (status, heartbeat_at);
 """
 # Added after the first release: stores made before gain them (NULL), then are backfilled.
 _SUMMARY_COLUMNS = {
@@ -92,6 +118,59 @@ class AliasChange:
     actor: str
     comment: str | None
     changed_at: str
+
+
+ACTIVE_SOLVES = ("queued", "running")
+SOLVE_COLUMNS = (
+    "job_id, request_hash, planner_version, time_limit_s, status, stage, objective, "
+    "lower_bound, attempts, owner, heartbeat_at, created_at, started_at, updated_at, "
+    "plan_id, problem"
+)
+
+
+@dataclass(frozen=True)
+class StoredSolve:
+    """A row of ``solves`` without its request: a job's state as last recorded."""
+
+    job_id: str
+    request_hash: str
+    planner_version: str
+    time_limit_s: float
+    status: str  # queued, running (ACTIVE_SOLVES), done, no_plan, failed
+    stage: str | None
+    objective: float | None
+    lower_bound: float | None
+    attempts: int
+    owner: str | None
+    heartbeat_at: str
+    created_at: str
+    started_at: str | None
+    updated_at: str
+    plan_id: str | None
+    problem: bytes | None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_SOLVES
+
+
+@dataclass(frozen=True)
+class NewSolve:
+    """What a job is made of when it is first asked for."""
+
+    job_id: str
+    request_hash: str
+    planner_version: str
+    request: bytes
+    time_limit_s: float
+
+
+def _solve_row(row: Sequence[Any]) -> StoredSolve:
+    problem = None if row[15] is None else bytes(row[15])
+    return StoredSolve(
+        row[0], row[1], row[2], float(row[3]), row[4], row[5], row[6], row[7], int(row[8]),
+        row[9], row[10], row[11], row[12], row[13], row[14], problem,
+    )  # fmt: skip
 
 
 class UnknownPlanError(LookupError):
@@ -288,6 +367,207 @@ class PlanStore(ABC):
         """Serialise concurrent changes of one alias (SQLite's BEGIN IMMEDIATE already does)."""
         del cursor, name
 
+    # --------------------------------------------------------------- solves (jobs)
+
+    for_update = ""  # row locks inside a write transaction (SQLite's BEGIN IMMEDIATE locks all)
+
+    def get_solve(self, job_id: str) -> StoredSolve | None:
+        with self._transaction() as cursor:
+            cursor.execute(
+                self._sql(f"SELECT {SOLVE_COLUMNS} FROM solves WHERE job_id = ?"), (job_id,)
+            )
+            row = cursor.fetchone()
+        return None if row is None else _solve_row(row)
+
+    def solve_request(self, job_id: str) -> bytes | None:
+        with self._transaction() as cursor:
+            cursor.execute(self._sql("SELECT request FROM solves WHERE job_id = ?"), (job_id,))
+            row = cursor.fetchone()
+        return None if row is None else bytes(row[0])
+
+    def claim_solve(
+        self,
+        job_id: str,
+        *,
+        owner: str,
+        now: str,
+        stale_before: str,
+        max_attempts: int,
+        new: NewSolve | None = None,
+    ) -> tuple[StoredSolve | None, bool]:
+        """Take job ``job_id`` for ``owner`` to solve, and say whether it was taken: a new
+        job (``new``, inserted), one queued or running whose lease lapsed (heartbeat
+        before ``stale_before``: its process is gone), or one that failed (asked for
+        again). Not taken: done, no plan, or running with a live lease. A lapsed job that
+        already had ``max_attempts`` fails instead (``gave up`` problem). The row as it
+        stands after this, None when there is no such job."""
+        with self._transaction(write=True) as cursor:
+            if new is not None:
+                cursor.execute(
+                    self._sql(
+                        "INSERT INTO solves (job_id, request_hash, planner_version, request, "
+                        "time_limit_s, status, attempts, owner, heartbeat_at, created_at, "
+                        "updated_at) VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?, ?) "
+                        "ON CONFLICT (job_id) DO NOTHING"
+                    ),
+                    (new.job_id, new.request_hash, new.planner_version, new.request,
+                     new.time_limit_s, owner, now, now, now),
+                )  # fmt: skip
+                inserted = cursor.rowcount == 1
+            else:
+                inserted = False
+            cursor.execute(
+                self._sql(f"SELECT {SOLVE_COLUMNS} FROM solves WHERE job_id = ?{self.for_update}"),
+                (job_id,),
+            )
+            row = cursor.fetchone()
+            if row is None or inserted:
+                return (None if row is None else _solve_row(row)), inserted
+            stored = _solve_row(row)
+            lapsed = stored.active and stored.heartbeat_at < stale_before
+            if lapsed and stored.attempts >= max_attempts:
+                self._end_solve(cursor, job_id, "failed", None, _gave_up(stored), now)
+            elif lapsed or stored.status == "failed":
+                attempts = stored.attempts + 1 if lapsed else 1
+                cursor.execute(
+                    self._sql(
+                        "UPDATE solves SET status = 'queued', stage = NULL, objective = NULL, "
+                        "lower_bound = NULL, attempts = ?, owner = ?, heartbeat_at = ?, "
+                        "started_at = NULL, updated_at = ?, problem = NULL WHERE job_id = ?"
+                    ),
+                    (attempts, owner, now, now, job_id),
+                )
+            else:
+                return stored, False
+            cursor.execute(
+                self._sql(f"SELECT {SOLVE_COLUMNS} FROM solves WHERE job_id = ?"), (job_id,)
+            )
+            after = _solve_row(cursor.fetchone())
+        return after, after.status == "queued"
+
+    def add_done_solve(self, new: NewSolve, plan_id: str, now: str) -> StoredSolve:
+        """A job for a request whose plan is stored already: done at once (a job that
+        exists keeps its row, and is marked done)."""
+        with self._transaction(write=True) as cursor:
+            cursor.execute(
+                self._sql(
+                    "INSERT INTO solves (job_id, request_hash, planner_version, request, "
+                    "time_limit_s, status, attempts, heartbeat_at, created_at, updated_at, "
+                    "plan_id) VALUES (?, ?, ?, ?, ?, 'done', 0, ?, ?, ?, ?) "
+                    "ON CONFLICT (job_id) DO UPDATE SET status = 'done', "
+                    "plan_id = excluded.plan_id, problem = NULL, "
+                    "updated_at = excluded.updated_at WHERE solves.status <> 'done'"
+                ),
+                (new.job_id, new.request_hash, new.planner_version, new.request,
+                 new.time_limit_s, now, now, now, plan_id),
+            )  # fmt: skip
+            cursor.execute(
+                self._sql(f"SELECT {SOLVE_COLUMNS} FROM solves WHERE job_id = ?"), (new.job_id,)
+            )
+            return _solve_row(cursor.fetchone())
+
+    def lapsed_solves(self, stale_before: str, limit: int) -> list[str]:
+        """Ids of up to ``limit`` jobs queued or running whose lease lapsed, oldest first."""
+        with self._transaction() as cursor:
+            cursor.execute(
+                self._sql(
+                    "SELECT job_id FROM solves WHERE status IN ('queued', 'running') "
+                    "AND heartbeat_at < ? ORDER BY heartbeat_at, job_id LIMIT ?"
+                ),
+                (stale_before, limit),
+            )
+            return [str(row[0]) for row in cursor.fetchall()]
+
+    def record_progress(
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        running: bool,
+        stage: str | None,
+        objective: float | None,
+        bound: float | None,
+        started_at: str | None,
+        now: str,
+    ) -> bool:
+        """Record how far ``owner``'s solve of the job got, renewing its lease; False when
+        the job is no longer ``owner``'s to run (taken over, or ended)."""
+        with self._transaction(write=True) as cursor:
+            cursor.execute(
+                self._sql(
+                    "UPDATE solves SET status = ?, stage = ?, objective = ?, lower_bound = ?, "
+                    "started_at = COALESCE(started_at, ?), heartbeat_at = ?, updated_at = ? "
+                    "WHERE job_id = ? AND owner = ? AND status IN ('queued', 'running')"
+                ),
+                ("running" if running else "queued", stage, objective, bound, started_at,
+                 now, now, job_id, owner),
+            )  # fmt: skip
+            return bool(cursor.rowcount == 1)
+
+    def end_solve(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        plan_id: str | None,
+        problem: bytes | None,
+        progress: tuple[str | None, float | None, float | None] = (None, None, None),
+        now: str,
+    ) -> None:
+        """The job ended: ``done`` with its plan, or ``no_plan`` / ``failed`` with the
+        problem document that says why; ``progress`` (stage, objective, lower bound) as it
+        ended, where known."""
+        with self._transaction(write=True) as cursor:
+            self._end_solve(cursor, job_id, status, plan_id, problem, now)
+            cursor.execute(
+                self._sql(
+                    "UPDATE solves SET stage = COALESCE(?, stage), "
+                    "objective = COALESCE(?, objective), "
+                    "lower_bound = COALESCE(?, lower_bound) WHERE job_id = ?"
+                ),
+                (*progress, job_id),
+            )
+
+    def _end_solve(
+        self,
+        cursor: Any,
+        job_id: str,
+        status: str,
+        plan_id: str | None,
+        problem: bytes | None,
+        now: str,
+    ) -> None:
+        cursor.execute(
+            self._sql(
+                "UPDATE solves SET status = ?, plan_id = ?, problem = ?, updated_at = ? "
+                "WHERE job_id = ?"
+            ),
+            (status, plan_id, problem, now, job_id),
+        )
+
+    def renew_solves(self, owner: str, now: str) -> None:
+        """Renew the lease of every job ``owner`` is solving."""
+        with self._transaction(write=True) as cursor:
+            cursor.execute(
+                self._sql(
+                    "UPDATE solves SET heartbeat_at = ? "
+                    "WHERE owner = ? AND status IN ('queued', 'running')"
+                ),
+                (now, owner),
+            )
+
+    def release_solves(self, owner: str) -> None:
+        """Give up ``owner``'s jobs (it is stopping): their leases lapse now, so another
+        process takes them over at once rather than when they would have lapsed."""
+        with self._transaction(write=True) as cursor:
+            cursor.execute(
+                self._sql(
+                    "UPDATE solves SET heartbeat_at = '' "
+                    "WHERE owner = ? AND status IN ('queued', 'running')"
+                ),
+                (owner,),
+            )
+
     def list_aliases(self, *, limit: int, after: str | None = None) -> list[AliasChange]:
         """Up to ``limit`` aliases by name in bytewise order (the same on both databases),
         only names after ``after``; each as the change that set it last."""
@@ -325,6 +605,17 @@ class PlanStore(ABC):
             )
             rows: Sequence[Sequence[Any]] = cursor.fetchall()
         return [_alias_change(row) for row in rows]
+
+
+def _gave_up(stored: StoredSolve) -> bytes:
+    detail = (
+        f"this job was started {stored.attempts} times and each time the service process "
+        "solving it stopped before it ended (restarts, or a crash the request causes); "
+        "it is not resumed again. POST the request again to retry"
+    )
+    return json.dumps(
+        {"type": "about:blank", "title": "Solve abandoned", "status": 503, "detail": detail}
+    ).encode()
 
 
 def _alias_change(row: Sequence[Any]) -> AliasChange:
@@ -399,6 +690,7 @@ class PostgresStore(PlanStore):
         "WHERE table_schema = current_schema() AND table_name = 'plans'"
     )
     bytewise = ' COLLATE "C"'
+    for_update = " FOR UPDATE"
     _SCHEMA_LOCK = 0x5348415244  # pg_advisory_xact_lock key: replicas create the schema once
 
     def __init__(self, url: str, *, max_connections: int = 8) -> None:

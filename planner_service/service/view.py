@@ -1,5 +1,6 @@
-"""The plan page (GET /v1/plans/{plan_id}/view): server-rendered HTML, no scripts, no
-front-end build. Bars are plain ``div``s sized in percent."""
+"""The plan page (GET /v1/plans/{plan_id}/view) and an async solve's page
+(GET /v1/solves/{job_id}/view): server-rendered HTML, no scripts, no front-end build.
+Bars are plain ``div``s sized in percent."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 from html import escape
 
 from planner_service.costs.estimate import total_components
+from planner_service.plan.api import SolveJob
 from planner_service.plan.capacity import Capacity, usable_capacity
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import PlanRequest, RankStats, ShardingPlan
@@ -145,3 +147,45 @@ cost model <code>{request.options.cost_model.value}</code></div>
 <th>shards</th></tr>{tables}</table>
 </body></html>
 """
+
+
+JOB_REFRESH_S = 2  # a job's page reloads itself this often while the job runs
+
+
+def render_job_page(job: SolveJob) -> str:
+    """An async solve's page (GET /v1/solves/{job_id}/view): its status and progress,
+    reloaded every ``JOB_REFRESH_S`` by the browser while it runs (no scripts), and sent
+    on to the plan's page once it is done."""
+    refresh = ""
+    if job.plan_id is not None:
+        refresh = f'<meta http-equiv="refresh" content="0; url=/v1/plans/{job.plan_id}/view">'
+    elif not job.status.ended:
+        refresh = f'<meta http-equiv="refresh" content="{JOB_REFRESH_S}">'
+
+    def number(value: float | None, unit: str) -> str:
+        return "" if value is None else f"{value:.6g}{unit}"
+
+    rows = [
+        ("status", job.status.value),
+        ("stage", job.stage or ""),
+        ("objective", number(job.objective, " ms")),
+        ("lower bound", number(job.lower_bound, " ms")),
+        ("gap", "" if job.gap is None else f"{job.gap:.2%}"),
+        ("elapsed", number(job.elapsed_s, " s")),
+        ("time limit", number(job.time_limit_s, " s")),
+        ("attempts", str(job.attempts)),
+    ]
+    table = "".join(f"<tr><th>{name}</th><td>{escape(value)}</td></tr>" for name, value in rows)
+    outcome = ""
+    if job.plan_id is not None:
+        outcome = f'<p><a href="/v1/plans/{job.plan_id}/view">the plan</a></p>'
+    elif job.problem is not None:
+        title = escape(str(job.problem.get("title", "")))
+        outcome = f"<h2>{title}</h2><pre>{escape(str(job.problem.get('detail', '')))}</pre>"
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8">{refresh}'
+        f"<title>solve {job.job_id[:12]}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>Solve <code>{job.job_id}</code></h1>"
+        f'<p class="note">request {job.request_hash}, {escape(job.planner_version)}</p>'
+        f"<table>{table}</table>{outcome}</body></html>"
+    )

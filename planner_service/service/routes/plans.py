@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from planner_service.plan.api import PlanPage
 from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.types import PlanRequest
-from planner_service.service.deps import PlanId, State, Writer, reader
+from planner_service.service.deps import Jobs, PlanId, State, Writer, reader
 from planner_service.service.importing import import_plan
 from planner_service.service.limits import decode_plan_request
 from planner_service.service.paging import (
@@ -22,9 +22,16 @@ from planner_service.service.paging import (
     encode_cursor,
     page,
 )
-from planner_service.service.planning import no_plan, solve_and_store
+from planner_service.service.planning import no_plan, solve_and_store, with_previous_plan
 from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
 from planner_service.service.responses import IMMUTABLE, JSON, PLAN_RESPONSE, etag_matches
+from planner_service.service.routes.solves import (
+    JOB_RESPONSE,
+    Prefer,
+    job_response,
+    prefers_async,
+    submit_job,
+)
 from planner_service.service.schemas import (
     REQUEST_EXAMPLE,
     RequestAndPlan,
@@ -43,17 +50,31 @@ router = APIRouter(tags=["plans"])
     responses={
         200: {"description": "a plan for this request was already stored", **PLAN_RESPONSE},
         201: {"description": "solved and stored", **PLAN_RESPONSE},
+        202: {"description": "`Prefer: respond-async`: the solve's job", **JOB_RESPONSE},
         422: {"description": "invalid request, or no plan exists (explained)", **PROBLEM_CONTENT},
         503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT},
     },
 )
-async def create_plan(http_request: Request, state: State, actor: Writer) -> Response:
+async def create_plan(
+    http_request: Request, state: State, jobs: Jobs, actor: Writer, prefer: Prefer = None
+) -> Response:
     """Solve a PlanRequest and store the plan, or answer with the plan already stored for
     the same request (same ``request_hash`` and planner version). The body is the plan;
-    ``Location`` names it; ``X-Shardplan-Cache`` says ``hit`` or ``miss``."""
+    ``Location`` names it; ``X-Shardplan-Cache`` says ``hit`` or ``miss``.
+
+    With ``Prefer: respond-async`` (RFC 7240): **202** at once with the solve's job
+    (``Location: /v1/solves/{job_id}``, ``Preference-Applied: respond-async``); follow
+    it with GET /v1/solves/{job_id} or its event stream. A job whose plan is stored
+    already is done in that answer."""
     del actor
     request = decode_plan_request(await http_request.body(), state.settings)
     key = request_hash(request)
+    if prefers_async(prefer):
+        # An unknown previous plan is a 422 now, not a failed job; and the job's stored
+        # request holds the previous plan itself, so a restarted solve needs nothing else.
+        request = await with_previous_plan(state, request)
+        job = await submit_job(jobs, request, key)
+        return job_response(job, status=202, headers={"Preference-Applied": "respond-async"})
     existing = await state.plan_for_request(key)
     if existing is not None:
         return _plan_response(*existing, status=200, cache="hit")

@@ -1,0 +1,181 @@
+"""Asynchronous solves: ``POST /v1/plans`` with ``Prefer: respond-async`` (RFC 7240)
+answers 202 with a job (``jobs.py``); GET /v1/solves/{job_id} reports it,
+GET /v1/solves/{job_id}/events streams it as server-sent events until it ends, and
+GET /v1/solves/{job_id}/view shows it to people."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Request
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+
+from planner_service.plan.api import SolveJob
+from planner_service.plan.types import PlanRequest
+from planner_service.service.deps import Jobs, State, reader
+from planner_service.service.jobs import JOB_ID_PATTERN, SolveJobs
+from planner_service.service.planning import unavailable
+from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
+from planner_service.service.responses import JSON
+from planner_service.service.schemas import schema_ref
+from planner_service.service.solving import SolveUnavailableError
+from planner_service.service.view import render_job_page
+
+router = APIRouter(tags=["solves"])
+
+EVENT_STREAM = "text/event-stream"
+POLL_S = 1.0  # a stream looks at a job run elsewhere (another process) this often
+HEARTBEAT_S = 15.0  # a comment line at least this often keeps proxies from closing it
+JOB_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": schema_ref(SolveJob)}}}
+
+JobId = Annotated[
+    str,
+    Path(
+        pattern=JOB_ID_PATTERN,
+        description="a solve job's id (64 hex digits, from the request's hash and the "
+        "planner version)",
+    ),
+]
+Prefer = Annotated[
+    str | None,
+    Header(
+        max_length=1024,
+        description="RFC 7240 preferences; `respond-async` makes POST /v1/plans answer 202 "
+        "with the solve's job at once",
+    ),
+]
+
+
+def prefers_async(prefer: str | None) -> bool:
+    """Whether an RFC 7240 ``Prefer`` header asks for ``respond-async`` (a token among
+    comma-separated preferences, any case, with or without parameters)."""
+    if not prefer:
+        return False
+    return any(
+        part.split(";")[0].split("=")[0].strip().lower() == "respond-async"
+        for part in prefer.split(",")
+    )
+
+
+async def submit_job(jobs: SolveJobs, request: PlanRequest, request_hash: str) -> SolveJob:
+    try:
+        return await jobs.submit(request, request_hash)
+    except SolveUnavailableError as error:
+        raise unavailable(error) from None
+
+
+def job_response(job: SolveJob, *, status: int, headers: dict[str, str] | None = None) -> Response:
+    headers = {"Location": f"/v1/solves/{job.job_id}", **(headers or {})}
+    if not job.status.ended:
+        headers["Retry-After"] = "1"  # RFC 9110: a poll interval for the job
+    return Response(job.model_dump_json(), status_code=status, media_type=JSON, headers=headers)
+
+
+@router.get(
+    "/v1/solves/{job_id}",
+    dependencies=[Depends(reader)],
+    responses={
+        200: {"description": "the job as it is now", **JOB_RESPONSE},
+        404: {"description": "no such job", **PROBLEM_CONTENT},
+    },
+)
+async def get_solve(job_id: JobId, jobs: Jobs) -> Response:
+    """A solve job: status, stage, incumbent objective, lower bound, gap and elapsed time
+    as the solver reports them, the plan (``plan_id``, ``plan_url``) once done, or the
+    problem once it ended without one. ``Cache-Control: no-store``: it changes."""
+    job = await _job(jobs, job_id)
+    response = job_response(job, status=200)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@router.get(
+    "/v1/solves/{job_id}/events",
+    dependencies=[Depends(reader)],
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "server-sent events: `event: solve` with the job (as GET "
+            "/v1/solves/{job_id}) on each change, the last when it has ended; `: keep-alive` "
+            "comments between",
+            "content": {EVENT_STREAM: {"schema": {"type": "string"}}},
+        },
+        404: {"description": "no such job", **PROBLEM_CONTENT},
+        503: {"description": "too many event streams open", **PROBLEM_CONTENT},
+    },
+)
+async def solve_events(
+    job_id: JobId, http_request: Request, jobs: Jobs, state: State
+) -> StreamingResponse:
+    """The job as a stream of server-sent events, one per change (progress at most twice a
+    second), ending with the job's final state; poll GET /v1/solves/{job_id} instead when
+    a stream cannot be held open."""
+    limit = state.settings.max_event_streams
+    if jobs.streams >= limit:
+        raise ProblemError(
+            503,
+            f"this service process has {limit} event streams open "
+            "(SHARDPLAN_MAX_EVENT_STREAMS); poll GET /v1/solves/{job_id} instead, or retry",
+            headers={"Retry-After": "5"},
+        )
+    first = await _job(jobs, job_id)
+    jobs.streams += 1  # counted from here: the generator's finally uncounts it
+    return StreamingResponse(
+        _events(jobs, first, http_request),
+        media_type=EVENT_STREAM,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _events(jobs: SolveJobs, job: SolveJob, http_request: Request) -> AsyncIterator[str]:
+    """Each change of the job (elapsed time aside) as an event, a comment every
+    ``HEARTBEAT_S`` without one, until the job ends or the client goes away (looked for
+    every ``POLL_S`` at most, so a stream left behind stops counting within it)."""
+    loop = asyncio.get_running_loop()
+    try:
+        sent: dict[str, Any] | None = None
+        last_write = loop.time()
+        number = 0
+        while True:
+            seen = job.model_dump(mode="json", exclude={"elapsed_s", "updated_at"})
+            if seen != sent:
+                number += 1
+                yield f"event: solve\nid: {number}\ndata: {job.model_dump_json()}\n\n"
+                sent, last_write = seen, loop.time()
+                if job.status.ended:
+                    return
+            elif loop.time() - last_write >= HEARTBEAT_S:
+                yield ": keep-alive\n\n"
+                last_write = loop.time()
+            await jobs.changed(job.job_id, POLL_S)
+            if await http_request.is_disconnected():
+                return
+            job = await jobs.get(job.job_id) or job
+    finally:
+        jobs.streams -= 1
+
+
+@router.get(
+    "/v1/solves/{job_id}/view",
+    dependencies=[Depends(reader)],
+    response_class=HTMLResponse,
+    responses={404: {"description": "no such job", **PROBLEM_CONTENT}},
+)
+async def view_solve(job_id: JobId, jobs: Jobs) -> HTMLResponse:
+    """A page for people: the job's status and progress, reloaded every 2 s while it runs
+    (no scripts), then the plan's page once it is done."""
+    job = await _job(jobs, job_id)
+    return HTMLResponse(render_job_page(job), headers={"Cache-Control": "no-store"})
+
+
+async def _job(jobs: SolveJobs, job_id: str) -> SolveJob:
+    job = await jobs.get(job_id)
+    if job is None:
+        raise ProblemError(
+            404,
+            f"no solve job {job_id} here: jobs come from POST /v1/plans with "
+            "`Prefer: respond-async`",
+        )
+    return job
