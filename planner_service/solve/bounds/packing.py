@@ -172,12 +172,20 @@ def packing_bound(
         spent += solver.deterministic_time
         if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
             return None  # the warm start maps into the relaxation, so this cannot happen
+        raised = min(solver.best_objective_bound, RESOLUTION) > max(proven, least)
         proven = max(proven, min(solver.best_objective_bound, RESOLUTION))
         found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        start = best.objective_value if best is not None else model.hint_makespan
+        improved = found and (start is None or solver.objective_value < start)
         better = found and (best is None or solver.objective_value < best.objective_value)
         if better:
             best = solver
         if status == cp_model.OPTIMAL or run == len(PACKING_RUNS) - 1:
+            break
+        if not improved and not raised:
+            # Nothing below where it started and no higher bound: the next run would start
+            # from the same place (medium on 2 hosts: three runs, none past the warm
+            # start); CP-SAT's search gets the time instead.
             break
         if better:
             model.hint_solution(solver)  # where the next run starts
@@ -308,6 +316,7 @@ class _RelaxedModel:
         self.host_tables: list[dict[int, cp_model.IntVar]] = []
         self.host_mixes: list[tuple[_Configuration, cp_model.IntVar]] = []
         self.host_sizes: list[int] = []
+        self.hint_makespan: int | None = None  # the hint's makespan, in units
         # Per pool, per configuration: (ranks taking it, whether any does).
         self.slots: list[dict[_Configuration, tuple[cp_model.IntVar, cp_model.IntVar]]] = []
 
@@ -483,6 +492,7 @@ class _RelaxedModel:
                 self.model.add_hint(ranks, in_use[pool].get(config, 0))
                 self.model.add_hint(used, in_use[pool].get(config, 0) > 0)
         self.model.add_hint(self.makespan, makespan)
+        self.hint_makespan = makespan
 
     def decode(self, solver: cp_model.CpSolver) -> list[Choice] | None:
         """The solution as a plan: options by the table counts, table-row-wise tables onto
