@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import Any
 
-from benchmarks.workloads import criteo_tables, nvidia_tables, workload_request
+from benchmarks.workloads import named_workload, nvidia_tables, workload_request
 from planner_service.solve.deadline import finish_slack_s
 
 DEFAULT_WORKLOADS = (
@@ -53,27 +53,17 @@ print(json.dumps({
 
 
 def build(name: str, time_limit_s: float) -> Any:
-    """A workload by name: ``model/world_size``; ``criteo-60`` is 60 Criteo-like tables
-    (the 26 features repeated, shrinking) with rowwise_adagrad and batch 4096, the
-    multi-host reproducer of the reliability issue; ``colossal-10000`` is the colossal
-    model's tables repeated to 10,000."""
+    """A workload by name: ``model/world_size``, a public workload
+    (``workloads.named_workload``: ``criteo-60`` is the multi-host reproducer) or
+    ``colossal-10000``, the colossal model's tables repeated to 10,000."""
     model, world = name.split("/")
     options = {"time_limit_s": time_limit_s, "gap_limit": 0}
-    if model == "criteo-60":
-        base = criteo_tables()
-        tables = []
-        for i in range(60):
-            entry = dict(base[i % len(base)], name=f"t{i}", optimizer="rowwise_adagrad")
-            entry["num_embeddings"] = max(1, entry["num_embeddings"] // (1 + i // len(base)))
-            tables.append(entry)
-        return workload_request(tables, int(world), batch_size=4096, options=options)
     if model.startswith("colossal-"):
         base = nvidia_tables("colossal")
         count = int(model.split("-")[1])
         tables = [dict(base[i % len(base)], name=f"t{i}") for i in range(count)]
         return workload_request(tables, int(world), options=options)
-    tables = criteo_tables() if model == "criteo" else nvidia_tables(model)
-    return workload_request(tables, int(world), options=options)
+    return named_workload(model, int(world), options)
 
 
 def _hog() -> None:

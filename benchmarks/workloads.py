@@ -4,6 +4,8 @@
   feature per table with ``lookups_per_sample`` as its pooling factor.
 - Criteo's 26 categorical features (MLPerf DLRMv2 40M-capped cardinalities), dim 128,
   pooling factors from the DLRMv2 multi-hot sizes.
+- ``criteo-60``: 60 Criteo-like tables (``criteo_like_tables``), rowwise_adagrad, batch
+  4,096: the multi-host reproducer of issue 23 (a 6.97% gap on 2 hosts of 8).
 """
 
 from __future__ import annotations
@@ -52,6 +54,32 @@ def criteo_tables(
         }
         for row in rows
     ]
+
+
+def criteo_like_tables(count: int = 60) -> list[dict[str, Any]]:
+    """``count`` Criteo-like tables trained with rowwise_adagrad: Criteo's 26 features
+    repeated, the ``k``-th repetition (from 0) with ``num_embeddings // (k + 1)`` rows, so
+    every copy keeps its feature's dim and pooling factor and the cardinalities stay on
+    Criteo's spread (40M down to 1)."""
+    base = criteo_tables()
+    tables = []
+    for i in range(count):
+        entry = dict(base[i % len(base)], name=f"t{i}", optimizer="rowwise_adagrad")
+        entry["num_embeddings"] = max(1, entry["num_embeddings"] // (1 + i // len(base)))
+        tables.append(entry)
+    return tables
+
+
+def named_workload(
+    name: str, world_size: int, options: dict[str, Any] | None = None
+) -> PlanRequest:
+    """A public workload by name on ``world_size`` ranks (8 per host, 80 GiB): an NVIDIA
+    model at batch 512, ``criteo`` at batch 512, or ``criteo-60`` at batch 4,096."""
+    extra = {"options": options} if options else {}
+    if name == "criteo-60":
+        return workload_request(criteo_like_tables(60), world_size, batch_size=4096, **extra)
+    tables = criteo_tables() if name == "criteo" else nvidia_tables(name)
+    return workload_request(tables, world_size, **extra)
 
 
 def workload_request(

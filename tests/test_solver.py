@@ -472,6 +472,85 @@ def test_relaxations_never_exceed_the_true_optimum(req):
         assert validate_plan(req, _plan_from(problem, packing.plan, req)) == []
 
 
+@st.composite
+def _one_shape_requests(draw):
+    """Tables of one dim and pooling factor with different row counts: their options cost
+    the same but on every rank (data-parallel grows with rows), so the packing relaxation
+    takes them as one class; on 1 or 2 hosts."""
+    hosts, local = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    dim, factor = draw(st.sampled_from([4, 64])), draw(st.sampled_from([1.0, 20.0]))
+    rows = draw(st.lists(st.integers(1, 3_000_000), min_size=2, max_size=4))
+    kinds = draw(
+        st.lists(
+            st.sampled_from(["table_wise", "data_parallel", "table_row_wise", "row_wise"]),
+            min_size=1,
+            unique=True,
+        )
+    )
+    return request(
+        [table(f"t{i}", rows=n, dim=dim, pooling_factors=[factor]) for i, n in enumerate(rows)],
+        world_size=hosts * local,
+        topology={"local_world_size": local, "hbm_bytes": draw(st.sampled_from([GIB, 8 * GIB]))},
+        constraints={"tables": {f"t{i}": {"sharding_types": kinds} for i in range(len(rows))}},
+        options={"cost_model": draw(st.sampled_from(["shardplan", "torchrec-1.8"]))},
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_one_shape_requests())
+def test_packing_classes_never_exceed_the_true_optimum(req):
+    """Tables alike but for what they cost on every rank share a class in the packing
+    relaxation (its every-rank load the least any k of them leave there): its bound stays
+    at or below the brute-force optimum, and its plan is a valid plan."""
+    optimum = _brute_force_optimum(req, most=20_000)
+    assume(math.isfinite(optimum))
+    problem, groups = _problem(req)
+    packing = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    assume(packing is not None)
+    assert packing.bound is None or packing.bound.value <= optimum * (1 + 1e-12)
+    if packing.plan is not None:
+        loads = loads_of(problem, packing.plan)
+        assert loads.fits(problem)
+        assert loads.objective >= optimum * (1 - 1e-12)
+        assert validate_plan(req, _plan_from(problem, packing.plan, req)) == []
+
+
+def test_packing_class_leaves_the_costliest_tables_off_every_rank():
+    """Three tables of one shape on 2 ranks, data-parallel or table-wise: two go
+    table-wise, one per rank, and the relaxation (one class) leaves on every rank the one
+    whose data-parallel copy costs least; it proves that plan optimal."""
+    req = request(
+        [
+            table("small", rows=10, dim=64),
+            table("mid", rows=5_000, dim=64),
+            table("big", rows=3_000_000, dim=64),
+        ],
+        world_size=2,
+        topology={"local_world_size": 2, "hbm_bytes": 8 * GIB},
+        constraints={
+            "tables": {
+                name: {"sharding_types": ["table_wise", "data_parallel"]}
+                for name in ("small", "mid", "big")
+            }
+        },
+    )
+    optimum = _brute_force_optimum(req)
+    problem, groups = _problem(req)
+    packing = packing_bound(problem, groups, 2 * optimum, time_limit_s=1, seed=0)
+    assert packing is not None and packing.bound is not None and packing.plan is not None
+    assert packing.bound.value == pytest.approx(optimum, rel=1e-5)
+    kinds = {
+        entry.table.name: entry.options[choice.option].sharding_type
+        for entry, choice in zip(problem.tables, packing.plan, strict=True)
+    }
+    assert loads_of(problem, packing.plan).objective == pytest.approx(optimum, rel=1e-9)
+    assert kinds == {
+        "small": ShardingType.DATA_PARALLEL,
+        "mid": ShardingType.TABLE_WISE,
+        "big": ShardingType.TABLE_WISE,
+    }
+
+
 # --------------------------------------------------------------------------- constraints
 
 

@@ -234,7 +234,9 @@ class _Search:
             deadline=self.deadline,
         )
         if packing is None:
+            self.details["packing"] = "skipped"
             return []
+        self.details["packing"] = "ran"
         if packing.bound is not None:
             self.bounds.append(packing.bound)
         self.details["packing_deterministic_s"] = packing.deterministic_time_s

@@ -45,7 +45,6 @@ from planner_service.solve.bounds.relaxed import (
     MemoryWeights,
     RelaxedOption,
     item_of,
-    option_counts,
     relaxation_solver,
     relaxed_options,
 )
@@ -117,15 +116,21 @@ def packing_bound(
         return None
     scale = RESOLUTION / upper
     memory = MemoryWeights.of(problem)
-    options = relaxed_options(problem, groups, upper, scale, memory)
-    kinds = sorted({kind for o in options for kind in o.items if kind[0] > 0}, reverse=True)
-    supply = [sum(groups[o.group].size * o.items.get(kind, 0) for o in options) for kind in kinds]
-    host_sizes = sorted({o.per_host_rank for o in options if o.per_host_rank}, reverse=True)
+    classes = _classes(groups, relaxed_options(problem, groups, upper, scale, memory))
+    kinds = sorted(
+        {kind for c in classes for o in c.free for kind in o.items if kind[0] > 0}, reverse=True
+    )
+    supply = [
+        sum(len(c.tables) * max(o.items.get(kind, 0) for o in c.free) for c in classes if c.free)
+        for kind in kinds
+    ]
+    host_sizes = sorted({o.per_host_rank for c in classes for o in c.free if o.per_host_rank})
+    host_sizes.reverse()
     per_host = bool(host_sizes) and problem.num_hosts <= PER_HOST_MAX_HOSTS
     host_mixes: list[_Configuration] = [(0, ())]
     if host_sizes and not per_host:
         host_supply = [
-            sum(groups[o.group].size for o in options if o.per_host_rank == size)
+            sum(len(c.tables) for c in classes for o in c.free if o.per_host_rank == size)
             for size in host_sizes
         ]
         mixes = _configurations([(size,) for size in host_sizes], host_supply, (RESOLUTION,))
@@ -144,7 +149,7 @@ def packing_bound(
     least = min(math.floor(lower_bound * scale), RESOLUTION)
     stage = Deadline(deadline.cap_s(math.inf, PACKING_WALL_SHARE))
     try:
-        model = _RelaxedModel(problem, groups, options, kinds, configs, scale, memory, least)
+        model = _RelaxedModel(problem, groups, classes, kinds, configs, scale, memory, least)
         if per_host:
             model.pools_per_host(host_sizes)
         else:
@@ -167,18 +172,91 @@ def packing_bound(
         spent += solver.deterministic_time
         if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
             return None  # the warm start maps into the relaxation, so this cannot happen
+        raised = min(solver.best_objective_bound, RESOLUTION) > max(proven, least)
         proven = max(proven, min(solver.best_objective_bound, RESOLUTION))
         found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        start = best.objective_value if best is not None else model.hint_makespan
+        improved = found and (start is None or solver.objective_value < start)
         better = found and (best is None or solver.objective_value < best.objective_value)
         if better:
             best = solver
         if status == cp_model.OPTIMAL or run == len(PACKING_RUNS) - 1:
+            break
+        if not improved and not raised:
+            # Nothing below where it started and no higher bound: the next run would start
+            # from the same place (medium on 2 hosts: three runs, none past the warm
+            # start); CP-SAT's search gets the time instead.
             break
         if better:
             model.hint_solution(solver)  # where the next run starts
     deadline.reached |= stage.reached
     bound = LowerBound(proven / scale, BoundSource.PACKING) if proven > 0 else None
     return Packing(bound, model.decode(best) if best is not None else None, spent)
+
+
+@dataclass
+class _Class:
+    """Groups the relaxation cannot tell apart but by what their options on every rank
+    cost: the same options elsewhere (``free``: the table-row-wise option with the least
+    per-rank load, and each distinct set of items once). A table of the class takes one of
+    them or its cheapest option on every rank; of ``k`` tables not on every rank, the
+    every-rank load is least when they are the ``k`` whose option there costs most, so the
+    class adds at least that (a convex function of ``k``, exact at integers). Tables
+    whose options differ only in their row counts (small tables: data-parallel costs grow
+    with rows, table-wise ones do not) fall into one class, which takes their symmetry out
+    of the model."""
+
+    free: list[RelaxedOption]
+    option_of: dict[int, list[int]]  # group -> its option for each of ``free``
+    fixed_of: dict[int, int]  # group -> its cheapest option on every rank
+    slot: dict[tuple[int, int], int]  # (group, option) -> index into ``free``, -1 every rank
+    tables: list[tuple[int, int, int]]  # (every-rank units, group, table), costliest first
+    counts: list[cp_model.IntVar] = field(default_factory=list)  # tables per free option
+    every_rank: cp_model.IntVar | None = None  # its least load on every rank
+
+
+def _classes(groups: list[Group], options: list[RelaxedOption]) -> list[_Class]:
+    """The groups' options as the relaxation's classes: on every rank only the cheapest
+    option counts, and of table-row-wise ones the one with the least per-rank load (they
+    have no items: nothing else of them is modelled); groups with the same options left
+    but for those on every rank share a class."""
+    by_group: dict[int, list[RelaxedOption]] = {}
+    for o in options:
+        by_group.setdefault(o.group, []).append(o)
+    found: dict[object, _Class] = {}
+    for g, mine in by_group.items():
+        fixed = [o for o in mine if not o.items and not o.per_host_rank]
+        host = [o for o in mine if o.per_host_rank]
+        cheapest = min(fixed, key=lambda o: (o.every_rank, o.option)) if fixed else None
+        free = [min(host, key=lambda o: (o.per_host_rank, o.option))] if host else []
+        by_items: dict[tuple[tuple[Item, int], ...], RelaxedOption] = {}
+        for o in mine:
+            if o.items:
+                by_items.setdefault(tuple(sorted(o.items.items())), o)
+        free += [by_items[key] for key in sorted(by_items)]
+        signature = (
+            tuple((o.per_host_rank, tuple(sorted(o.items.items()))) for o in free),
+            cheapest is not None,
+        )
+        c = found.get(signature)
+        if c is None:
+            c = found[signature] = _Class(free, {}, {}, {}, [])
+        c.option_of[g] = [o.option for o in free]
+        index = {o.option: j for j, o in enumerate(free)}
+        for o in mine:
+            if o.items:
+                c.slot[g, o.option] = index[by_items[tuple(sorted(o.items.items()))].option]
+            elif o.per_host_rank:
+                c.slot[g, o.option] = 0
+            else:
+                c.slot[g, o.option] = -1
+        if cheapest is not None:
+            c.fixed_of[g] = cheapest.option
+        units = cheapest.every_rank if cheapest is not None else 0
+        c.tables += [(units, g, t) for t in groups[g].members]
+    for c in found.values():
+        c.tables.sort(key=lambda entry: (-entry[0], entry[1], entry[2]))
+    return list(found.values())
 
 
 def _configurations(
@@ -215,7 +293,7 @@ class _RelaxedModel:
         self,
         problem: Problem,
         groups: list[Group],
-        options: list[RelaxedOption],
+        classes: list[_Class],
         kinds: list[Item],
         configs: list[_Configuration],
         scale: float,
@@ -224,13 +302,13 @@ class _RelaxedModel:
     ) -> None:
         self.problem = problem
         self.groups = groups
-        self.options = {(o.group, o.option): o for o in options}
+        self.classes = classes
         self.kinds = kinds
         self.configs = configs
         self.scale = scale
         self.memory = memory
         self.model = cp_model.CpModel()
-        self.tables, self.every_rank = option_counts(self.model, groups, options)
+        self.every_rank = sum(self._class_counts(c) for c in classes)
         self.makespan = self.model.new_int_var(least, RESOLUTION, "T")  # least: a known bound
         self.pools: list[_Pool] = []
         # Per host (pools_per_host): its table-row-wise tables of each size; per host mix
@@ -238,11 +316,35 @@ class _RelaxedModel:
         self.host_tables: list[dict[int, cp_model.IntVar]] = []
         self.host_mixes: list[tuple[_Configuration, cp_model.IntVar]] = []
         self.host_sizes: list[int] = []
+        self.hint_makespan: int | None = None  # the hint's makespan, in units
         # Per pool, per configuration: (ranks taking it, whether any does).
         self.slots: list[dict[_Configuration, tuple[cp_model.IntVar, cp_model.IntVar]]] = []
 
+    def _class_counts(self, c: _Class) -> Expr:
+        """The class's tables per free option, all placed; its least every-rank load."""
+        model, n = self.model, len(c.tables)
+        c.counts = [model.new_int_var(0, n, "") for _ in c.free]
+        chosen = sum(c.counts)
+        if not c.fixed_of:
+            model.add(chosen == n)
+            return 0
+        model.add(chosen <= n)
+        units = [entry[0] for entry in c.tables]
+        left = sum(units)
+        c.every_rank = model.new_int_var(0, left, "")
+        for j, u in enumerate(units):  # the chord between j and j + 1 tables off every rank
+            if u:
+                model.add(c.every_rank >= left - u * (chosen - j))
+            left -= u
+        return c.every_rank
+
     def _host_tables(self, size: int) -> Expr:
-        return sum(self.tables[key] for key, o in self.options.items() if o.per_host_rank == size)
+        return sum(
+            count
+            for c in self.classes
+            for o, count in zip(c.free, c.counts, strict=True)
+            if o.per_host_rank == size
+        )
 
     def pools_per_host(self, host_sizes: list[int]) -> None:
         """Each host a pool whose base is its own table-row-wise load; hosts ordered by that
@@ -287,13 +389,14 @@ class _RelaxedModel:
         work = []
         for pool in self.pools:
             slots = {}
+            most = pool.size if isinstance(pool.size, int) else world  # ranks it may have
             for c, config in enumerate(configs):
                 if c % DEADLINE_CHECK_EVERY == 0:
                     deadline.check()
                 load, counts = config
                 if pool.base_least + load > RESOLUTION:
                     continue
-                ranks = model.new_int_var(0, world, "")
+                ranks = model.new_int_var(0, most, "")
                 pool.counts.append(ranks)
                 used = model.new_bool_var("")
                 slots[config] = (ranks, used)
@@ -306,10 +409,11 @@ class _RelaxedModel:
             model.add(sum(pool.counts) == pool.size)
             self.slots.append(slots)
         supplied: dict[Item, list[Expr]] = {kind: [] for kind in self.kinds}
-        for key, o in self.options.items():
-            for item, count in o.items.items():
-                if item in supplied:
-                    supplied[item].append(count * self.tables[key])
+        for cls in self.classes:
+            for o, tables in zip(cls.free, cls.counts, strict=True):
+                for item, count in o.items.items():
+                    if item in supplied:
+                        supplied[item].append(count * tables)
         for kind, terms in zip(self.kinds, placed, strict=True):
             model.add(sum(count * ranks for ranks, count in terms) == sum(supplied[kind]))
         # Redundant, but it hands the LP the average-load bound from the start.
@@ -333,29 +437,35 @@ class _RelaxedModel:
         """Where the search starts: the configurations ``choices`` put on each rank. Left out
         when the plan is not inside the cap (one of its options was dropped)."""
         problem, local = self.problem, self.problem.local_world_size
-        table_counts: dict[tuple[int, int], int] = {}
         host_load = [dict.fromkeys(self.host_sizes, 0) for _ in range(problem.num_hosts)]
         rank_kinds = [dict.fromkeys(self.kinds, 0) for _ in range(problem.world_size)]
         every_rank = 0
-        for g, group in enumerate(self.groups):
-            for t in group.members:
+        for c in self.classes:
+            per_option = [0] * len(c.free)
+            class_every_rank = 0
+            for units, g, t in c.tables:
                 choice = choices[t]
-                option = self.options.get((g, choice.option))
-                if option is None:
+                j = c.slot.get((g, choice.option))
+                if j is None:
                     return
-                table_counts[g, choice.option] = table_counts.get((g, choice.option), 0) + 1
-                every_rank += option.every_rank
+                if j < 0:
+                    class_every_rank += units
+                    continue
+                per_option[j] += 1
+                option = c.free[j]
                 if option.per_host_rank:
                     host_load[choice.ranks[0] // local][option.per_host_rank] += 1
-                if not option.items:
                     continue
-                costs = self.problem.costs(group.options[choice.option])
+                costs = self.problem.costs(self.groups[g].options[choice.option])
                 for shard, rank in enumerate(choice.ranks):
                     kind = item_of(costs, shard, self.scale, self.memory)
                     if kind[0] > 0:
                         rank_kinds[rank][kind] += 1
-        for key, var in self.tables.items():
-            self.model.add_hint(var, table_counts.get(key, 0))
+            for var, count in zip(c.counts, per_option, strict=True):
+                self.model.add_hint(var, count)
+            if c.every_rank is not None:
+                self.model.add_hint(c.every_rank, class_every_rank)
+            every_rank += class_every_rank
         bases = [sum(size * n for size, n in load.items()) for load in host_load]
         if self.host_tables:  # pools are hosts, heaviest first
             hosts = sorted(range(problem.num_hosts), key=lambda h: (-bases[h], h))
@@ -382,6 +492,7 @@ class _RelaxedModel:
                 self.model.add_hint(ranks, in_use[pool].get(config, 0))
                 self.model.add_hint(used, in_use[pool].get(config, 0) > 0)
         self.model.add_hint(self.makespan, makespan)
+        self.hint_makespan = makespan
 
     def decode(self, solver: cp_model.CpSolver) -> list[Choice] | None:
         """The solution as a plan: options by the table counts, table-row-wise tables onto
@@ -400,26 +511,30 @@ class _RelaxedModel:
         # Free shards: (-HBM, -DDR, table, shard, option, kind index or -1 if too cheap to count)
         items: list[tuple[int, int, int, int, int, int]] = []
         kind_index = {kind: i for i, kind in enumerate(self.kinds)}
-        for g, group in enumerate(self.groups):
-            members = iter(group.members)
-            for o, option in enumerate(group.options):
-                var = self.tables.get((g, o))
-                count = int(solver.value(var)) if var is not None else 0
-                if count and option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
+        for c in self.classes:
+            order = iter(c.tables)  # costliest on every rank first: those leave it
+            taken = [
+                (j, entry)
+                for j, var in enumerate(c.counts)
+                for entry in (next(order) for _ in range(int(solver.value(var))))
+            ]
+            taken += [(-1, entry) for entry in order]
+            for j, (_, g, t) in taken:
+                o = c.option_of[g][j] if j >= 0 else c.fixed_of[g]
+                option = self.groups[g].options[o]
+                if option.sharding_type is ShardingType.TABLE_COLUMN_WISE:
                     return None  # its shards must share a host, which items do not
                 costs = problem.costs(option)
-                per_host_rank = self.options[g, o].per_host_rank if count else 0
-                for t in (next(members) for _ in range(count)):
-                    if option.placement is Placement.FIXED:
-                        choices[t] = Choice(o, everywhere)
-                    elif per_host_rank:
-                        by_host_size.setdefault(per_host_rank, []).append((t, o))
-                    else:
-                        for shard in range(costs.num_shards):
-                            item = item_of(costs, shard, self.scale, self.memory)
-                            kind = kind_index.get(item, -1)
-                            hbm, ddr = int(costs.hbm[shard]), int(costs.ddr[shard])
-                            items.append((-hbm, -ddr, t, shard, o, kind))
+                if option.placement is Placement.FIXED:
+                    choices[t] = Choice(o, everywhere)
+                elif j >= 0 and c.free[j].per_host_rank:
+                    by_host_size.setdefault(c.free[j].per_host_rank, []).append((t, o))
+                else:
+                    for shard in range(costs.num_shards):
+                        item = item_of(costs, shard, self.scale, self.memory)
+                        kind = kind_index.get(item, -1)
+                        hbm, ddr = int(costs.hbm[shard]), int(costs.ddr[shard])
+                        items.append((-hbm, -ddr, t, shard, o, kind))
         pool_hosts = self._decode_hosts(solver, by_host_size, choices)
         wanted = np.zeros((problem.world_size, len(self.kinds)), dtype=np.int64)
         for pool, slots in enumerate(self.slots):
