@@ -1271,3 +1271,26 @@ def test_rank_io_sums_every_shards_buffers_on_its_rank():
             expected[placed.rank][1] += shard.storage.output_bytes
     assert [list(io) for io in outcome.rank_io_bytes] == expected
     assert any(i for i, _ in expected)
+
+
+def test_the_option_mix_bound_is_the_same_with_its_every_rank_load_held_in_a_variable(
+    monkeypatch,
+):
+    from planner_service.solve.bounds import option_mix
+
+    tables = [
+        table(f"t{i}", rows=300_000 * (i + 1), dim=64, pooling_factors=[float(i + 1)])
+        for i in range(6)
+    ]
+    req = request(tables, world_size=4, topology={"local_world_size": 2, "hbm_bytes": 2**30})
+    problem, groups = _problem(req)
+    upper = _solved(req).solver.objective
+
+    def bound():
+        found = option_mix.option_mix_bound(problem, groups, upper, time_limit_s=5, seed=0)
+        assert found is not None
+        return found.value
+
+    inline = bound()
+    monkeypatch.setattr(option_mix, "COPIED_TERMS", 0)
+    assert bound() == pytest.approx(inline, rel=1e-9)

@@ -47,6 +47,7 @@ from planner_service.solve.bounds.relaxed import (
     item_of,
     relaxation_solver,
     relaxed_options,
+    total,
 )
 from planner_service.solve.bounds.simple import LowerBound
 from planner_service.solve.cpsat.run import solve_within
@@ -308,7 +309,7 @@ class _RelaxedModel:
         self.scale = scale
         self.memory = memory
         self.model = cp_model.CpModel()
-        self.every_rank = sum(self._class_counts(c) for c in classes)
+        self.every_rank = total(self._class_counts(c) for c in classes)
         self.makespan = self.model.new_int_var(least, RESOLUTION, "T")  # least: a known bound
         self.pools: list[_Pool] = []
         # Per host (pools_per_host): its table-row-wise tables of each size; per host mix
@@ -406,7 +407,7 @@ class _RelaxedModel:
                 for i, count in enumerate(counts):
                     if count:
                         placed[i].append((ranks, count))
-            model.add(sum(pool.counts) == pool.size)
+            model.add(total(pool.counts) == pool.size)
             self.slots.append(slots)
         supplied: dict[Item, list[Expr]] = {kind: [] for kind in self.kinds}
         for cls in self.classes:
@@ -415,11 +416,11 @@ class _RelaxedModel:
                     if item in supplied:
                         supplied[item].append(count * tables)
         for kind, terms in zip(self.kinds, placed, strict=True):
-            model.add(sum(count * ranks for ranks, count in terms) == sum(supplied[kind]))
+            model.add(total(count * ranks for ranks, count in terms) == total(supplied[kind]))
         # Redundant, but it hands the LP the average-load bound from the start.
         model.add(
             world * self.makespan
-            >= world * self.every_rank + sum(pool.base_work for pool in self.pools) + sum(work)
+            >= world * self.every_rank + total(pool.base_work for pool in self.pools) + total(work)
         )
         model.minimize(self.makespan)
 

@@ -19,6 +19,7 @@ optimum never exceeds the true one.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -116,13 +117,26 @@ def option_counts(
     """Per (group, option) the count of the group's tables taking it, all of them placed;
     and the load the options on every rank add to every rank."""
     tables: dict[tuple[int, int], cp_model.IntVar] = {}
+    by_group: dict[int, list[RelaxedOption]] = {g: [] for g in range(len(groups))}
+    for o in options:
+        by_group[o.group].append(o)
     for g, group in enumerate(groups):
-        mine = [o for o in options if o.group == g]
+        mine = by_group[g]
         for o in mine:
             tables[g, o.option] = model.new_int_var(0, group.size, "")
-        model.add(sum(tables[g, o.option] for o in mine) == group.size)
-    every_rank = sum(o.every_rank * tables[o.group, o.option] for o in options if o.every_rank)
+        model.add(total(tables[g, o.option] for o in mine) == group.size)
+    fixed = [o for o in options if o.every_rank]
+    every_rank = cp_model.LinearExpr.weighted_sum(
+        [tables[o.group, o.option] for o in fixed], [o.every_rank for o in fixed]
+    )
     return tables, every_rank
+
+
+def total(terms: Iterable[Expr]) -> Expr:
+    """The sum of CP-SAT expressions, built in one step: Python's ``sum`` adds them one at
+    a time, which takes quadratic time on thousands of terms (42 s for the option-mix
+    relaxation of 2,692 tables of distinct shapes on 512 ranks)."""
+    return cp_model.LinearExpr.sum(list(terms))
 
 
 def relaxation_solver(budget: float, seed: int) -> cp_model.CpSolver:
