@@ -305,3 +305,33 @@ def test_options_command_exits_3_when_a_table_fits_nowhere(run_cli, tmp_path):
     assert result.returncode == 3
     assert json.loads(result.stdout)["problems"][0]["table"] == "huge"
     assert "does_not_fit: table 'huge' fits no rank" in result.stderr
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 5_000_000),
+            st.sampled_from([16, 64, 128]),
+            st.sampled_from([1.0, 4.0]),
+            st.booleans(),
+        ),
+        min_size=2,
+        max_size=5,
+    )
+)
+def test_perf_shared_across_shapes_is_what_each_table_gets_alone(shapes):
+    # Perf is estimated once per shard width for tables that differ only in rows; every
+    # table's options must still cost what they cost when it is enumerated alone.
+    tables = [
+        table(f"t{i}", rows=rows, dim=dim, pooling_factors=[factor], is_weighted=weighted)
+        for i, (rows, dim, factor, weighted) in enumerate(shapes)
+    ]
+    together = enumerate_options(request(tables, world_size=4, topology={"local_world_size": 2}))
+    for entry, alone_table in zip(together, tables, strict=True):
+        (alone,) = enumerate_options(
+            request([alone_table], world_size=4, topology={"local_world_size": 2})
+        )
+        assert [[s.perf for s in o.shards] for o in entry.options] == [
+            [s.perf for s in o.shards] for o in alone.options
+        ]

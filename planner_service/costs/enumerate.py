@@ -79,6 +79,10 @@ class _OptionBuilder:
         self.topology = request.topology
         self.classes = DeviceClasses.of(request.topology)
         self._cache: dict[tuple[Any, ...], tuple[ShardingOption, ...]] = {}
+        # Perf per shard width, shared across shapes: tables that differ only in rows cost
+        # the same per shard (see ``_perf_key``), and models of thousands of tables with
+        # rows of their own are otherwise estimated option by option.
+        self._perf: dict[tuple[Any, ...], tuple[Perf, ...]] = {}
 
     def options_for(
         self, table: Table, constraint: ParameterConstraints
@@ -128,14 +132,14 @@ class _OptionBuilder:
     def _option(
         self, ctx: OptionContext, runs: list[tuple[tuple[int, int], int]]
     ) -> ShardingOption:
-        perf_by_cols: dict[int, tuple[Perf, ...]] = {}
         estimates: list[tuple[ShardEstimate, int]] = []
         for sizes, count in runs:
             cols = sizes[1]
-            perf = perf_by_cols.get(cols)
+            key = (_perf_key(ctx), cols)
+            perf = self._perf.get(key)
             if perf is None:
                 perf = tuple(estimate_perf(ctx, cols, spec) for spec in self.classes.specs)
-                perf_by_cols[cols] = perf
+                self._perf[key] = perf
             estimates.append((ShardEstimate(sizes, perf, estimate_storage(ctx, *sizes)), count))
         return ShardingOption(
             ctx.sharding_type, ctx.compute_kernel, ctx.cache_load_factor, tuple(estimates)
@@ -155,6 +159,28 @@ def _row_runs(rows: int, dim: int, blocks: int) -> list[tuple[tuple[int, int], i
     if len(runs) == 3 and runs[1][0] == runs[2][0]:  # remainder 0 merges with empty blocks
         runs[1:] = [(runs[1][0], runs[1][1] + runs[2][1])]
     return runs
+
+
+def _perf_key(ctx: OptionContext) -> tuple[Any, ...]:
+    """What a shard's perf depends on besides its width and the request's topology, batch
+    and cost model: everything of the table but its name and, unless data-parallel (whose
+    all-reduce moves the whole table), its rows."""
+    table = ctx.table
+    rows = table.num_embeddings if ctx.sharding_type is ShardingType.DATA_PARALLEL else None
+    return (
+        ctx.sharding_type,
+        ctx.compute_kernel,
+        ctx.cache_load_factor,
+        rows,
+        table.embedding_dim,
+        tuple(table.pooling_factors or ()),
+        tuple(table.batch_sizes or ()),
+        table.num_features,
+        table.pooling,
+        table.data_type,
+        table.is_weighted,
+        table.optimizer,
+    )
 
 
 def _shape_key(table: Table, constraint: ParameterConstraints) -> tuple[Any, ...]:
