@@ -275,12 +275,18 @@ def _place_free(
     if not len(candidates):
         return None
     if len(candidates) == problem.world_size and target is None:
-        return _place_anywhere(problem, state, costs)
-    perf = state.perf[candidates].copy()
-    hbm = state.hbm[candidates].copy()
-    ddr = state.ddr[candidates].copy()
-    hbm_cap, ddr_cap = problem.hbm_cap[candidates], problem.ddr_cap[candidates]
-    shard_costs = costs.cost[:, problem.class_of_rank[candidates]]
+        # Every rank, in rank order: per-rank arrays as they are (copied only when a
+        # later shard must see an earlier one), the option's per-rank costs kept.
+        copy = costs.num_shards > 1
+        perf, hbm, ddr = (a.copy() if copy else a for a in (state.perf, state.hbm, state.ddr))
+        hbm_cap, ddr_cap = problem.hbm_cap, problem.ddr_cap
+        shard_costs = costs.on_ranks(problem)
+    else:
+        perf = state.perf[candidates]
+        hbm = state.hbm[candidates]
+        ddr = state.ddr[candidates]
+        hbm_cap, ddr_cap = problem.hbm_cap[candidates], problem.ddr_cap[candidates]
+        shard_costs = costs.cost[:, problem.class_of_rank[candidates]]
     uncovered = np.ones(len(candidates), dtype=bool) if target is not None else None
     ranks = []
     for s in range(costs.num_shards):
@@ -291,38 +297,13 @@ def _place_free(
             return None
         new_load = np.where(fits, perf + shard_costs[s], np.inf)
         pick = int(np.argmin(new_load))
-        perf[pick] = new_load[pick]
-        hbm[pick] += costs.hbm[s]
-        ddr[pick] += costs.ddr[s]
-        if uncovered is not None:
-            uncovered[pick] = False
         ranks.append(int(candidates[pick]))
-    return tuple(ranks)
-
-
-def _place_anywhere(problem: Problem, state: State, costs: OptionCosts) -> tuple[int, ...] | None:
-    """``_place_free`` over every rank (candidates in rank order, no colocate target):
-    per-rank arrays as they are, and the option's per-rank costs worked out once."""
-    shard_costs = costs.on_ranks(problem)
-    if costs.num_shards == 1:  # nothing placed before it to account for: no copies
-        fits = (state.hbm + costs.hbm[0] <= problem.hbm_cap) & (
-            state.ddr + costs.ddr[0] <= problem.ddr_cap
-        )
-        if not fits.any():
-            return None
-        return (int(np.argmin(np.where(fits, state.perf + shard_costs[0], np.inf))),)
-    perf, hbm, ddr = state.perf.copy(), state.hbm.copy(), state.ddr.copy()
-    ranks = []
-    for s in range(costs.num_shards):
-        fits = (hbm + costs.hbm[s] <= problem.hbm_cap) & (ddr + costs.ddr[s] <= problem.ddr_cap)
-        if not fits.any():
-            return None
-        new_load = np.where(fits, perf + shard_costs[s], np.inf)
-        pick = int(np.argmin(new_load))
-        perf[pick] = new_load[pick]
-        hbm[pick] += costs.hbm[s]
-        ddr[pick] += costs.ddr[s]
-        ranks.append(pick)
+        if s + 1 < costs.num_shards:  # the next shard sees this one
+            perf[pick] = new_load[pick]
+            hbm[pick] += costs.hbm[s]
+            ddr[pick] += costs.ddr[s]
+            if uncovered is not None:
+                uncovered[pick] = False
     return tuple(ranks)
 
 
