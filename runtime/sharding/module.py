@@ -35,6 +35,8 @@ from runtime.kernels import (
     build_kernel,
     check_trainable,
     fused_optimizer,
+    kernel_step,
+    set_kernel_step,
 )
 from runtime.modules import (
     BaseEmbeddingConfig,
@@ -48,6 +50,7 @@ from runtime.sharding.inputs import InputDistribution, Received
 from runtime.sharding.layout import build_layouts, subgroup_families
 from runtime.sharding.outputs import OutputDistribution
 from runtime.sharding.sequence import SequenceOutputDistribution
+from runtime.sharding.state import ShardState, kernel_states, shard_state
 from runtime.sharding.weights import (
     ShardedWeight,
     ShardView,
@@ -85,6 +88,9 @@ class _ShardedTables(nn.Module):
         check_plan(plan, tables, self.group.world_size)
         optimizer = fused_optimizer(fused_params)
         check_trainable(tables)
+        self.plan = plan
+        self.fused_params = dict(fused_params) if fused_params is not None else None
+        self.optimizer = optimizer.optimizer
         self.plan_id = plan.plan_id
         self.device = device
         self.tables = list(tables)
@@ -142,6 +148,31 @@ class _ShardedTables(nn.Module):
                 self.layout.shards_of(group), kernel.split_embedding_weights(), strict=True
             )
         ]
+
+    def shard_states(self) -> list[ShardState]:
+        """This rank's shards with their weights and fused optimizer state (views into the
+        kernels), kernel by kernel; what checkpoints and resharding read and write."""
+        states = []
+        for group, kernel in zip(self.layout.groups, self._kernels(), strict=True):
+            shards = self.layout.shards_of(group)
+            optimizer_states = kernel_states(kernel, len(shards))
+            for shard, weight, state in zip(
+                shards, kernel.split_embedding_weights(), optimizer_states, strict=True
+            ):
+                table = self.tables[shard.table]
+                offsets = (shard.row_offset, shard.col_offset)
+                states.append(shard_state(table, offsets, weight, state, self.optimizer))
+        return states
+
+    @property
+    def optimizer_step(self) -> int:
+        """The fused optimizer's step count (the largest of this rank's kernels')."""
+        return max((kernel_step(k) for k in self._kernels()), default=0)
+
+    @optimizer_step.setter
+    def optimizer_step(self, step: int) -> None:
+        for kernel in self._kernels():
+            set_kernel_step(kernel, step)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, ShardedWeight]:  # type: ignore[override]
         """Each table's local shards with their global offsets under TorchRec's key
