@@ -26,6 +26,7 @@ from runtime.plan import (
     table_row_wise,
     table_wise,
 )
+from runtime.reshard import Resharded, reshard
 from runtime.sharding.module import (
     ShardedEmbeddingBagCollection,
     ShardedEmbeddingCollection,
@@ -49,6 +50,7 @@ __all__ = [
     "ModulePlan",
     "PlanLoadError",
     "PlanMismatchError",
+    "Resharded",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
     "ShardedWeight",
@@ -60,6 +62,7 @@ __all__ = [
     "data_parallel",
     "load_checkpoint",
     "load_plan",
+    "reshard",
     "row_wise",
     "save_checkpoint",
     "shard_modules",

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner_service.plan.diff import Element, boxes, table_transfers
+from planner_service.plan.types import ShardingType
 from runtime import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
@@ -36,6 +38,7 @@ from runtime import (
 )
 from runtime.checkpoint import MANIFEST, CheckpointError, load_checkpoint, save_checkpoint
 from runtime.comm import Group
+from runtime.reshard import Resharded, reshard
 from runtime.sharding.module import _ShardedTables
 from tests.runtime_cases import SEED, _targets, fused_params, global_batch
 
@@ -313,3 +316,84 @@ def _refused(call: Callable[[], object], message: str) -> None:
         assert message in str(error), str(error)
     else:
         raise AssertionError(f"not refused: expected {message!r}")
+
+
+# --------------------------------------------------------------------------- in place
+
+
+def in_place(rank: int, world: int, old: str, new: str, sequence: bool) -> None:
+    """Reshard a trained module to another plan on the same ranks: the state arrives as a
+    checkpoint would carry it, every rank sends and receives exactly the transfers of
+    ``table_transfers`` (the regions ``shardplan migrate`` prints), and training goes on as
+    under the old plan."""
+    before_plan, after_plan = module_plan(old, world, sequence), module_plan(new, world, sequence)
+    for optimizer in OPTIMIZERS:
+        module = build(before_plan, optimizer, sequence, meta=False)
+        train(module, rank, world, range(STEPS_BEFORE), sequence)
+        saved = gather(module)
+        moved = reshard(module, plan=after_plan)
+        assert isinstance(moved.module, _ShardedTables)
+        what = f"{optimizer}: {old} -> {new} in place"
+        check_carried(saved, gather(moved.module), moved.module, what)
+        check_bytes(rank, module, after_plan, moved, what)
+        later = range(STEPS_BEFORE, STEPS_BEFORE + STEPS_AFTER)
+        train(module, rank, world, later, sequence)
+        train(moved.module, rank, world, later, sequence)
+        split = column_split(before_plan) or column_split(after_plan)
+        if optimizer != "rowwise_adagrad" or not split:
+            check_continued(gather(module), gather(moved.module), what)
+
+
+def check_bytes(
+    rank: int, old: _ShardedTables, plan: ModulePlan, moved: Resharded, what: str
+) -> None:
+    """Sent and received bytes per peer are the planner's transfers; what one rank sent
+    another received; and the weights moved are the elements of each new shard that its
+    rank did not hold, counted from the shapes alone."""
+    sent: dict[int, int] = {}
+    received: dict[int, int] = {}
+    elements = 0
+    for table in old.tables:
+        was, now = old.plan.tables[table.name], plan.tables[table.name]
+        element = Element(table.data_type.size_bytes, old.optimizer)
+        replicated = was.sharding_type is ShardingType.DATA_PARALLEL
+        for t in table_transfers(
+            table.name, boxes(was), boxes(now), old_replicated=replicated, element=element
+        ):
+            if t.src == rank:
+                sent[t.dst] = sent.get(t.dst, 0) + t.bytes
+            if t.dst == rank:
+                received[t.src] = received.get(t.src, 0) + t.bytes
+        for shard in now.shards:
+            if shard.rank != rank:
+                continue
+            held = [s for s in was.shards if s.rank == rank]
+            area = shard.sizes[0] * shard.sizes[1]
+            kept = sum(_overlap_area(shard, s) for s in held)
+            elements += area - kept
+    assert {r: b for r, b in moved.sent.items() if b} == sent, (what, moved.sent, sent)
+    assert moved.received == received, (what, moved.received, received)
+    element_bytes = 4 + 4 * _elementwise_count(old.optimizer.value)
+    rowwise = sum(received.values()) - elements * element_bytes
+    if old.optimizer.value == "rowwise_adagrad":
+        assert rowwise >= 0 and rowwise % 4 == 0, (what, rowwise)
+    else:
+        assert rowwise == 0, (what, sum(received.values()), elements, element_bytes)
+    matrix = Group(old.group.pg).all_gather_object((moved.sent, moved.received))
+    for src, (out, _) in enumerate(matrix):
+        for dst, count in out.items():
+            assert matrix[dst][1].get(src, 0) == count, (what, src, dst, count)
+
+
+def _elementwise_count(optimizer: str) -> int:
+    return {"sgd": 0, "rowwise_adagrad": 0, "adagrad": 1, "adam": 2}[optimizer]
+
+
+def _overlap_area(a: Any, b: Any) -> int:
+    rows = min(a.offsets[0] + a.sizes[0], b.offsets[0] + b.sizes[0]) - max(
+        a.offsets[0], b.offsets[0]
+    )
+    cols = min(a.offsets[1] + a.sizes[1], b.offsets[1] + b.sizes[1]) - max(
+        a.offsets[1], b.offsets[1]
+    )
+    return max(rows, 0) * max(cols, 0)

@@ -46,3 +46,21 @@ def test_model_checkpoint_carries_collections_and_dense_state(tmp_path: Path) ->
 
 def test_checkpoint_refuses_what_does_not_fit(tmp_path: Path) -> None:
     run_ranks(cases.refusals, 2, str(tmp_path))
+
+
+# (old plan, new plan, world size): resharding in place keeps the process group.
+IN_PLACE = [
+    pytest.param("table_wise", "row_wise", 3, False, marks=SLOW),
+    pytest.param("column_wise", "table_wise", 4, False, marks=SLOW),
+    pytest.param("data_parallel", "row_wise", 2, False, marks=SLOW),
+    pytest.param("table_wise", "column_wise", 3, False, marks=SLOW),
+    ("mixed", "row_wise", 4, False),
+    ("mixed", "table_wise", 3, True),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "world", "sequence"), IN_PLACE)
+def test_reshard_in_place_moves_exactly_the_transfers(
+    old: str, new: str, world: int, sequence: bool
+) -> None:
+    run_ranks(cases.in_place, world, old, new, sequence)
