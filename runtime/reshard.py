@@ -32,12 +32,13 @@ from runtime.modules import (
     EmbeddingCollection,
     EmbeddingConfig,
 )
-from runtime.plan import ModulePlan, PlanMismatchError, check_plan
+from runtime.plan import ModulePlan
 from runtime.sharding.module import (
     PlanSource,
     ShardedEmbeddingCollection,
     _sharded,
     _ShardedTables,
+    split_plan,
 )
 from runtime.sharding.state import Region, RowwiseParts, ShardState, block, overlap
 
@@ -62,23 +63,8 @@ def reshard(module: nn.Module, *, plan: PlanSource) -> Resharded:
         parts = [(p, m) for p, m in module.named_modules() if isinstance(m, _ShardedTables)]
         if not parts:
             raise TypeError(f"{type(module).__name__} holds no sharded collection to reshard")
-    owned = {t.name for _, part in parts for t in part.tables}
-    unknown = sorted(set(whole.tables) - owned)
-    if unknown:
-        raise PlanMismatchError(
-            f"the plan shards tables {unknown} that no sharded collection has (the model's "
-            f"tables: {sorted(owned)})"
-        )
-    plans = []
-    for _, old in parts:  # check every part before allocating any
-        names = {t.name for t in old.tables}
-        part = ModulePlan(
-            whole.world_size,
-            {n: s for n, s in whole.tables.items() if n in names},
-            whole.plan_id,
-        )
-        check_plan(part, old.tables, old.group.world_size)
-        plans.append(part)
+    tables = [(path, old.tables) for path, old in parts]
+    plans = split_plan(whole, tables, parts[0][1].group.world_size)
     sent: dict[int, int] = defaultdict(int)
     received: dict[int, int] = defaultdict(int)
     result: nn.Module = module

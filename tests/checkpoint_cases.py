@@ -397,3 +397,40 @@ def _overlap_area(a: Any, b: Any) -> int:
         a.offsets[1], b.offsets[1]
     )
     return max(rows, 0) * max(cols, 0)
+
+
+def model_in_place(rank: int, world: int) -> None:
+    """A model's collections resharded in place: each replaced by its new form, tables
+    carried, the plan's unknown tables refused first."""
+    model = Model(meta=False)
+    configs = [*model.sparse["pooled"].embedding_bag_configs()]
+    configs += [*model.sparse["sequence"].embedding_configs()]
+    names = ["p0", "p1", "s0", "s1"]
+    before = [table_wise(rank=0), row_wise(), column_wise([1, 0]), data_parallel()]
+    after = [row_wise(), table_wise(rank=world - 1), table_wise(rank=0), row_wise()]
+    plan = construct_module_plan(configs, dict(zip(names, before, strict=True)), world_size=world)
+    new_plan = construct_module_plan(
+        configs, dict(zip(names, after, strict=True)), world_size=world
+    )
+    sharded = shard_modules(model, plan=plan, fused_params=fused_params("adagrad"))
+    parts = {n: m for n, m in sharded.named_modules() if isinstance(m, _ShardedTables)}
+    want = {n: m.gather_state_dict() for n, m in parts.items()}
+    stray = EmbeddingBagConfig("stray", 4, 4, ["f_stray"])
+    wrong = construct_module_plan(
+        [*configs, stray], {"stray": table_wise(rank=0)}, world_size=world
+    )
+    try:
+        reshard(sharded, plan=ModulePlan(world, {**new_plan.tables, **wrong.tables}))
+    except ValueError as error:
+        assert "['stray'] that no collection in the model has" in str(error), str(error)
+    else:
+        raise AssertionError("a plan with a table the model lacks was not refused")
+    moved = reshard(sharded, plan=new_plan)
+    assert moved.module is sharded
+    for name, part in sharded.named_modules():
+        if isinstance(part, _ShardedTables):
+            assert part is not parts[name] and part.plan.tables == {
+                n: s for n, s in new_plan.tables.items() if n in {t.name for t in part.tables}
+            }
+            for key, value in part.gather_state_dict().items():
+                assert torch.equal(value, want[name][key]), (name, key)

@@ -64,3 +64,7 @@ def test_reshard_in_place_moves_exactly_the_transfers(
     old: str, new: str, world: int, sequence: bool
 ) -> None:
     run_ranks(cases.in_place, world, old, new, sequence)
+
+
+def test_reshard_a_model_in_place() -> None:
+    run_ranks(cases.model_in_place, 2)

@@ -320,9 +320,26 @@ def shard_modules(
             f"shard_modules found no EmbeddingBagCollection or EmbeddingCollection in "
             f"{type(module).__name__}; nothing to shard"
         )
+    tables = [(path, _configs(collection)) for path, collection in found]
+    parts = split_plan(whole, tables, Group(pg).world_size)
+    for (path, collection), part in zip(found, parts, strict=True):
+        parent, _, name = path.rpartition(".")
+        sharded = _sharded(collection, part, pg, target, fused_params)
+        setattr(module.get_submodule(parent), name, sharded)
+    return module
+
+
+def split_plan(
+    whole: ModulePlan,
+    collections: Sequence[tuple[str, Sequence[BaseEmbeddingConfig]]],
+    world_size: int,
+) -> list[ModulePlan]:
+    """``whole`` cut into one plan per collection (path, tables) of a model, each checked
+    (``check_plan``) before anything is allocated: table names unique across the model, and
+    every table of the plan in some collection."""
     owner: dict[str, str] = {}
-    for path, collection in found:
-        for table in _configs(collection):
+    for path, tables in collections:
+        for table in tables:
             if table.name in owner:
                 raise PlanMismatchError(
                     f"table {table.name!r} is in both {owner[table.name]!r} and {path!r}; the "
@@ -336,20 +353,16 @@ def shard_modules(
             f"(the model's tables: {sorted(owner)})"
         )
     parts = []
-    for _, collection in found:  # check every part before allocating any
-        names = {t.name for t in _configs(collection)}
+    for _, tables in collections:
+        names = {t.name for t in tables}
         part = ModulePlan(
             whole.world_size,
             {n: s for n, s in whole.tables.items() if n in names},
             whole.plan_id,
         )
-        check_plan(part, _configs(collection), Group(pg).world_size)
+        check_plan(part, tables, world_size)
         parts.append(part)
-    for (path, collection), part in zip(found, parts, strict=True):
-        parent, _, name = path.rpartition(".")
-        sharded = _sharded(collection, part, pg, target, fused_params)
-        setattr(module.get_submodule(parent), name, sharded)
-    return module
+    return parts
 
 
 def _sharded(
