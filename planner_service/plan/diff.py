@@ -32,7 +32,7 @@ plans"; its ``version`` changes when a field changes meaning or goes away.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,11 +224,22 @@ def table_transfers(
     one per new shard and source shard that overlap: new shards in the order given, then
     sources in old order. ``old_replicated``: every old shard is a whole replica
     (data-parallel)."""
+    transfers = []
+    for src, dst, rows, cols in _regions(old, new, old_replicated):
+        size = element.region_bytes(rows[1] - rows[0], cols[1] - cols[0])
+        transfers.append(Transfer(table, src, dst, rows, cols, size))
+    return transfers
+
+
+def _regions(
+    old: Sequence[Box], new: Sequence[Box], old_replicated: bool
+) -> Iterator[tuple[int, int, tuple[int, int], tuple[int, int]]]:
+    """``table_transfers``' regions as (sending rank, receiving rank, rows, columns): the
+    one definition of what moves, which ``table_moves`` sums without making objects."""
     if sorted(old) == sorted(new):
-        return []
+        return
     held = {box[4] for box in old}
     replicas = sorted(old, key=lambda box: box[4]) if old_replicated else []
-    transfers: list[Transfer] = []
     for box in new:
         rank = box[4]
         if old_replicated:
@@ -238,10 +249,7 @@ def table_transfers(
         for source in sources:
             region = _overlap_region(box, source)
             if region is not None:
-                rows, cols = region
-                size = element.region_bytes(rows[1] - rows[0], cols[1] - cols[0])
-                transfers.append(Transfer(table, source[4], rank, rows, cols, size))
-    return transfers
+                yield source[4], rank, *region
 
 
 def table_kept(
@@ -265,16 +273,18 @@ def table_moves(
     old: Sequence[Box], new: Sequence[Box], *, old_replicated: bool, element: Element
 ) -> TableMoves:
     """The bytes each rank sends and receives to turn ``old`` into ``new``: the sums of
-    ``table_transfers``."""
-    transfers = table_transfers("", old, new, old_replicated=old_replicated, element=element)
-    if not transfers:
-        return NO_MOVES
+    ``table_transfers`` (the same regions)."""
     sent: dict[int, int] = defaultdict(int)
     received: dict[int, int] = defaultdict(int)
-    for transfer in transfers:
-        sent[transfer.src] += transfer.bytes
-        received[transfer.dst] += transfer.bytes
-    return TableMoves(dict(sent), dict(received), sum(t.elements for t in transfers))
+    elements = 0
+    for src, dst, rows, cols in _regions(old, new, old_replicated):
+        size = element.region_bytes(rows[1] - rows[0], cols[1] - cols[0])
+        sent[src] += size
+        received[dst] += size
+        elements += (rows[1] - rows[0]) * (cols[1] - cols[0])
+    if not elements:
+        return NO_MOVES
+    return TableMoves(dict(sent), dict(received), elements)
 
 
 def _overlap_region(a: Box, b: Box) -> tuple[tuple[int, int], tuple[int, int]] | None:
