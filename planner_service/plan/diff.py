@@ -31,6 +31,7 @@ plans"; its ``version`` changes when a field changes meaning or goes away.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -240,16 +241,41 @@ def _regions(
         return
     held = {box[4] for box in old}
     replicas = sorted(old, key=lambda box: box[4]) if old_replicated else []
+    index = _RowIndex(old)
     for box in new:
         rank = box[4]
         if old_replicated:
             sources = [] if rank in held else [replicas[rank % len(replicas)]]
         else:
-            sources = [other for other in old if other[4] != rank]
+            sources = [other for other in index.overlapping(box) if other[4] != rank]
         for source in sources:
             region = _overlap_region(box, source)
             if region is not None:
                 yield source[4], rank, *region
+
+
+class _RowIndex:
+    """A table's shards by first row, to find those whose rows can meet a box's without
+    trying every shard (row-wise on 128 ranks: 2 or 3 of 128); a few shards are all
+    tried, which is quicker than searching."""
+
+    SEARCHED_FROM = 16  # shards
+
+    def __init__(self, shards: Sequence[Box]) -> None:
+        self.shards = shards
+        self.searched = len(shards) >= self.SEARCHED_FROM
+        self.order = sorted(range(len(shards)), key=lambda i: shards[i][0]) if self.searched else []
+        self.starts = [shards[i][0] for i in self.order]
+        self.tallest = max((box[2] for box in shards), default=0)
+
+    def overlapping(self, box: Box) -> Sequence[Box]:
+        """The shards whose rows may meet ``box``'s, in the order given (a shard that
+        starts ``tallest`` rows or more before ``box`` ends before it)."""
+        if not self.searched:
+            return self.shards
+        first = bisect_right(self.starts, box[0] - self.tallest)
+        last = bisect_left(self.starts, box[0] + box[2])
+        return [self.shards[i] for i in sorted(self.order[first:last])]
 
 
 def table_kept(
@@ -260,8 +286,9 @@ def table_kept(
     same rank, new shards in the order given, then old shards in old order. With
     ``table_transfers``, and the parts no rank held, these cover every new shard."""
     kept: list[tuple[int, tuple[int, int], tuple[int, int]]] = []
+    index = _RowIndex(old)
     for box in new:
-        for other in old:
+        for other in index.overlapping(box):
             if other[4] == box[4]:
                 region = _overlap_region(box, other)
                 if region is not None:
