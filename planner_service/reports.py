@@ -577,8 +577,9 @@ def _names(names: list[str]) -> str:
 def _migrate_ranks(migration: Migration) -> tuple[list[str], list[list[str]]]:
     header = ["rank", "sent GiB", "received GiB", "sent bytes", "received bytes"]
     rows = []
+    sent_by_rank, received_by_rank = migration.sent(), migration.received()
     for rank in range(migration.world_size):
-        sent, received = migration.sent(rank), migration.received(rank)
+        sent, received = sent_by_rank.get(rank, 0), received_by_rank.get(rank, 0)
         if sent or received:
             rows.append(
                 [str(rank), gib_number(sent), gib_number(received), str(sent), str(received)]

@@ -82,11 +82,19 @@ class Migration:
         pairs = [Pair(src, dst, tuple(found)) for (src, dst), found in grouped.items()]
         return sorted(pairs, key=lambda pair: (-pair.bytes, pair.src, pair.dst))
 
-    def sent(self, rank: int) -> int:
-        return sum(transfer.bytes for transfer in self.transfers if transfer.src == rank)
+    def sent(self) -> dict[int, int]:
+        """Bytes each rank sends (ranks that send nothing are absent)."""
+        totals: dict[int, int] = defaultdict(int)
+        for transfer in self.transfers:
+            totals[transfer.src] += transfer.bytes
+        return dict(totals)
 
-    def received(self, rank: int) -> int:
-        return sum(transfer.bytes for transfer in self.transfers if transfer.dst == rank)
+    def received(self) -> dict[int, int]:
+        """Bytes each rank receives (ranks that receive nothing are absent)."""
+        totals: dict[int, int] = defaultdict(int)
+        for transfer in self.transfers:
+            totals[transfer.dst] += transfer.bytes
+        return dict(totals)
 
 
 def migrate(
@@ -130,6 +138,7 @@ def elements_for(
 
 def migrate_document(migration: Migration) -> dict[str, Any]:
     """The stable JSON form of a migration (docs/reading-plans.md)."""
+    sent, received = migration.sent(), migration.received()
     return {
         "version": MIGRATE_VERSION,
         "old": _plan_summary(migration.old),
@@ -143,11 +152,7 @@ def migrate_document(migration: Migration) -> dict[str, Any]:
         "tables_removed": migration.tables_removed,
         "pairs": [_pair_document(pair) for pair in migration.pairs()],
         "ranks": [
-            {
-                "rank": rank,
-                "sent_bytes": migration.sent(rank),
-                "received_bytes": migration.received(rank),
-            }
+            {"rank": rank, "sent_bytes": sent.get(rank, 0), "received_bytes": received.get(rank, 0)}
             for rank in range(migration.world_size)
         ],
     }
@@ -164,6 +169,9 @@ def _plan_summary(plan: ShardingPlan) -> dict[str, Any]:
 
 
 def _pair_document(pair: Pair) -> dict[str, Any]:
+    tables: dict[str, list[Transfer]] = defaultdict(list)
+    for transfer in pair.transfers:
+        tables[transfer.table].append(transfer)
     return {
         "src": pair.src,
         "dst": pair.dst,
@@ -171,13 +179,12 @@ def _pair_document(pair: Pair) -> dict[str, Any]:
         "tables": [
             {
                 "table": name,
-                "bytes": sum(t.bytes for t in pair.transfers if t.table == name),
+                "bytes": sum(t.bytes for t in transfers),
                 "regions": [
                     {"rows": list(t.rows), "cols": list(t.cols), "bytes": t.bytes}
-                    for t in pair.transfers
-                    if t.table == name
+                    for t in transfers
                 ],
             }
-            for name in pair.tables
+            for name, transfers in tables.items()
         ],
     }
