@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner_service.plan.diff import (
     Box,
@@ -172,6 +174,99 @@ def test_kept_and_received_regions_tile_every_new_shard_exactly(before, after):
     for transfer in transfers:
         assert transfer.src != transfer.dst
         assert transfer.bytes == 4 * transfer.elements
+
+
+@st.composite
+def _layouts(draw, rows: int, cols: int) -> tuple[list[Box], bool]:
+    """A random layout of a rows x cols table on up to 5 ranks: whole replicas, or a grid
+    of row and column cuts whose cells go to any ranks (a rank may hold several; past
+    ``_RowIndex.SEARCHED_FROM`` shards, the search by rows is used)."""
+    if draw(st.booleans()):
+        ranks = draw(st.lists(st.integers(0, 4), min_size=1, max_size=5, unique=True))
+        return [(0, 0, rows, cols, rank) for rank in ranks], True
+    row_cuts = sorted(draw(st.sets(st.integers(1, rows - 1), max_size=rows // 2)))
+    col_cuts = sorted(draw(st.sets(st.integers(1, cols - 1), max_size=3)))
+    row_edges, col_edges = [0, *row_cuts, rows], [0, *col_cuts, cols]
+    boxes = [
+        (r0, c0, r1 - r0, c1 - c0, draw(st.integers(0, 4)))
+        for r0, r1 in itertools.pairwise(row_edges)
+        for c0, c1 in itertools.pairwise(col_edges)
+    ]
+    return draw(st.permutations(boxes)), False
+
+
+def _meet(a: Box, b: Box):
+    rows = (max(a[0], b[0]), min(a[0] + a[2], b[0] + b[2]))
+    cols = (max(a[1], b[1]), min(a[1] + a[3], b[1] + b[3]))
+    return (rows, cols) if rows[0] < rows[1] and cols[0] < cols[1] else None
+
+
+def _every_pair(old: list[Box], new: list[Box], replicated: bool):
+    """The module docstring's rule tried on every pair of shards, as (src, dst, rows,
+    cols) and kept (rank, rows, cols): the oracle for the indexed search."""
+    replicas = sorted(old, key=lambda box: box[4])
+    moved, kept = [], []
+    for box in new:
+        if replicated:
+            holders = {other[4] for other in old}
+            sources = [] if box[4] in holders else [replicas[box[4] % len(replicas)]]
+        else:
+            sources = [other for other in old if other[4] != box[4]]
+        moved += [(s[4], box[4], *_meet(box, s)) for s in sources if _meet(box, s)]
+        kept += [(box[4], *_meet(box, o)) for o in old if o[4] == box[4] and _meet(box, o)]
+    return ([] if sorted(old) == sorted(new) else moved), kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), rows=st.integers(2, 40), cols=st.integers(2, 12))
+def test_any_two_layouts_tile_every_new_shard_with_kept_and_received_regions(data, rows, cols):
+    (old, replicated), (new, _) = data.draw(_layouts(rows, cols)), data.draw(_layouts(rows, cols))
+    element = Element(2, OptimizerType.ROWWISE_ADAGRAD)
+    transfers = table_transfers("t", old, new, old_replicated=replicated, element=element)
+    kept = table_kept(old, new)
+    assert ([(t.src, t.dst, t.rows, t.cols) for t in transfers], kept) == _every_pair(
+        old, new, replicated
+    )
+    replica_ranks = {box[4] for box in old}
+    for shard in new:
+        cells = [
+            (row, col)
+            for rank, (r0, r1), (c0, c1) in [(t.dst, t.rows, t.cols) for t in transfers] + kept
+            if rank == shard[4]
+            for row in range(max(r0, shard[0]), min(r1, shard[0] + shard[2]))
+            for col in range(max(c0, shard[1]), min(c1, shard[1] + shard[3]))
+        ]
+        # once each (a rank's other new shards are disjoint from this one)
+        assert len(cells) == len(set(cells)) == shard[2] * shard[3]
+    for transfer in transfers:
+        assert transfer.src != transfer.dst and transfer.elements > 0
+        assert transfer.bytes == element.region_bytes(
+            transfer.rows[1] - transfer.rows[0], transfer.cols[1] - transfer.cols[0]
+        )
+        if replicated:
+            assert transfer.dst not in replica_ranks
+    moves = table_moves(old, new, old_replicated=replicated, element=element)
+    assert moves.moved_bytes == sum(t.bytes for t in transfers)
+    assert moves.elements == sum(t.elements for t in transfers)
+
+
+def _ceil_blocks(rows: int, ranks: int, shift: int) -> list[Box]:
+    block = -(-rows // ranks)
+    starts = range(0, rows, block)
+    return [
+        (row, 0, min(block, rows - row), 4, (i + shift) % ranks) for i, row in enumerate(starts)
+    ]
+
+
+def test_row_wise_resplits_over_many_ranks_find_every_overlapping_block():
+    """Row blocks from 16 to 40 ranks (searched by rows) re-split over 1 to 40, blocks of
+    every size meeting at every offset: the same regions as trying every pair."""
+    for before in range(16, 41):
+        for after in range(1, 41):
+            old, new = _ceil_blocks(997, before, 0), _ceil_blocks(997, after, 1)
+            transfers = table_transfers("t", old, new, old_replicated=False, element=FP32)
+            found = [(t.src, t.dst, t.rows, t.cols) for t in transfers], table_kept(old, new)
+            assert found == _every_pair(old, new, False), (before, after)
 
 
 # --------------------------------------------------------------------------- whole plans

@@ -31,8 +31,9 @@ plans"; its ``version`` changes when a field changes meaning or goes away.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,24 +225,57 @@ def table_transfers(
     one per new shard and source shard that overlap: new shards in the order given, then
     sources in old order. ``old_replicated``: every old shard is a whole replica
     (data-parallel)."""
+    transfers = []
+    for src, dst, rows, cols in _regions(old, new, old_replicated):
+        size = element.region_bytes(rows[1] - rows[0], cols[1] - cols[0])
+        transfers.append(Transfer(table, src, dst, rows, cols, size))
+    return transfers
+
+
+def _regions(
+    old: Sequence[Box], new: Sequence[Box], old_replicated: bool
+) -> Iterator[tuple[int, int, tuple[int, int], tuple[int, int]]]:
+    """``table_transfers``' regions as (sending rank, receiving rank, rows, columns): the
+    one definition of what moves, which ``table_moves`` sums without making objects."""
     if sorted(old) == sorted(new):
-        return []
+        return
     held = {box[4] for box in old}
     replicas = sorted(old, key=lambda box: box[4]) if old_replicated else []
-    transfers: list[Transfer] = []
+    index = _RowIndex(old)
     for box in new:
         rank = box[4]
         if old_replicated:
             sources = [] if rank in held else [replicas[rank % len(replicas)]]
         else:
-            sources = [other for other in old if other[4] != rank]
+            sources = [other for other in index.overlapping(box) if other[4] != rank]
         for source in sources:
             region = _overlap_region(box, source)
             if region is not None:
-                rows, cols = region
-                size = element.region_bytes(rows[1] - rows[0], cols[1] - cols[0])
-                transfers.append(Transfer(table, source[4], rank, rows, cols, size))
-    return transfers
+                yield source[4], rank, *region
+
+
+class _RowIndex:
+    """A table's shards by first row, to find those whose rows can meet a box's without
+    trying every shard (row-wise on 128 ranks: 2 or 3 of 128); a few shards are all
+    tried, which is quicker than searching."""
+
+    SEARCHED_FROM = 16  # shards
+
+    def __init__(self, shards: Sequence[Box]) -> None:
+        self.shards = shards
+        self.searched = len(shards) >= self.SEARCHED_FROM
+        self.order = sorted(range(len(shards)), key=lambda i: shards[i][0]) if self.searched else []
+        self.starts = [shards[i][0] for i in self.order]
+        self.tallest = max((box[2] for box in shards), default=0)
+
+    def overlapping(self, box: Box) -> Sequence[Box]:
+        """The shards whose rows may meet ``box``'s, in the order given (a shard that
+        starts ``tallest`` rows or more before ``box`` ends before it)."""
+        if not self.searched:
+            return self.shards
+        first = bisect_right(self.starts, box[0] - self.tallest)
+        last = bisect_left(self.starts, box[0] + box[2])
+        return [self.shards[i] for i in sorted(self.order[first:last])]
 
 
 def table_kept(
@@ -252,8 +286,9 @@ def table_kept(
     same rank, new shards in the order given, then old shards in old order. With
     ``table_transfers``, and the parts no rank held, these cover every new shard."""
     kept: list[tuple[int, tuple[int, int], tuple[int, int]]] = []
+    index = _RowIndex(old)
     for box in new:
-        for other in old:
+        for other in index.overlapping(box):
             if other[4] == box[4]:
                 region = _overlap_region(box, other)
                 if region is not None:
@@ -265,16 +300,18 @@ def table_moves(
     old: Sequence[Box], new: Sequence[Box], *, old_replicated: bool, element: Element
 ) -> TableMoves:
     """The bytes each rank sends and receives to turn ``old`` into ``new``: the sums of
-    ``table_transfers``."""
-    transfers = table_transfers("", old, new, old_replicated=old_replicated, element=element)
-    if not transfers:
-        return NO_MOVES
+    ``table_transfers`` (the same regions)."""
     sent: dict[int, int] = defaultdict(int)
     received: dict[int, int] = defaultdict(int)
-    for transfer in transfers:
-        sent[transfer.src] += transfer.bytes
-        received[transfer.dst] += transfer.bytes
-    return TableMoves(dict(sent), dict(received), sum(t.elements for t in transfers))
+    elements = 0
+    for src, dst, rows, cols in _regions(old, new, old_replicated):
+        size = element.region_bytes(rows[1] - rows[0], cols[1] - cols[0])
+        sent[src] += size
+        received[dst] += size
+        elements += (rows[1] - rows[0]) * (cols[1] - cols[0])
+    if not elements:
+        return NO_MOVES
+    return TableMoves(dict(sent), dict(received), elements)
 
 
 def _overlap_region(a: Box, b: Box) -> tuple[tuple[int, int], tuple[int, int]] | None:
