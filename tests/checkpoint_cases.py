@@ -12,6 +12,7 @@ only where neither plan splits columns, since the accumulator belongs to a shard
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner_service.plan.codec import parse_request
 from planner_service.plan.diff import Element, boxes, table_transfers
 from planner_service.plan.types import ShardingType
 from runtime import (
@@ -434,3 +436,29 @@ def model_in_place(rank: int, world: int) -> None:
             }
             for key, value in part.gather_state_dict().items():
                 assert torch.equal(value, want[name][key]), (name, key)
+
+
+def as_migrate_prints(
+    rank: int, world: int, old: str, new: str, request: str, printed: str
+) -> None:
+    """Sealed plans as training jobs get them (JSON bytes): ``reshard`` sends and receives,
+    peer by peer, the bytes ``shardplan migrate --format json`` printed for them."""
+    configs = [
+        EmbeddingBagConfig.from_table(t) for t in parse_request(Path(request).read_bytes()).tables
+    ]
+    fused = fused_params("rowwise_adagrad")
+    module = shard_modules(
+        EmbeddingBagCollection(configs, seed=SEED), plan=Path(old).read_bytes(), fused_params=fused
+    )
+    want = module.gather_state_dict()
+    moved = reshard(module, plan=Path(new).read_bytes())
+    document = json.loads(Path(printed).read_text())
+    sent = {p["dst"]: p["bytes"] for p in document["pairs"] if p["src"] == rank}
+    received = {p["src"]: p["bytes"] for p in document["pairs"] if p["dst"] == rank}
+    assert {r: b for r, b in moved.sent.items() if b} == sent, (moved.sent, sent)
+    assert moved.received == received, (moved.received, received)
+    assert isinstance(moved.module, _ShardedTables)
+    assert moved.module.plan_id == document["new"]["plan_id"]
+    got = moved.module.gather_state_dict()
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key

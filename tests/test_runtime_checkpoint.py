@@ -3,10 +3,13 @@ under another world size and other sharding types (tests/checkpoint_cases.py).""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from planner_service.plan.codec import plan_bytes
+from tests import builders
 from tests import checkpoint_cases as cases
 from tests.distributed import run_ranks
 
@@ -68,3 +71,45 @@ def test_reshard_in_place_moves_exactly_the_transfers(
 
 def test_reshard_a_model_in_place() -> None:
     run_ranks(cases.model_in_place, 2)
+
+
+def test_reshard_moves_what_shardplan_migrate_prints(tmp_path: Path, run_cli) -> None:
+    req = builders.request(
+        [
+            builders.table("a", rows=120, dim=16),
+            builders.table("b", rows=10, dim=8),
+            builders.table("c", rows=33, dim=12),
+        ],
+        world_size=3,
+    )
+    old = builders.plan(
+        req,
+        {
+            "a": builders.table_wise(req, "a", 0),
+            "b": builders.column_wise(req, "b", [4, 4], [1, 2]),
+            "c": builders.data_parallel(req, "c"),
+        },
+    )
+    new = builders.plan(
+        req,
+        {
+            "a": builders.row_wise(req, "a"),
+            "b": builders.table_wise(req, "b", 0),
+            "c": builders.row_wise(req, "c"),
+        },
+    )
+    paths = {}
+    for name, content in [("old", plan_bytes(old)), ("new", plan_bytes(new))]:
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_bytes(content)
+    paths["request"] = tmp_path / "request.json"
+    paths["request"].write_text(req.model_dump_json())
+    printed = run_cli(
+        "migrate", paths["old"], paths["new"], "--optimizer", "rowwise_adagrad", "--format", "json"
+    )
+    assert printed.returncode == 0, printed.stderr
+    assert json.loads(printed.stdout)["moved_bytes"] > 0
+    paths["printed"] = tmp_path / "migrate.json"
+    paths["printed"].write_text(printed.stdout)
+    args = [str(paths[k]) for k in ("old", "new", "request", "printed")]
+    run_ranks(cases.as_migrate_prints, 3, *args)
