@@ -140,6 +140,8 @@ def save_checkpoint(module: nn.Module, path: str | os.PathLike[str]) -> Checkpoi
             state.update(_table_state(key, size, mine, group_ranks(group)))
     dense = _dense_state(module, [prefix for prefix, _ in parts])
     state.update(dense)
+    if group.rank == 0:  # saving over a checkpoint: it is incomplete until the new manifest
+        (target / MANIFEST).unlink(missing_ok=True)
     with _sharded_tensors_accepted():
         dcp.save(state, checkpoint_id=target, process_group=group.pg)
     steps = group.all_gather_object(max(s.optimizer_step for _, s in parts))
