@@ -8,6 +8,7 @@ from runtime.modules import (
     EmbeddingCollection,
     EmbeddingConfig,
 )
+from runtime.pipeline import PipelineBatchError, PipelineTimeoutError, TrainPipelineSparseDist
 from runtime.plan import (
     ModulePlan,
     PlanMismatchError,
@@ -39,12 +40,15 @@ __all__ = [
     "KeyedJaggedTensor",
     "KeyedTensor",
     "ModulePlan",
+    "PipelineBatchError",
+    "PipelineTimeoutError",
     "PlanLoadError",
     "PlanMismatchError",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
     "ShardedWeight",
     "SubgroupTimeoutError",
+    "TrainPipelineSparseDist",
     "apply_sharding_plan",
     "check_plan",
     "column_wise",
