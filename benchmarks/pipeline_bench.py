@@ -5,7 +5,8 @@ same plans, shapes and inputs, CPU gloo at world sizes 2 and 4.
     bash benchmarks/torchrec_env.sh                       # dev-only venv with torchrec 1.8.0
     .venv/bin/python benchmarks/pipeline_bench.py [--worlds 2 4] \
         [--plans table_wise row_wise column_wise mixed] [--tables 8] [--rows 100000] \
-        [--dim 64] [--batch 512] [--pooling 8] [--warmup 4] [--steps 24] [--repeats 3]
+        [--dim 64] [--batch 512] [--pooling 8] [--blocks 3] [--warmup 2] [--steps 8] \
+        [--repeats 3]
 
 The model (the same class on both sides): an embedding-bag collection of ``--tables``
 tables of ``--rows`` x ``--dim`` (one feature each, sum pooling, SGD at learning rate 0.01
@@ -25,10 +26,13 @@ pipelined, one ``pipeline.progress(iterator)`` (the same work for one batch, wit
 batch's input distribution in the background). No barrier inside the timed loop (a barrier
 would stop the overlap); ``time.perf_counter`` brackets each step on every rank, and a
 step's time is the slowest rank's. One run (one implementation, plan and world size, in
-fresh processes) times both modes, ``--warmup`` untimed then ``--steps`` timed steps each,
-the mode that goes first alternating between runs; runs of our implementation and
-TorchRec's are interleaved, ``--repeats`` each. Cells give the median over all timed steps of
-all runs (p10-p90; each run's median).
+fresh processes) alternates the two modes in ``--blocks`` blocks each (a block: a fresh
+pipeline or the plain loop, ``--warmup`` untimed then ``--steps`` timed steps), so that the
+load of a shared machine, which drifts, falls on both alike; the mode that goes first
+alternates between blocks and between runs. Runs of our implementation and TorchRec's are
+interleaved, ``--repeats`` each. Cells give the median over all timed steps of all runs
+(p10-p90; each run's median); ratios are of those medians, with each run's own ratio after
+them (a ratio within one run compares steps taken minutes apart at most).
 
 As in runtime_vs_torchrec.py, the parent re-invokes this file for every run, ours under
 ``.venv/bin/python`` and TorchRec's under ``.venv-torchrec/bin/python``.
@@ -40,6 +44,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,7 +149,9 @@ def _build_ours(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     shard_modules(model, plan=plan, device="cpu", fused_params=fused)
     model.over = DistributedDataParallel(model.over)
     optimizer = torch.optim.SGD(model.over.parameters(), lr=LEARNING_RATE)
-    pipeline = TrainPipelineSparseDist(model, optimizer, torch.device("cpu"))
+
+    def pipeline() -> Any:
+        return TrainPipelineSparseDist(model, optimizer, torch.device("cpu"))
 
     def batch(values: Any, lengths: Any, dense: Any, labels: Any) -> OurBatch:
         keys = [f"f{i}" for i in range(args.tables)]
@@ -171,7 +178,9 @@ def _build_torchrec(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     per_table = _placements(tables, args.plan, args.world, helpers)
     dmp = torchrec_dmp(model, "ebc", ebc, per_table, sharder)
     optimizer = torch.optim.SGD(model.over.parameters(), lr=LEARNING_RATE)
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
+
+    def pipeline() -> Any:
+        return TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
 
     def batch(values: Any, lengths: Any, dense: Any, labels: Any) -> Any:
         keys = [f"f{i}" for i in range(args.tables)]
@@ -213,6 +222,8 @@ def _time_plain(model: Any, optimizer: Any, batches: list[Any], warmup: int) -> 
 
 
 def _time_pipeline(pipeline: Any, batches: list[Any], warmup: int) -> list[float]:
+    """Steps of a fresh pipeline; TorchRec's is detached after (it rewrites the model's
+    forward while attached, so the unpipelined mode could not run)."""
     times = []
     it = iter(batches)
     for step, batch in enumerate(batches):
@@ -226,6 +237,8 @@ def _time_pipeline(pipeline: Any, batches: list[Any], warmup: int) -> list[float
     try:
         pipeline.progress(it)
     except StopIteration:
+        if hasattr(pipeline, "detach"):
+            pipeline.detach()
         return times
     raise AssertionError("the pipeline trained more batches than it was given")
 
@@ -239,18 +252,20 @@ def _rank(rank: int, args: argparse.Namespace, port: int, result: str) -> None:
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.world, timeout=PG_TIMEOUT)
     try:
-        model, optimizer, pipeline, make = BUILDERS[args.impl](args)
+        model, optimizer, make_pipeline, make = BUILDERS[args.impl](args)
         row: dict[str, Any] = {"impl": args.impl, "plan": args.plan, "world": args.world}
-        for mode in args.order:
-            batches = _batches(args, rank, make)
-            dist.barrier()
-            if mode == "plain":
-                times = _time_plain(model, optimizer, batches, args.warmup)
-            else:
-                times = _time_pipeline(pipeline, batches, args.warmup)
-            slowest = torch.tensor(times, dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            row[mode] = [1000.0 * t for t in slowest.tolist()]
+        row |= {mode: [] for mode in MODES}
+        for block in range(args.blocks):
+            for mode in MODES if (block + args.first) % 2 == 0 else MODES[::-1]:
+                batches = _batches(args, rank, make)
+                dist.barrier()
+                if mode == "plain":
+                    times = _time_plain(model, optimizer, batches, args.warmup)
+                else:
+                    times = _time_pipeline(make_pipeline(), batches, args.warmup)
+                slowest = torch.tensor(times, dtype=torch.float64)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                row[mode] += [1000.0 * t for t in slowest.tolist()]
         if rank == 0:
             Path(result).write_text(json.dumps(row))
     finally:
@@ -270,13 +285,13 @@ def run_child(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- the parent
 
 
-def _run(impl: str, plan: str, world: int, order: list[str], args: argparse.Namespace) -> dict:
+def _run(impl: str, plan: str, world: int, first: int, args: argparse.Namespace) -> dict:
     python = PYTHONS[impl]
     if not python.exists():
         raise SystemExit(f"{python} is missing (for TorchRec: bash benchmarks/torchrec_env.sh)")
     command = [str(python), str(Path(__file__).resolve()), "--impl", impl, "--plan", plan]
-    command += ["--world", str(world), "--order", *order]
-    for name in ("tables", "rows", "dim", "batch", "pooling", "warmup", "steps"):
+    command += ["--world", str(world), "--first", str(first)]
+    for name in ("tables", "rows", "dim", "batch", "pooling", "blocks", "warmup", "steps"):
         command += [f"--{name}", str(getattr(args, name))]
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
@@ -299,14 +314,15 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64, help="a multiple of 4 x world size")
     parser.add_argument("--batch", type=int, default=512, help="local batch per rank")
     parser.add_argument("--pooling", type=int, default=8, help="mean ids per bag")
-    parser.add_argument("--warmup", type=int, default=4, help="untimed steps per mode and run")
-    parser.add_argument("--steps", type=int, default=24, help="timed steps per mode and run")
+    parser.add_argument("--blocks", type=int, default=3, help="blocks per mode and run")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per block")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per block")
     parser.add_argument("--repeats", type=int, default=3, help="runs per implementation")
     parser.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S, help="seconds per run")
     parser.add_argument("--impl", choices=sorted(BUILDERS), help=argparse.SUPPRESS)
     parser.add_argument("--plan", choices=PLANS, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--order", nargs="+", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for world in args.worlds:
         if args.dim % (4 * world):
@@ -318,8 +334,9 @@ def main() -> None:
     print(
         f"EmbeddingBagCollection + MLP under DDP, gloo on CPU (OMP_NUM_THREADS=1), "
         f"{args.tables} tables x {args.rows} rows x dim {args.dim}, local batch {args.batch}, "
-        f"~{args.pooling} ids/bag, fused SGD; per run and mode {args.warmup} warm-up + "
-        f"{args.steps} timed steps, {args.repeats} runs per implementation (interleaved); "
+        f"~{args.pooling} ids/bag, fused SGD; per run and mode {args.blocks} blocks of "
+        f"{args.warmup} warm-up + {args.steps} timed steps (modes alternating), "
+        f"{args.repeats} runs per implementation (interleaved); "
         "step = slowest rank; ms: median (p10-p90; run medians)\n"
     )
     print(
@@ -335,22 +352,29 @@ def main() -> None:
                 (impl, mode): [] for impl in impls for mode in MODES
             }
             for repeat in range(args.repeats):
-                order = list(MODES) if repeat % 2 == 0 else list(reversed(MODES))
                 for impl in impls if repeat % 2 == 0 else reversed(impls):
-                    row = _run(impl, plan, world, order, args)
+                    row = _run(impl, plan, world, repeat % 2, args)
                     for mode in MODES:
                         runs[impl, mode].append(row[mode])
             cells = {key: _cell(value) for key, value in runs.items()}
-            median = {key: cell[0] for key, cell in cells.items()}
-            print(
-                f"| {world} | {plan} | {cells['ours', 'plain'][1]} | "
-                f"{cells['ours', 'pipeline'][1]} | {cells['torchrec', 'plain'][1]} | "
-                f"{cells['torchrec', 'pipeline'][1]} | "
-                f"{median['ours', 'pipeline'] / median['ours', 'plain']:.2f} | "
-                f"{median['torchrec', 'pipeline'] / median['torchrec', 'plain']:.2f} | "
-                f"{median['ours', 'pipeline'] / median['torchrec', 'pipeline']:.2f} |",
-                flush=True,
-            )
+            ratios = [
+                _ratio(runs, ("ours", "pipeline"), ("ours", "plain")),
+                _ratio(runs, ("torchrec", "pipeline"), ("torchrec", "plain")),
+                _ratio(runs, ("ours", "pipeline"), ("torchrec", "pipeline")),
+            ]
+            cell = " | ".join(cells[impl, mode][1] for impl in impls for mode in MODES)
+            print(f"| {world} | {plan} | {cell} | {' | '.join(ratios)} |", flush=True)
+
+
+def _ratio(runs: dict, top: tuple[str, str], bottom: tuple[str, str]) -> str:
+    """The ratio of the medians over all runs, then each run's (run i of one against run i
+    of the other: for one implementation, the same processes)."""
+    whole = statistics.median(sum(runs[top], [])) / statistics.median(sum(runs[bottom], []))
+    each = ", ".join(
+        f"{statistics.median(a) / statistics.median(b):.2f}"
+        for a, b in zip(runs[top], runs[bottom], strict=True)
+    )
+    return f"**{whole:.2f}** ({each})"
 
 
 if __name__ == "__main__":
