@@ -161,7 +161,11 @@ class TrainPipelineSparseDist(Generic[Batch, Output]):
             self._next = first
         current, self._next = self._next, None
         contexts = current.wait(self.deadline)
-        self._next = self._fetch(dataloader_iter)
+        try:
+            self._next = self._fetch(dataloader_iter)
+        except BaseException:  # the loader failed: batch i is still the next to train
+            self._next = current
+            raise
         try:
             return self._train(current.batch, contexts)
         except BaseException:

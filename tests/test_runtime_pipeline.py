@@ -117,3 +117,40 @@ def test_a_bad_id_on_one_rank_fails_that_batch_on_every_rank_and_training_goes_o
 @pytest.mark.slow
 def test_features_copied_by_the_model_fall_back_to_the_ordinary_path():
     run_ranks(cases.fallback, 2)
+
+
+class _Flaky:
+    """Batches, with one failure (an OSError, as a loader reading files may raise) before
+    the batch at ``fail_at``."""
+
+    def __init__(self, batches, fail_at: int) -> None:
+        self.batches, self.fail_at, self.given = list(batches), fail_at, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.given == self.fail_at:
+            self.fail_at = -1
+            raise OSError("the loader could not read a shard")
+        if self.given == len(self.batches):
+            raise StopIteration
+        self.given += 1
+        return self.batches[self.given - 1]
+
+
+def test_a_loader_error_propagates_and_no_batch_is_lost():
+    data = cases.batches(0, 1, 3)
+    reference, reference_opt = cases.sharded_model(1)
+    want = cases.unpipelined(reference, reference_opt, data)
+    model, optimizer = cases.sharded_model(1)
+    pipeline = TrainPipelineSparseDist(model, optimizer, "cpu")
+    it = _Flaky(data, fail_at=2)
+    got = [pipeline.progress(it).detach()]
+    with pytest.raises(OSError, match="could not read"):
+        pipeline.progress(it)
+    got += [pipeline.progress(it).detach() for _ in range(2)]
+    with pytest.raises(StopIteration):
+        pipeline.progress(it)
+    for logits, (_, want_logits) in zip(got, want, strict=True):
+        assert torch.equal(logits, want_logits)
