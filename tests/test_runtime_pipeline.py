@@ -4,6 +4,9 @@ tests/runtime_pipeline_cases.py)."""
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
 import torch
 from torch import nn
@@ -13,6 +16,7 @@ from runtime import (
     EmbeddingBagConfig,
     KeyedJaggedTensor,
     PipelineBatchError,
+    PipelineTimeoutError,
     TrainPipelineSparseDist,
     construct_module_plan,
     shard_modules,
@@ -154,3 +158,27 @@ def test_a_loader_error_propagates_and_no_batch_is_lost():
         pipeline.progress(it)
     for logits, (_, want_logits) in zip(got, want, strict=True):
         assert torch.equal(logits, want_logits)
+
+
+class _SlowFeatures(KeyedJaggedTensor):
+    """Features whose keys take a second to read: the background work outlives a short
+    deadline whatever the machine's load."""
+
+    def keys(self):
+        time.sleep(1)
+        return super().keys()
+
+    def to(self, device):
+        return self
+
+
+def test_background_work_past_the_deadline_raises_instead_of_waiting():
+    batch = cases.batches(0, 1, 1)[0]
+    kjt = batch.sparse_features
+    slow = _SlowFeatures(kjt.keys(), kjt.values(), kjt.lengths(), kjt.weights())
+    model, optimizer = cases.sharded_model(1)
+    pipeline = TrainPipelineSparseDist(model, optimizer, "cpu")
+    pipeline.deadline = timedelta(seconds=0.2)
+    slow_batch = cases.Batch(batch.dense_features, slow, batch.labels)
+    with pytest.raises(PipelineTimeoutError, match=r"batch 0 did not finish within 0.2 s"):
+        pipeline.progress(iter([slow_batch]))
