@@ -182,9 +182,7 @@ class TrainPipelineSparseDist(Generic[Batch, Output]):
             result = self.model(batch)
         finally:
             for path in contexts:
-                module = self.modules[path]
-                if module._staged is not None:  # the model called it with other features
-                    module.stage(None)
+                if self.modules[path].unstage():  # the model called it with other features
                     self._fell_back(path)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise TypeError(

@@ -137,6 +137,11 @@ class _ShardedTables(nn.Module):
         drops it. A call with any other input runs the ordinary path and leaves it staged."""
         self._staged = context
 
+    def unstage(self) -> bool:
+        """Drop the staged context; whether one was left (no ``forward`` used it)."""
+        left, self._staged = self._staged is not None, None
+        return left
+
     def _input_of(self, features: KeyedJaggedTensor) -> InputContext:
         staged = self._staged
         if staged is not None and staged.features is features:
