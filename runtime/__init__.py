@@ -1,6 +1,12 @@
 """shardplan's execution runtime: apply a plan to pooled and sequence embedding tables with
 FBGEMM's table-batched kernels and torch.distributed collectives (see docs/runtime.md)."""
 
+from runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManifest,
+    load_checkpoint,
+    save_checkpoint,
+)
 from runtime.comm import SubgroupTimeoutError
 from runtime.modules import (
     EmbeddingBagCollection,
@@ -21,6 +27,7 @@ from runtime.plan import (
     table_row_wise,
     table_wise,
 )
+from runtime.reshard import Resharded, reshard
 from runtime.sharding.module import (
     ShardedEmbeddingBagCollection,
     ShardedEmbeddingCollection,
@@ -32,6 +39,8 @@ from runtime.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from runtime.startup import PlanLoadError, load_plan
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointManifest",
     "EmbeddingBagCollection",
     "EmbeddingBagConfig",
     "EmbeddingCollection",
@@ -44,6 +53,7 @@ __all__ = [
     "PipelineTimeoutError",
     "PlanLoadError",
     "PlanMismatchError",
+    "Resharded",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
     "ShardedWeight",
@@ -54,8 +64,11 @@ __all__ = [
     "column_wise",
     "construct_module_plan",
     "data_parallel",
+    "load_checkpoint",
     "load_plan",
+    "reshard",
     "row_wise",
+    "save_checkpoint",
     "shard_modules",
     "table_column_wise",
     "table_row_wise",

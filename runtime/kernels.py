@@ -137,6 +137,13 @@ class CpuAdamEmbeddingBags(nn.Module):
     def split_embedding_weights(self) -> list[torch.Tensor]:
         return [self._view(self.lookup.weights.detach(), t) for t in range(len(self._specs))]
 
+    def split_optimizer_states(self) -> list[list[torch.Tensor]]:
+        """Each table's first and second moments, ``[rows, dim]`` views (FBGEMM's call)."""
+        return [
+            [self._view(self.momentum1, t), self._view(self.momentum2, t)]
+            for t in range(len(self._specs))
+        ]
+
     def _view(self, flat: torch.Tensor, table: int) -> torch.Tensor:
         rows, dim = self._specs[table]
         start = self._starts[table]
@@ -204,6 +211,20 @@ def fused_optimizer(fused_params: Mapping[str, Any] | None) -> FusedOptimizer:
             f"{', '.join(ADAM_HYPERPARAMETERS)}"
         )
     return FusedOptimizer(optimizer, {k: float(v) for k, v in params.items()})
+
+
+def kernel_step(kernel: Kernel) -> int:
+    """The optimizer steps a kernel has taken (Adam's bias correction counts them)."""
+    if isinstance(kernel, CpuAdamEmbeddingBags):
+        return kernel.iter
+    return int(kernel.iter.item())
+
+
+def set_kernel_step(kernel: Kernel, step: int) -> None:
+    if isinstance(kernel, CpuAdamEmbeddingBags):
+        kernel.iter = step
+    else:
+        kernel.iter.fill_(step)
 
 
 def check_trainable(tables: Sequence[BaseEmbeddingConfig]) -> None:

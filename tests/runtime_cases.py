@@ -146,16 +146,21 @@ def _ids(table: EmbeddingBagConfig, count: int, world: int, generator: torch.Gen
 
 
 def global_batch(
-    tables: list[EmbeddingBagConfig], batches: list[int], world: int, step: int
+    tables: list[EmbeddingBagConfig],
+    batches: list[int],
+    world: int,
+    step: int,
+    edge_blocks: int | None = None,
 ) -> tuple[KeyedJaggedTensor, list[KeyedJaggedTensor]]:
-    """The global batch and each rank's slice of it (rank r has batches[r] samples)."""
+    """The global batch and each rank's slice of it (rank r has batches[r] samples); ids
+    favour the row-block boundaries of up to ``edge_blocks`` (default ``world``) blocks."""
     generator = torch.Generator().manual_seed(SEED + step)
     total = sum(batches)
     keys, per_key = [], []
     for table in tables:
         for name in table.feature_names:
             lengths = torch.randint(0, 5, (total,), generator=generator)  # empty bags included
-            ids = _ids(table, int(lengths.sum()), world, generator)
+            ids = _ids(table, int(lengths.sum()), edge_blocks or world, generator)
             weights = torch.rand(ids.numel(), generator=generator) + 0.5
             keys.append(name)
             per_key.append((lengths, ids, weights))

@@ -314,6 +314,7 @@ def test_version_and_help_load_no_library_and_no_planner_module():
         ["--version"],
         ["--help"],
         ["diff", "--help"],
+        ["migrate", "--help"],
         ["plan", "--help"],
         ["fetch", "-h"],
     ):
@@ -324,10 +325,11 @@ def test_version_and_help_load_no_library_and_no_planner_module():
         assert not libraries, argv
 
 
-def test_diff_and_validate_load_no_solver_service_or_numpy(tmp_path):
+def test_diff_migrate_and_validate_load_no_solver_service_or_numpy(tmp_path):
     missing = str(tmp_path / "missing.json")
     heavy = {"ortools", "fastapi", "uvicorn", "starlette", "torch", "numpy", "httpx"}
-    for argv in (["diff", missing, missing], ["validate", missing, missing]):
+    commands = (["diff", missing, missing], ["migrate", missing, missing])
+    for argv in (*commands, ["validate", missing, missing]):
         loaded = {name.partition(".")[0] for name in _loaded_by(argv)}
         assert "pydantic" in loaded  # it ran as far as reading the files
         assert not loaded & heavy, argv

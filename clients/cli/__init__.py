@@ -15,8 +15,8 @@ Start-up: the parser is built from every command module, for ``--version`` and `
 too, so a command module imports only the standard library and ``clients.cli``'s light
 modules (exits, extras, remote) at its top; what the command runs with (pydantic, the cost model,
 OR-Tools, the service) it imports inside ``run``. ``shardplan --version`` then loads no
-third-party library at all, and ``diff``, ``validate`` and ``fetch`` only what they use
-(docs/benchmarks.md, "Start-up"; tests/test_layout.py checks).
+third-party library at all, and ``diff``, ``migrate``, ``validate`` and ``fetch`` only what
+they use (docs/benchmarks.md, "Start-up"; tests/test_layout.py checks).
 """
 
 from __future__ import annotations
@@ -25,7 +25,18 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from clients.cli import check, diff, fetch, options, plan, request, schema, serve, validate
+from clients.cli import (
+    check,
+    diff,
+    fetch,
+    migrate,
+    options,
+    plan,
+    request,
+    schema,
+    serve,
+    validate,
+)
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK, CommandFailed
 from clients.cli.extras import MissingExtraError
 from clients.cli.interrupt import exit_on_ctrl_c
@@ -64,6 +75,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (validate, plan, check, fetch, options, diff, request, schema, serve):
+    for command in (validate, plan, check, fetch, options, diff, migrate, request, schema, serve):
         command.add_parser(sub)
     return parser

@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     parser.add_argument(
         "--top",
-        type=_count,
+        type=whole_number,
         default=DEFAULT_TOP,
         help=f"show the N ranks whose estimates change most (default {DEFAULT_TOP})",
     )
@@ -44,19 +44,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.cli.files import STDIN, read_input, read_verified_plan, source_name
-    from planner_service.plan.codec import parse_request
+    from clients.cli.files import read_plan_pair
     from planner_service.plan.diff import diff_document, diff_plans
-    from planner_service.plan.errors import FieldProblem, InputError
     from planner_service.reports import diff_report
 
-    if args.old == args.new == STDIN:
-        problem = FieldProblem("new", "only one of old and new can be - (stdin)", "-")
-        raise InputError("diff", [problem])
-    old, new = read_verified_plan(args.old), read_verified_plan(args.new)
-    request = None
-    if args.request is not None:
-        request = parse_request(read_input(args.request), source=source_name(args.request))
+    old, new, request = read_plan_pair(args.old, args.new, args.request, "diff")
     diff = diff_plans(old, new, request)
     if args.format == "json":
         sys.stdout.write(json.dumps(diff_document(diff), indent=2) + "\n")
@@ -65,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if diff.identical else EXIT_DIFFERENT
 
 
-def _count(text: str) -> int:
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number, 0 or more (``--top``)."""
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, not {text!r}")
     return int(text)

@@ -7,9 +7,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from planner_service.plan.codec import parse_plan, plan_id_of
+from planner_service.plan.codec import parse_plan, parse_request, plan_id_of
 from planner_service.plan.errors import FieldProblem, InputError
-from planner_service.plan.types import ShardingPlan
+from planner_service.plan.types import PlanRequest, ShardingPlan
 
 STDIN = Path("-")
 
@@ -40,6 +40,20 @@ def read_verified_plan(path: Path) -> ShardingPlan:
         )
         raise InputError(source, [FieldProblem("plan_id", message, plan.plan_id)])
     return plan
+
+
+def read_plan_pair(
+    old: Path, new: Path, request: Path | None, command: str
+) -> tuple[ShardingPlan, ShardingPlan, PlanRequest | None]:
+    """Two verified plans to compare (at most one from stdin), and the new plan's request
+    when a path is given (``shardplan diff`` and ``shardplan migrate``)."""
+    if old == new == STDIN:
+        problem = FieldProblem("new", "only one of old and new can be - (stdin)", "-")
+        raise InputError(command, [problem])
+    plans = read_verified_plan(old), read_verified_plan(new)
+    if request is None:
+        return (*plans, None)
+    return (*plans, parse_request(read_input(request), source=source_name(request)))
 
 
 def check_writable(path: Path, option: str) -> None:

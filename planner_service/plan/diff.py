@@ -19,14 +19,21 @@ weights plus the optimizer state of those rows and columns (``OptimizerType.stat
 request is known; without it, 4-byte weights and no state. ``bytes_out`` of a rank is
 what it held before and no longer holds (memory freed, weights only).
 
+The regions themselves are ``table_transfers`` and ``plan_transfers``: one ``Transfer``
+(table, sending rank, receiving rank, rows and columns of the table, bytes) per new shard
+and source shard that overlap; ``table_moves`` sums them, and ``shardplan migrate`` and the
+runtime's re-sharding in place move exactly them. ``table_kept`` lists the regions a rank
+keeps.
+
 The JSON form (``diff_document``) is documented in docs/reading-plans.md, "Comparing two
 plans"; its ``version`` changes when a field changes meaning or goes away.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,39 +195,133 @@ def boxes(sharding: ParameterSharding) -> list[Box]:
     return [(*shard.offsets, *shard.sizes, shard.rank) for shard in sharding.shards]
 
 
-def table_moves(
-    old: Sequence[Box], new: Sequence[Box], *, old_replicated: bool, element: Element
-) -> TableMoves:
-    """The moves that turn table shards ``old`` into ``new`` (module docstring);
-    ``old_replicated``: every old shard is a whole replica (data-parallel)."""
+@dataclass(frozen=True)
+class Transfer:
+    """One rectangle of a table that one rank sends another: rows ``[start, end)`` by
+    columns ``[start, end)`` of the full table, and its bytes (weights plus optimizer
+    state, ``Element.region_bytes``)."""
+
+    table: str
+    src: int  # the rank sending it (it held the region in the old plan)
+    dst: int  # the rank receiving it (it holds the region in the new plan)
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    bytes: int
+
+    @property
+    def elements(self) -> int:
+        return (self.rows[1] - self.rows[0]) * (self.cols[1] - self.cols[0])
+
+
+def table_transfers(
+    table: str,
+    old: Sequence[Box],
+    new: Sequence[Box],
+    *,
+    old_replicated: bool,
+    element: Element,
+) -> list[Transfer]:
+    """The regions that move to turn table shards ``old`` into ``new`` (module docstring),
+    one per new shard and source shard that overlap: new shards in the order given, then
+    sources in old order. ``old_replicated``: every old shard is a whole replica
+    (data-parallel)."""
+    transfers = []
+    for src, dst, rows, cols in _regions(old, new, old_replicated):
+        size = element.region_bytes(rows[1] - rows[0], cols[1] - cols[0])
+        transfers.append(Transfer(table, src, dst, rows, cols, size))
+    return transfers
+
+
+def _regions(
+    old: Sequence[Box], new: Sequence[Box], old_replicated: bool
+) -> Iterator[tuple[int, int, tuple[int, int], tuple[int, int]]]:
+    """``table_transfers``' regions as (sending rank, receiving rank, rows, columns): the
+    one definition of what moves, which ``table_moves`` sums without making objects."""
     if sorted(old) == sorted(new):
-        return NO_MOVES
-    sent: dict[int, int] = defaultdict(int)
-    received: dict[int, int] = defaultdict(int)
-    elements = 0
+        return
     held = {box[4] for box in old}
     replicas = sorted(old, key=lambda box: box[4]) if old_replicated else []
+    index = _RowIndex(old)
     for box in new:
         rank = box[4]
         if old_replicated:
             sources = [] if rank in held else [replicas[rank % len(replicas)]]
         else:
-            sources = [other for other in old if other[4] != rank]
+            sources = [other for other in index.overlapping(box) if other[4] != rank]
         for source in sources:
-            rows, cols = _overlap_extent(box, source)
-            if rows and cols:
-                moved = element.region_bytes(rows, cols)
-                sent[source[4]] += moved
-                received[rank] += moved
-                elements += rows * cols
+            region = _overlap_region(box, source)
+            if region is not None:
+                yield source[4], rank, *region
+
+
+class _RowIndex:
+    """A table's shards by first row, to find those whose rows can meet a box's without
+    trying every shard (row-wise on 128 ranks: 2 or 3 of 128); a few shards are all
+    tried, which is quicker than searching."""
+
+    SEARCHED_FROM = 16  # shards
+
+    def __init__(self, shards: Sequence[Box]) -> None:
+        self.shards = shards
+        self.searched = len(shards) >= self.SEARCHED_FROM
+        self.order = sorted(range(len(shards)), key=lambda i: shards[i][0]) if self.searched else []
+        self.starts = [shards[i][0] for i in self.order]
+        self.tallest = max((box[2] for box in shards), default=0)
+
+    def overlapping(self, box: Box) -> Sequence[Box]:
+        """The shards whose rows may meet ``box``'s, in the order given (a shard that
+        starts ``tallest`` rows or more before ``box`` ends before it)."""
+        if not self.searched:
+            return self.shards
+        first = bisect_right(self.starts, box[0] - self.tallest)
+        last = bisect_left(self.starts, box[0] + box[2])
+        return [self.shards[i] for i in sorted(self.order[first:last])]
+
+
+def table_kept(
+    old: Sequence[Box], new: Sequence[Box]
+) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:
+    """The regions each new shard's rank already holds, as ``(rank, rows, columns)``
+    (ranges ``[start, end)`` of the full table): its overlap with every old shard on the
+    same rank, new shards in the order given, then old shards in old order. With
+    ``table_transfers``, and the parts no rank held, these cover every new shard."""
+    kept: list[tuple[int, tuple[int, int], tuple[int, int]]] = []
+    index = _RowIndex(old)
+    for box in new:
+        for other in index.overlapping(box):
+            if other[4] == box[4]:
+                region = _overlap_region(box, other)
+                if region is not None:
+                    kept.append((box[4], *region))
+    return kept
+
+
+def table_moves(
+    old: Sequence[Box], new: Sequence[Box], *, old_replicated: bool, element: Element
+) -> TableMoves:
+    """The bytes each rank sends and receives to turn ``old`` into ``new``: the sums of
+    ``table_transfers`` (the same regions)."""
+    sent: dict[int, int] = defaultdict(int)
+    received: dict[int, int] = defaultdict(int)
+    elements = 0
+    for src, dst, rows, cols in _regions(old, new, old_replicated):
+        size = element.region_bytes(rows[1] - rows[0], cols[1] - cols[0])
+        sent[src] += size
+        received[dst] += size
+        elements += (rows[1] - rows[0]) * (cols[1] - cols[0])
+    if not elements:
+        return NO_MOVES
     return TableMoves(dict(sent), dict(received), elements)
 
 
-def _overlap_extent(a: Box, b: Box) -> tuple[int, int]:
-    """Rows and columns two boxes of one table have in common."""
-    rows = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
-    cols = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
-    return max(0, rows), max(0, cols)
+def _overlap_region(a: Box, b: Box) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The rows and columns (``[start, end)`` of the table) two boxes of one table have
+    in common, or None."""
+    rows = (max(a[0], b[0]), min(a[0] + a[2], b[0] + b[2]))
+    cols = (max(a[1], b[1]), min(a[1] + a[3], b[1] + b[3]))
+    if rows[1] <= rows[0] or cols[1] <= cols[0]:
+        return None
+    return rows, cols
 
 
 @dataclass(frozen=True)
@@ -275,6 +376,35 @@ def plan_moves(
         for rank, count in moves.received.items():
             received[rank] += count
     return PlanMoves(tables, dict(sent), dict(received))
+
+
+def plan_transfers(
+    old: ShardingPlan,
+    new_tables: Mapping[str, ParameterSharding],
+    request: PlanRequest | None = None,
+    *,
+    elements: Mapping[str, Element] | None = None,
+) -> list[Transfer]:
+    """Every region that moves from ``old`` to ``new_tables`` (a plan's tables), for tables
+    in both: tables in ``new_tables`` order, each as ``table_transfers`` orders it. Element
+    sizes from ``elements`` when given, else from ``request`` (the new plan's), else 4-byte
+    weights and no optimizer state; ``plan_moves`` sums the same regions."""
+    sizes = elements_of(request) if elements is None else elements
+    transfers: list[Transfer] = []
+    for name, after in new_tables.items():
+        before = old.tables.get(name)
+        if before is not None:
+            transfers += sharding_transfers(name, before, after, sizes.get(name, Element()))
+    return transfers
+
+
+def sharding_transfers(
+    name: str, before: ParameterSharding, after: ParameterSharding, element: Element
+) -> list[Transfer]:
+    replicated = before.sharding_type is ShardingType.DATA_PARALLEL
+    return table_transfers(
+        name, boxes(before), boxes(after), old_replicated=replicated, element=element
+    )
 
 
 def migration_data(

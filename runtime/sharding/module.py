@@ -35,6 +35,8 @@ from runtime.kernels import (
     build_kernel,
     check_trainable,
     fused_optimizer,
+    kernel_step,
+    set_kernel_step,
 )
 from runtime.modules import (
     BaseEmbeddingConfig,
@@ -48,6 +50,7 @@ from runtime.sharding.inputs import InputDistribution, LocalBatch, Received, Sen
 from runtime.sharding.layout import build_layouts, subgroup_families
 from runtime.sharding.outputs import OutputDistribution
 from runtime.sharding.sequence import SequenceOutputDistribution
+from runtime.sharding.state import ShardState, kernel_states, shard_state
 from runtime.sharding.weights import (
     ShardedWeight,
     ShardView,
@@ -95,6 +98,9 @@ class _ShardedTables(nn.Module):
         check_plan(plan, tables, self.group.world_size)
         optimizer = fused_optimizer(fused_params)
         check_trainable(tables)
+        self.plan = plan
+        self.fused_params = dict(fused_params) if fused_params is not None else None
+        self.optimizer = optimizer.optimizer
         self.plan_id = plan.plan_id
         self.device = device
         self.tables = list(tables)
@@ -184,6 +190,31 @@ class _ShardedTables(nn.Module):
                 self.layout.shards_of(group), kernel.split_embedding_weights(), strict=True
             )
         ]
+
+    def shard_states(self) -> list[ShardState]:
+        """This rank's shards with their weights and fused optimizer state (views into the
+        kernels), kernel by kernel; what checkpoints and resharding read and write."""
+        states = []
+        for group, kernel in zip(self.layout.groups, self._kernels(), strict=True):
+            shards = self.layout.shards_of(group)
+            optimizer_states = kernel_states(kernel, len(shards))
+            for shard, weight, state in zip(
+                shards, kernel.split_embedding_weights(), optimizer_states, strict=True
+            ):
+                table = self.tables[shard.table]
+                offsets = (shard.row_offset, shard.col_offset)
+                states.append(shard_state(table, offsets, weight, state, self.optimizer))
+        return states
+
+    @property
+    def optimizer_step(self) -> int:
+        """The fused optimizer's step count (the largest of this rank's kernels')."""
+        return max((kernel_step(k) for k in self._kernels()), default=0)
+
+    @optimizer_step.setter
+    def optimizer_step(self, step: int) -> None:
+        for kernel in self._kernels():
+            set_kernel_step(kernel, step)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, ShardedWeight]:  # type: ignore[override]
         """Each table's local shards with their global offsets under TorchRec's key
@@ -339,9 +370,26 @@ def shard_modules(
             f"shard_modules found no EmbeddingBagCollection or EmbeddingCollection in "
             f"{type(module).__name__}; nothing to shard"
         )
+    tables = [(path, _configs(collection)) for path, collection in found]
+    parts = split_plan(whole, tables, Group(pg).world_size)
+    for (path, collection), part in zip(found, parts, strict=True):
+        parent, _, name = path.rpartition(".")
+        sharded = _sharded(collection, part, pg, target, fused_params)
+        setattr(module.get_submodule(parent), name, sharded)
+    return module
+
+
+def split_plan(
+    whole: ModulePlan,
+    collections: Sequence[tuple[str, Sequence[BaseEmbeddingConfig]]],
+    world_size: int,
+) -> list[ModulePlan]:
+    """``whole`` cut into one plan per collection (path, tables) of a model, each checked
+    (``check_plan``) before anything is allocated: table names unique across the model, and
+    every table of the plan in some collection."""
     owner: dict[str, str] = {}
-    for path, collection in found:
-        for table in _configs(collection):
+    for path, tables in collections:
+        for table in tables:
             if table.name in owner:
                 raise PlanMismatchError(
                     f"table {table.name!r} is in both {owner[table.name]!r} and {path!r}; the "
@@ -355,20 +403,16 @@ def shard_modules(
             f"(the model's tables: {sorted(owner)})"
         )
     parts = []
-    for _, collection in found:  # check every part before allocating any
-        names = {t.name for t in _configs(collection)}
+    for _, tables in collections:
+        names = {t.name for t in tables}
         part = ModulePlan(
             whole.world_size,
             {n: s for n, s in whole.tables.items() if n in names},
             whole.plan_id,
         )
-        check_plan(part, _configs(collection), Group(pg).world_size)
+        check_plan(part, tables, world_size)
         parts.append(part)
-    for (path, collection), part in zip(found, parts, strict=True):
-        parent, _, name = path.rpartition(".")
-        sharded = _sharded(collection, part, pg, target, fused_params)
-        setattr(module.get_submodule(parent), name, sharded)
-    return module
+    return parts
 
 
 def _sharded(
