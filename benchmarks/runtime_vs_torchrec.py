@@ -137,7 +137,6 @@ def _build_ours(args: argparse.Namespace, plan: str) -> tuple[Any, Any]:
 
 def _build_torchrec(args: argparse.Namespace, plan: str) -> tuple[Any, Any]:
     import torch
-    import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import (
         EmbeddingBagCollection,
@@ -148,14 +147,7 @@ def _build_torchrec(args: argparse.Namespace, plan: str) -> tuple[Any, Any]:
     )
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import (
-        column_wise,
-        construct_module_sharding_plan,
-        row_wise,
-        table_wise,
-    )
-    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+    from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
 
     fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LEARNING_RATE}
     meta = torch.device("meta")
@@ -170,23 +162,30 @@ def _build_torchrec(args: argparse.Namespace, plan: str) -> tuple[Any, Any]:
     per_table = _per_table(
         tables, plan, (table_wise, column_wise, row_wise), compute_kernel="fused"
     )
+    return torchrec_dmp(module, "", module, per_table, sharder), KeyedJaggedTensor.from_lengths_sync
+
+
+def torchrec_dmp(model: Any, path: str, module: Any, per_table: Any, sharder: Any) -> Any:
+    """TorchRec's ``DistributedModelParallel`` of ``model`` over the default group (CPU),
+    its collection ``module`` at ``path`` sharded by ``per_table`` with ``sharder``."""
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    world = dist.get_world_size()
     module_plan = construct_module_sharding_plan(
-        module,
-        per_table,
-        sharder=sharder,
-        local_size=WORLD_SIZE,
-        world_size=WORLD_SIZE,
-        device_type="cpu",
+        module, per_table, sharder=sharder, local_size=world, world_size=world, device_type="cpu"
     )
     assert dist.group.WORLD is not None
-    dmp = DistributedModelParallel(
-        module,
+    return DistributedModelParallel(
+        model,
         env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=ShardingPlan({"": module_plan}),
+        plan=ShardingPlan({path: module_plan}),
         sharders=[sharder],
         device=torch.device("cpu"),
     )
-    return dmp, KeyedJaggedTensor.from_lengths_sync
 
 
 BUILDERS = {"ours": _build_ours, "torchrec": _build_torchrec}

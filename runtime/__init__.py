@@ -14,6 +14,7 @@ from runtime.modules import (
     EmbeddingCollection,
     EmbeddingConfig,
 )
+from runtime.pipeline import PipelineBatchError, PipelineTimeoutError, TrainPipelineSparseDist
 from runtime.plan import (
     ModulePlan,
     PlanMismatchError,
@@ -48,6 +49,8 @@ __all__ = [
     "KeyedJaggedTensor",
     "KeyedTensor",
     "ModulePlan",
+    "PipelineBatchError",
+    "PipelineTimeoutError",
     "PlanLoadError",
     "PlanMismatchError",
     "Resharded",
@@ -55,6 +58,7 @@ __all__ = [
     "ShardedEmbeddingCollection",
     "ShardedWeight",
     "SubgroupTimeoutError",
+    "TrainPipelineSparseDist",
     "apply_sharding_plan",
     "check_plan",
     "column_wise",

@@ -116,10 +116,14 @@ class InputDistribution:
                 f"{table.num_embeddings} rows, so ids must be in [0, {table.num_embeddings})"
             )
 
-    def __call__(self, local: LocalBatch) -> tuple[Received, Sent | None]:
+    def __call__(
+        self, local: LocalBatch, group: Group | None = None
+    ) -> tuple[Received, Sent | None]:
         """The ids every rank sends this rank, in kernel order, and (sequence modules) what
-        this rank sent."""
-        world, group, batch = self.group.world_size, self.group, local.batch
+        this rank sent. ``group``: another group over the same ranks in the same order (a
+        pipeline's), instead of the module's."""
+        group = group if group is not None else self.group
+        world, batch = group.world_size, local.batch
         lengths, values, weights, counts, positions = self._send_order(local)
         to_rank = torch.zeros(world, dtype=torch.int64, device=self.device).index_add_(
             0, self.send_ranks, counts

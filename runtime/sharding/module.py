@@ -21,7 +21,7 @@ them:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import torch
 import torch.distributed as dist
@@ -46,7 +46,7 @@ from runtime.modules import (
 )
 from runtime.plan import ModulePlan, PlanMismatchError, check_plan
 from runtime.sharding.exchange import input_exchange, output_exchange, sequence_exchange
-from runtime.sharding.inputs import InputDistribution, Received
+from runtime.sharding.inputs import InputDistribution, LocalBatch, Received, Sent
 from runtime.sharding.layout import build_layouts, subgroup_families
 from runtime.sharding.outputs import OutputDistribution
 from runtime.sharding.sequence import SequenceOutputDistribution
@@ -66,6 +66,16 @@ from runtime.sparse import (
     concat,
     offsets_from_lengths,
 )
+
+
+class InputContext(NamedTuple):
+    """A batch after its input distribution (step 1): this rank's batch in module order, the
+    ids every rank sent this rank, and (sequence modules) what this rank sent."""
+
+    features: KeyedJaggedTensor
+    local: LocalBatch
+    received: Received
+    sent: Sent | None
 
 
 class _ShardedTables(nn.Module):
@@ -112,6 +122,38 @@ class _ShardedTables(nn.Module):
             for group in self.layout.groups
         )
         initialise(self._shard_views(), module)
+        self._staged: InputContext | None = None
+
+    def input_dist(self, features: KeyedJaggedTensor, group: Group | None = None) -> InputContext:
+        """Step 1 of ``forward``: check the batch and send its ids to the ranks that look
+        them up (the input all-to-alls, on ``group``: by default the module's; a pipeline
+        passes another group over the same ranks). No autograd."""
+        return self.distribute(features, self.inputs.prepare(features), group)
+
+    def distribute(
+        self, features: KeyedJaggedTensor, local: LocalBatch, group: Group | None = None
+    ) -> InputContext:
+        """``input_dist`` of a batch already checked by ``inputs.prepare``."""
+        received, sent = self.inputs(local, group)
+        return InputContext(features, local, received, sent)
+
+    def stage(self, context: InputContext | None) -> None:
+        """The next ``forward`` called with ``context.features`` (that very object) uses
+        ``context`` instead of running the input distribution (and drops it); ``None``
+        drops it. A call with any other input runs the ordinary path and leaves it staged."""
+        self._staged = context
+
+    def unstage(self) -> bool:
+        """Drop the staged context; whether one was left (no ``forward`` used it)."""
+        left, self._staged = self._staged is not None, None
+        return left
+
+    def _input_of(self, features: KeyedJaggedTensor) -> InputContext:
+        staged = self._staged
+        if staged is not None and staged.features is features:
+            self._staged = None
+            return staged
+        return self.input_dist(features)
 
     def _lookup(self, received: Received) -> list[torch.Tensor]:
         """Each kernel's lookups of its features' ids, kernel by kernel: ``[sum of batches,
@@ -220,13 +262,17 @@ class ShardedEmbeddingBagCollection(_ShardedTables):
         return self.outputs.exchange.collectives()
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        local = self.inputs.prepare(features)
-        received, _ = self.inputs(local)
+        return self.compute_and_output(self._input_of(features))
+
+    def compute_and_output(self, context: InputContext) -> KeyedTensor:
+        """Steps 2 and 3 of ``forward``: lookups of the received ids, then the pooled columns
+        back to their samples' ranks."""
+        received = context.received
         pooled = self._lookup(received)
         if not pooled:
             total = sum(received.batches)
             pooled = [torch.zeros(total, 0, device=self.device, requires_grad=True)]
-        return self.outputs(concat(pooled, dim=1), received.batches, local.lengths)
+        return self.outputs(concat(pooled, dim=1), received.batches, context.local.lengths)
 
 
 class ShardedEmbeddingCollection(_ShardedTables):
@@ -249,10 +295,14 @@ class ShardedEmbeddingCollection(_ShardedTables):
         )
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
-        local = self.inputs.prepare(features)
-        received, sent = self.inputs(local)
+        return self.compute_and_output(self._input_of(features))
+
+    def compute_and_output(self, context: InputContext) -> dict[str, JaggedTensor]:
+        """Steps 2 and 3 of ``forward``: a row per received id, then the rows back to their
+        ids' ranks."""
+        received, sent = context.received, context.sent
         assert sent is not None
-        return self.outputs(self._lookup(received), received, sent, local)
+        return self.outputs(self._lookup(received), received, sent, context.local)
 
 
 Collection = EmbeddingBagCollection | EmbeddingCollection
