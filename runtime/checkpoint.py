@@ -137,7 +137,7 @@ def save_checkpoint(module: nn.Module, path: str | os.PathLike[str]) -> Checkpoi
             )
             mine = [s for s in shards if s.table.name == table.name]
             size = (table.num_embeddings, table.embedding_dim)
-            state.update(_table_state(key, size, mine, group_ranks(group)))
+            state.update(_table_state(key, size, mine, _group_ranks(group)))
     dense = _dense_state(module, [prefix for prefix, _ in parts])
     state.update(dense)
     if group.rank == 0:  # saving over a checkpoint: it is incomplete until the new manifest
@@ -188,7 +188,7 @@ def load_checkpoint(
             size = (table.num_embeddings, table.embedding_dim)
             _check_entry(key, table.name, manifest, size)
             mine = [s for s in shards if s.table.name == table.name]
-            ranks = group_ranks(group)
+            ranks = _group_ranks(group)
             state.update(
                 _table_state(key, size, mine, ranks, optimizer=optimizer_state, rowwise=False)
             )
@@ -265,7 +265,7 @@ def _check_entry(key: str, name: str, manifest: CheckpointManifest, size: tuple[
         )
 
 
-def group_ranks(group: Any) -> list[int]:
+def _group_ranks(group: Any) -> list[int]:
     """The global rank of each rank of ``group`` (ShardedTensor placements are global)."""
     if group.pg is None:
         return [dist.get_rank()]

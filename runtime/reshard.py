@@ -94,8 +94,15 @@ def _reshard_one(
     me = old.group.rank
     before, after = old.shard_states(), new.shard_states()
     rowwise = {i: RowwiseParts(s) for i, s in enumerate(after) if s.rowwise is not None}
+    held_before: dict[str, list[ShardState]] = defaultdict(list)
+    for shard in before:
+        held_before[shard.table.name].append(shard)
+    held_after: dict[str, list[tuple[int, ShardState]]] = defaultdict(list)
+    for index, shard in enumerate(after):
+        held_after[shard.table.name].append((index, shard))
     outgoing: dict[int, list[torch.Tensor]] = defaultdict(list)
-    incoming: dict[int, list[Transfer]] = defaultdict(list)  # by sender, in transfer order
+    # By sender, in transfer order: each part's region and the new shard (index) it fills.
+    incoming: dict[int, list[tuple[Region, int, ShardState]]] = defaultdict(list)
     recv_bytes: dict[int, int] = defaultdict(int)
     with torch.no_grad():
         for table in old.tables:
@@ -105,8 +112,7 @@ def _reshard_one(
             transfers = table_transfers(
                 table.name, boxes(was), boxes(now), old_replicated=replicated, element=element
             )
-            mine_before = [s for s in before if s.table.name == table.name]
-            mine_after = [(i, s) for i, s in enumerate(after) if s.table.name == table.name]
+            mine_before, mine_after = held_before[table.name], held_after[table.name]
             for transfer in transfers:
                 if transfer.src == me:
                     source = _holding(mine_before, _region(transfer))
@@ -114,7 +120,8 @@ def _reshard_one(
                     assert sum(p.numel() for p in payload) == transfer.bytes
                     outgoing[transfer.dst] += payload
                 if transfer.dst == me:
-                    incoming[transfer.src].append(transfer)
+                    region = _region(transfer)
+                    incoming[transfer.src].append((region, *_holding_indexed(mine_after, region)))
                     recv_bytes[transfer.src] += transfer.bytes
             for rank, rows, cols in table_kept(boxes(was), boxes(now)):
                 if rank != me:
@@ -131,12 +138,7 @@ def _reshard_one(
         data = old.group.all_to_all(send, send_splits, recv_splits)
         at = 0  # parts arrive grouped by sender, each sender's in transfer order
         for src in range(world):
-            for transfer in incoming.get(src, []):
-                region = _region(transfer)
-                index, target = _holding_indexed(
-                    [(i, s) for i, s in enumerate(after) if s.table.name == transfer.table],
-                    region,
-                )
+            for region, index, target in incoming.get(src, []):
                 pieces, at = _unpack(data, at, target, region)
                 _write(target, region, pieces, rowwise.get(index))
         assert at == data.numel()

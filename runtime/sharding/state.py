@@ -22,7 +22,7 @@ accumulated is not recorded anywhere (splitting is an approximation).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -109,8 +109,3 @@ class RowwiseParts:
     def write(self) -> None:
         assert self.target.rowwise is not None
         self.target.rowwise.copy_(self.total.to(self.target.rowwise.dtype))
-
-
-def rowwise_parts(states: Iterable[ShardState]) -> dict[int, RowwiseParts]:
-    """A collector per shard with row-wise state, keyed by position in ``states``."""
-    return {i: RowwiseParts(s) for i, s in enumerate(states) if s.rowwise is not None}
