@@ -202,7 +202,9 @@ class FaultyProxy:
     """A real HTTP server on a free loopback port, in front of ``upstream`` (a base URL):
     it answers the requests it is given ``faults`` for with those, in order, then forwards
     the rest, passing each forwarded body through ``corrupt``. ``seen`` lists every request
-    received. ``upstream=None``: nothing to forward to (every request needs a fault)."""
+    received. ``upstream=None``: nothing to forward to (every request needs a fault).
+    ``encoded``: bodies are passed on as sent (gzip stays gzip, ``Content-Encoding`` kept)
+    and ``corrupt`` sees them so; otherwise they are decoded first."""
 
     def __init__(
         self,
@@ -210,8 +212,10 @@ class FaultyProxy:
         faults: list[Fault] | None = None,
         *,
         corrupt: Callable[[bytes], bytes] | None = None,
+        encoded: bool = False,
     ) -> None:
         self.upstream = upstream
+        self.encoded = encoded
         self.faults = list(faults or [])
         self.corrupt = corrupt
         self.seen: list[Seen] = []
@@ -259,9 +263,16 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         assert proxy.upstream is not None, f"no fault left for {self.command} {self.path}"
         forwarded = {k: v for k, v in headers.items() if k not in _HOP_BY_HOP}
         with httpx.Client(base_url=proxy.upstream, timeout=60) as upstream:
-            response = upstream.request(self.command, self.path, content=body, headers=forwarded)
-        content = proxy.corrupt(response.content) if proxy.corrupt else response.content
-        kept = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
+            request = upstream.build_request(self.command, self.path, content=body)
+            request.headers.update(forwarded)
+            response = upstream.send(request, stream=True)
+            try:
+                raw = b"".join(response.iter_raw()) if proxy.encoded else response.read()
+            finally:
+                response.close()
+        content = proxy.corrupt(raw) if proxy.corrupt else raw
+        dropped = _HOP_BY_HOP - {"content-encoding"} if proxy.encoded else _HOP_BY_HOP
+        kept = {k: v for k, v in response.headers.items() if k.lower() not in dropped}
         self._answer(response.status_code, kept, content, None)
 
     def _answer(

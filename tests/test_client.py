@@ -6,6 +6,7 @@ the cache. Every scenario runs with the blocking and with the asyncio client."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import random
 from collections.abc import Iterator
@@ -336,6 +337,46 @@ def test_a_truncated_plan_is_an_integrity_error(connect, service):
         pytest.raises(IntegrityError, match="not a readable plan"),
     ):
         connect(proxy.base).get_plan(plan.plan_id)
+
+
+def test_the_client_fetches_plans_gzip_encoded_and_verifies_the_decoded_bytes(connect, service):
+    plan = connect(service.base).create_plan(small(unique("gzip")))
+    bodies: list[bytes] = []
+
+    def keep(body: bytes) -> bytes:
+        bodies.append(body)
+        return body
+
+    with FaultyProxy(service.base, corrupt=keep, encoded=True) as proxy:
+        assert connect(proxy.base).get_plan(plan.plan_id) == plan
+    [seen] = proxy.seen
+    assert seen.headers["accept-encoding"] == "gzip"
+    [body] = bodies
+    assert gzip.decompress(body) == canonical_bytes(plan)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        # Not gzip at all, though Content-Encoding says so.
+        (lambda body: b"\x00\x00" + body[2:], "cannot be decoded"),
+        # A gzip stream whose deflate data is damaged.
+        (lambda body: body[:12] + bytes(b ^ 0xFF for b in body[12:40]) + body[40:], "decoded"),
+        # Sound gzip of other bytes: the plan, changed.
+        (lambda body: gzip.compress(_corrupt(gzip.decompress(body))), "hashes to"),
+    ],
+    ids=["not-gzip", "damaged-deflate", "gzip-of-other-bytes"],
+)
+def test_a_corrupted_compressed_plan_is_an_integrity_error(
+    connect, service, tmp_path, damage, message
+):
+    plan = connect(service.base).create_plan(small(unique("gz-corrupt")))
+    with (
+        FaultyProxy(service.base, corrupt=damage, encoded=True) as proxy,
+        pytest.raises(IntegrityError, match=message),
+    ):
+        connect(proxy.base, cache_dir=tmp_path).get_plan(plan.plan_id)
+    assert not (tmp_path / "plans" / f"{plan.plan_id}.json").exists()
 
 
 def test_a_restart_while_the_service_is_down_is_served_from_the_cache(connect, service, tmp_path):

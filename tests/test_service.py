@@ -4,6 +4,7 @@ both). Each status code the API documents is provoked here."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
@@ -97,15 +98,19 @@ def test_post_solves_stores_and_then_answers_from_the_store(client):
 def test_get_plan_is_immutable_and_revalidates_with_etag(client):
     created = client.post("/v1/plans", json=small_request("get"))
     plan_id = created.headers["x-shardplan-plan-id"]
-    fetched = client.get(f"/v1/plans/{plan_id}")
+    # httpx asks for gzip by default; this client takes identity (no header: see below).
+    fetched = client.get(f"/v1/plans/{plan_id}", headers={"Accept-Encoding": "identity"})
     assert fetched.status_code == 200
+    assert "content-encoding" not in fetched.headers
     assert fetched.content == created.content
     assert fetched.headers["etag"] == f'"{plan_id}"'
     assert fetched.headers["cache-control"] == "public, max-age=31536000, immutable"
     assert fetched.headers["content-type"] == "application/json"
     assert plan_id_of(json.loads(fetched.content)) == plan_id
     for tag in (f'"{plan_id}"', f'W/"{plan_id}"', f'"{"0" * 64}", "{plan_id}"', "*"):
-        revalidated = client.get(f"/v1/plans/{plan_id}", headers={"If-None-Match": tag})
+        revalidated = client.get(
+            f"/v1/plans/{plan_id}", headers={"If-None-Match": tag, "Accept-Encoding": "identity"}
+        )
         assert revalidated.status_code == 304, tag
         assert revalidated.content == b""
         assert revalidated.headers["etag"] == f'"{plan_id}"'
@@ -115,6 +120,92 @@ def test_get_plan_is_immutable_and_revalidates_with_etag(client):
     stored_request = client.get(f"/v1/plans/{plan_id}/request")
     assert stored_request.status_code == 200
     assert parse_request(stored_request.content).tables[0].name == "get1"
+
+
+def _raw_get(service, path: str, headers: dict[str, str]) -> tuple[httpx.Response, bytes]:
+    """GET without httpx's own Accept-Encoding: the response and its body as sent (not
+    decoded)."""
+    with httpx.Client(base_url=service.base, timeout=60) as http:
+        request = http.build_request("GET", path)
+        del request.headers["accept-encoding"]
+        request.headers.update(headers)
+        response = http.send(request, stream=True)
+        try:
+            return response, b"".join(response.iter_raw())
+        finally:
+            response.close()
+
+
+@pytest.mark.parametrize(
+    ("accept_encoding", "expected"),
+    [
+        (None, "identity"),
+        ("", "identity"),
+        ("identity", "identity"),
+        ("gzip", "gzip"),
+        ("GZip", "gzip"),
+        ("x-gzip", "gzip"),
+        ("*", "gzip"),
+        ("gzip, deflate, br", "gzip"),
+        ("br, zstd", "identity"),  # unknown to this service: identity is still acceptable
+        ("gzip;q=0", "identity"),
+        ("gzip;q=0.5, identity", "identity"),
+        ("gzip;q=1.0, identity;q=0.5", "gzip"),
+        ("gzip;Q=0.001", "gzip"),
+        ("gzip;q=0.5", "gzip"),  # identity, not named, is the last resort
+        ("*;q=0.5, gzip;q=0.3", "identity"),
+        ("gzip;q=2", "identity"),  # not a qvalue: the entry is ignored
+        ("identity;q=0, gzip", "gzip"),
+        ("*;q=0, gzip", "gzip"),
+        ("*;q=0, identity", "identity"),
+        ("identity;q=0", None),
+        ("identity;q=0, br", None),
+        ("*;q=0", None),
+        ("gzip;q=0, identity;q=0", None),
+    ],
+)
+def test_plan_is_served_in_the_negotiated_encoding(service, client, accept_encoding, expected):
+    created = client.post("/v1/plans", json=small_request("enc"))
+    plan_id = created.headers["x-shardplan-plan-id"]
+    identity = client.get(f"/v1/plans/{plan_id}", headers={"Accept-Encoding": "identity"})
+    headers = {} if accept_encoding is None else {"Accept-Encoding": accept_encoding}
+    response, body = _raw_get(service, f"/v1/plans/{plan_id}", headers)
+    assert response.headers["vary"] == "Accept-Encoding"
+    if expected is None:
+        assert response.status_code == 406
+        assert "accepts neither identity nor gzip" in json.loads(body)["detail"]
+        return
+    assert response.status_code == 200
+    assert response.headers["cache-control"] == "public, max-age=31536000, immutable"
+    if expected == "gzip":
+        assert response.headers["content-encoding"] == "gzip"
+        assert response.headers["etag"] == f'"{plan_id}-gzip"'
+        assert gzip.decompress(body) == identity.content == created.content
+        assert len(body) < len(identity.content)
+    else:
+        assert "content-encoding" not in response.headers
+        assert response.headers["etag"] == f'"{plan_id}"'
+        assert body == created.content
+
+
+def test_each_representation_revalidates_with_its_own_etag(service, client):
+    created = client.post("/v1/plans", json=small_request("etags"))
+    plan_id = created.headers["x-shardplan-plan-id"]
+    path = f"/v1/plans/{plan_id}"
+    tags = {"identity": f'"{plan_id}"', "gzip": f'"{plan_id}-gzip"'}
+    for encoding, tag in tags.items():
+        for sent in (tag, f"W/{tag}", f'"{"0" * 64}", {tag}', "*"):
+            answer, body = _raw_get(
+                service, path, {"Accept-Encoding": encoding, "If-None-Match": sent}
+            )
+            assert answer.status_code == 304, (encoding, sent)
+            assert body == b""
+            assert answer.headers["etag"] == tag
+            assert answer.headers["vary"] == "Accept-Encoding"
+        [other] = [t for e, t in tags.items() if e != encoding]
+        answer, _ = _raw_get(service, path, {"Accept-Encoding": encoding, "If-None-Match": other})
+        assert answer.status_code == 200, (encoding, other)
+        assert answer.headers["etag"] == tag
 
 
 def test_unknown_and_malformed_plan_ids(client):

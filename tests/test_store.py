@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
 import threading
@@ -12,8 +13,10 @@ import pytest
 from planner_service.plan.api import PlanSummary
 from planner_service.service.store import (
     NewSolve,
+    PlanBodies,
     StoreUnavailableError,
     UnknownPlanError,
+    gzip_plan,
     open_store,
 )
 
@@ -219,6 +222,11 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
         )
         assert listed.planner_version == "v0"
         assert opened.get_plan("d" * 64).plan == plan
+        # ... a gzip column, NULL for this plan until its first fetch encodes and stores it,
+        assert _stored_gzip(store_url, "d" * 64) is None
+        assert opened.plan_bodies("d" * 64) == PlanBodies(plan, gzip_plan(plan))
+        assert _stored_gzip(store_url, "d" * 64) == gzip_plan(plan)
+        assert opened.plan_bodies("d" * 64) == PlanBodies(plan, gzip_plan(plan))
         # ... and the solves table that async jobs need.
         assert opened.get_solve("j" * 64) is None
         assert opened.claim_solve(
@@ -226,6 +234,38 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
         )[1]
     finally:
         opened.close()
+
+
+def _stored_gzip(url: str, plan_id: str) -> bytes | None:
+    query = "SELECT plan_gzip FROM plans WHERE plan_id = {}"
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url) as connection:
+            row = connection.execute(query.format("%s"), (plan_id,)).fetchone()
+    else:
+        with closing(sqlite3.connect(url)) as connection:
+            row = connection.execute(query.format("?"), (plan_id,)).fetchone()
+    return None if row[0] is None else bytes(row[0])
+
+
+def test_a_plan_is_stored_with_its_gzip_encoding(store, store_url):
+    plan = json.dumps({"tables": {f"t{i}": {"rank": i % 4} for i in range(200)}}).encode()
+    _put(store, "e" * 64, data=plan)
+    stored = _stored_gzip(store_url, "e" * 64)
+    assert stored is not None and gzip.decompress(stored) == plan
+    assert len(stored) < len(plan) // 4
+    assert store.plan_bodies("e" * 64) == PlanBodies(plan, stored)
+    assert store.plan_bodies("f" * 64) is None
+
+
+def test_gzip_encoding_is_the_same_bytes_every_time():
+    """mtime 0 and a fixed level: every replica encodes a plan to the same bytes."""
+    plan = b'{"plan_id": "x", "tables": {}}' * 50
+    first = gzip_plan(plan)
+    assert first == gzip_plan(bytes(plan))
+    assert first[4:8] == b"\0\0\0\0"  # RFC 1952 MTIME: none
+    assert gzip.decompress(first) == plan
 
 
 # --------------------------------------------------------------------------- solves (jobs)

@@ -339,6 +339,13 @@ class Core:
         return delay_s
 
     def _final(self, call: Call, outcome: httpx.Response | httpx.RequestError) -> httpx.Response:
+        if isinstance(outcome, httpx.DecodingError):  # a damaged compressed body
+            raise IntegrityError(
+                f"{call.method} {self._url(call)}: the body cannot be decoded as its "
+                f"Content-Encoding says: {outcome}",
+                expected_plan_id=None,
+                plan_id=None,
+            ) from None
         if isinstance(outcome, httpx.RequestError):
             raise PlannerError(f"{call.method} {self._url(call)}: {outcome}") from outcome
         if outcome.is_success or outcome.status_code == 304:

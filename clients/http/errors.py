@@ -165,7 +165,8 @@ class ServerError(PlannerHTTPError):
 
 class IntegrityError(PlannerError):
     """A plan whose bytes do not hash to its ``plan_id``, or not to the id asked for: it
-    was changed or damaged after the planner sealed it. It is neither returned nor cached."""
+    was changed or damaged after the planner sealed it; or a body that cannot be decoded
+    as its ``Content-Encoding`` says (damaged gzip). It is neither returned nor cached."""
 
     def __init__(self, message: str, *, expected_plan_id: str | None, plan_id: str | None) -> None:
         super().__init__(message)

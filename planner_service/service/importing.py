@@ -30,6 +30,7 @@ from planner_service.service.limits import decode_request_and_plan
 from planner_service.service.problems import ProblemError
 from planner_service.service.settings import Settings
 from planner_service.service.state import ServiceState
+from planner_service.service.store import PlanBodies
 from planner_service.validate.validator import validate_plan
 
 SHOWN_VIOLATIONS = 5
@@ -78,6 +79,7 @@ async def import_plan(
     if checked.violations:
         raise _invalid(checked.violations)
     store = state.store()
+    bodies = await run_in_threadpool(PlanBodies.of, checked.plan)
     inserted = await run_in_threadpool(
         lambda: store.put_plan(
             plan_id=checked.plan_id,
@@ -85,10 +87,11 @@ async def import_plan(
             planner_version=checked.planner_version,
             request=checked.request,
             plan=checked.plan,
+            plan_gzip=bodies.gzip,
             summary=checked.summary,
         )
     )
-    state.cache.put(checked.plan_id, checked.plan)
+    state.cache.put(checked.plan_id, bodies)
     return checked, inserted
 
 

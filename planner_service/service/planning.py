@@ -21,6 +21,7 @@ from planner_service.service.solving import (
     T,
 )
 from planner_service.service.state import ServiceState
+from planner_service.service.store import PlanBodies
 
 
 async def solve_and_store(
@@ -36,15 +37,17 @@ async def solve_and_store(
     def finish(result: SolveResult) -> tuple[SolveResult, bool]:
         if result.plan is None or result.plan_id is None or result.summary is None:
             return result, False
+        bodies = PlanBodies.of(result.plan)
         inserted = store.put_plan(
             plan_id=result.plan_id,
             request_hash=key,
             planner_version=PLANNER_VERSION,
             request=request_document,
             plan=result.plan,
+            plan_gzip=bodies.gzip,
             summary=result.summary,
         )
-        state.cache.put(result.plan_id, result.plan)
+        state.cache.put(result.plan_id, bodies)
         return result, inserted
 
     (result, inserted), shared = await _solve(

@@ -18,39 +18,45 @@ from planner_service.service import metrics
 from planner_service.service.cpu import CpuLane
 from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
 from planner_service.service.solving import SolvePool, die_with_parent
-from planner_service.service.store import PlanStore, StoredPlan, StoreUnavailableError, open_store
+from planner_service.service.store import (
+    PlanBodies,
+    PlanStore,
+    StoredPlan,
+    StoreUnavailableError,
+    open_store,
+)
 
 log = logging.getLogger("shardplan.api")
 
 
 class PlanCache:
-    """Plan bytes by plan_id, least recently used out first, bounded in bytes. Plans are
-    immutable and content-addressed, so a cached copy is never stale."""
+    """Plan bytes (identity and gzip) by plan_id, least recently used out first, bounded in
+    bytes. Plans are immutable and content-addressed, so a cached copy is never stale."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, bytes] = OrderedDict()
+        self._entries: OrderedDict[str, PlanBodies] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, plan_id: str) -> bytes | None:
+    def get(self, plan_id: str) -> PlanBodies | None:
         with self._lock:
             data = self._entries.get(plan_id)
             if data is not None:
                 self._entries.move_to_end(plan_id)
             return data
 
-    def put(self, plan_id: str, data: bytes) -> None:
-        if len(data) > self.max_bytes:
+    def put(self, plan_id: str, data: PlanBodies) -> None:
+        if data.size > self.max_bytes:
             return
         with self._lock:
             if plan_id in self._entries:
                 return
             self._entries[plan_id] = data
-            self._bytes += len(data)
+            self._bytes += data.size
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
-                self._bytes -= len(evicted)
+                self._bytes -= evicted.size
 
 
 @dataclass
@@ -92,16 +98,21 @@ class ServiceState:
 
     async def plan_bytes(self, plan_id: str) -> bytes | None:
         """A stored plan's bytes, from memory when possible."""
-        data = self.cache.get(plan_id)
-        if data is not None:
+        bodies = await self.plan_bodies(plan_id)
+        return None if bodies is None else bodies.identity
+
+    async def plan_bodies(self, plan_id: str) -> PlanBodies | None:
+        """A stored plan's identity and gzip bytes, from memory when possible."""
+        bodies = self.cache.get(plan_id)
+        if bodies is not None:
             metrics.CACHE.labels("memory").inc()
-            return data
-        stored = await self.stored(plan_id)
-        if stored is None:
+            return bodies
+        bodies = await run_in_threadpool(lambda: self.store().plan_bodies(plan_id))
+        if bodies is None:
             return None
         metrics.CACHE.labels("store").inc()
-        self.cache.put(plan_id, stored.plan)
-        return stored.plan
+        self.cache.put(plan_id, bodies)
+        return bodies
 
     async def plan_for_request(self, request_hash: str) -> tuple[str, bytes] | None:
         """(plan_id, bytes) of the plan this planner version already stored for a request."""

@@ -22,6 +22,7 @@ costs the same however deep it is and rows stored meanwhile neither repeat nor s
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
 import threading
@@ -48,7 +49,8 @@ CREATE TABLE IF NOT EXISTS plans (
     world_size INTEGER,
     num_tables INTEGER,
     objective DOUBLE PRECISION,
-    status TEXT
+    status TEXT,
+    plan_gzip BLOB
 );
 CREATE INDEX IF NOT EXISTS plans_by_request ON plans (request_hash, planner_version);
 CREATE INDEX IF NOT EXISTS plans_by_creation ON plans (created_at, plan_id);
@@ -97,6 +99,32 @@ _SUMMARY_COLUMNS = {
     "status": "TEXT",
 }
 _BACKFILL_BATCH = 100
+# Columns added after the first release, each NULL in rows stored before it: ``plan_gzip``
+# is filled the first time such a plan is fetched (``plan_bodies``).
+_LATER_COLUMNS = {"plan_gzip": "BLOB"}
+GZIP_LEVEL = 6
+
+
+def gzip_plan(data: bytes) -> bytes:
+    """The plan's gzip encoding, the same bytes every time for the same plan on the same
+    zlib: level 6, mtime 0 (RFC 1952 "no time stamp"), no file name."""
+    return gzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0)
+
+
+@dataclass(frozen=True)
+class PlanBodies:
+    """A stored plan's representations: its identity bytes and their gzip encoding."""
+
+    identity: bytes
+    gzip: bytes
+
+    @classmethod
+    def of(cls, data: bytes) -> PlanBodies:
+        return cls(data, gzip_plan(data))
+
+    @property
+    def size(self) -> int:
+        return len(self.identity) + len(self.gzip)
 
 
 @dataclass(frozen=True)
@@ -217,8 +245,9 @@ class PlanStore(ABC):
         them from the stored plans, a batch at a time (once: new plans come with one)."""
         cursor.execute(self.columns_query)
         present = {str(row[0]) for row in cursor.fetchall()}
-        for name, column_type in _SUMMARY_COLUMNS.items():
+        for name, column_type in (_SUMMARY_COLUMNS | _LATER_COLUMNS).items():
             if name not in present:
+                column_type = column_type.replace("BLOB", self.blob_type)
                 cursor.execute(f"ALTER TABLE plans ADD COLUMN {name} {column_type}")
         select = self._sql("SELECT plan_id, plan FROM plans WHERE world_size IS NULL LIMIT ?")
         while True:
@@ -253,16 +282,19 @@ class PlanStore(ABC):
         request: bytes,
         plan: bytes,
         summary: PlanSummary,
+        plan_gzip: bytes | None = None,
     ) -> bool:
-        """Insert a plan once; True when this call stored it, False when it already was.
+        """Insert a plan once, with its gzip encoding (``gzip_plan(plan)``, computed here
+        unless given); True when this call stored it, False when it already was.
         ``plan_for_request`` finds it by ``request_hash`` and ``planner_version``.
         Returns after the commit."""
+        encoded = gzip_plan(plan) if plan_gzip is None else plan_gzip
         with self._transaction(write=True) as cursor:
             cursor.execute(
                 self._sql(
                     "INSERT INTO plans (plan_id, request_hash, planner_version, request, plan, "
-                    "created_at, world_size, num_tables, objective, status) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (plan_id) DO NOTHING"
+                    "created_at, world_size, num_tables, objective, status, plan_gzip) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (plan_id) DO NOTHING"
                 ),
                 (
                     plan_id,
@@ -272,6 +304,7 @@ class PlanStore(ABC):
                     plan,
                     _now(),
                     *_summary_values(summary),
+                    encoded,
                 ),
             )
             return bool(cursor.rowcount == 1)
@@ -316,6 +349,26 @@ class PlanStore(ABC):
         if row is None:
             return None
         return StoredPlan(row[0], bytes(row[1]), bytes(row[2]), row[3])
+
+    def plan_bodies(self, plan_id: str) -> PlanBodies | None:
+        """A plan's identity and gzip bytes. A plan stored before the gzip column existed
+        gets its encoding now, stored once for every later fetch (by any replica)."""
+        with self._transaction() as cursor:
+            cursor.execute(
+                self._sql("SELECT plan, plan_gzip FROM plans WHERE plan_id = ?"), (plan_id,)
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        if row[1] is not None:
+            return PlanBodies(bytes(row[0]), bytes(row[1]))
+        bodies = PlanBodies.of(bytes(row[0]))
+        with self._transaction(write=True) as cursor:
+            cursor.execute(
+                self._sql("UPDATE plans SET plan_gzip = ? WHERE plan_id = ? AND plan_gzip IS NULL"),
+                (bodies.gzip, plan_id),
+            )
+        return bodies
 
     def plan_for_request(self, request_hash: str, planner_version: str) -> str | None:
         """The plan_id already planned for this request by this planner version, if any."""

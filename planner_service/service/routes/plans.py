@@ -24,7 +24,15 @@ from planner_service.service.paging import (
 )
 from planner_service.service.planning import no_plan, solve_and_store, with_previous_plan
 from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
-from planner_service.service.responses import IMMUTABLE, JSON, PLAN_RESPONSE, etag_matches
+from planner_service.service.responses import (
+    GZIP,
+    IMMUTABLE,
+    JSON,
+    PLAN_RESPONSE,
+    etag_matches,
+    negotiate_encoding,
+    plan_etag,
+)
 from planner_service.service.routes.solves import (
     JOB_RESPONSE,
     Prefer,
@@ -150,21 +158,45 @@ async def list_plans(state: State, limit: Limit = DEFAULT_LIMIT, after: After = 
     "/v1/plans/{plan_id}",
     dependencies=[Depends(reader)],
     responses={
-        200: {"description": "the plan's stored bytes", **PLAN_RESPONSE},
+        200: {
+            "description": "the plan's stored bytes, gzip-encoded when `Accept-Encoding` "
+            "allows (`Content-Encoding: gzip`)",
+            **PLAN_RESPONSE,
+        },
         304: {"description": "If-None-Match matched: the client's copy is current"},
         404: {"description": "no such plan", **PROBLEM_CONTENT},
+        406: {
+            "description": "`Accept-Encoding` refuses identity and does not accept gzip",
+            **PROBLEM_CONTENT,
+        },
     },
 )
 async def get_plan(plan_id: PlanId, http_request: Request, state: State) -> Response:
-    """The stored plan, byte for byte. Plans never change: ``ETag`` is the plan_id,
-    ``If-None-Match`` gives 304, and responses may be cached forever."""
-    headers = {"ETag": f'"{plan_id}"', "Cache-Control": IMMUTABLE}
-    data = await state.plan_bytes(plan_id)
-    if data is None:
+    """The stored plan, byte for byte, or its gzip encoding (stored beside it) when
+    ``Accept-Encoding`` asks for it. Plans never change: ``ETag`` is the plan_id for the
+    identity bytes and ``<plan_id>-gzip`` for the gzip ones, ``If-None-Match`` with the
+    negotiated representation's tag gives 304, and responses may be cached forever
+    (``Vary: Accept-Encoding``)."""
+    encoding = negotiate_encoding(http_request.headers.get("accept-encoding"))
+    bodies = await state.plan_bodies(plan_id)
+    if bodies is None:
         raise _not_found(plan_id)
-    if etag_matches(http_request.headers.get("if-none-match"), plan_id):
+    vary = {"Vary": "Accept-Encoding"}
+    if encoding is None:
+        raise ProblemError(
+            406,
+            f"Accept-Encoding {http_request.headers['accept-encoding']!r} accepts neither "
+            "identity nor gzip, the encodings of this plan; accept one of them",
+            headers=vary,
+        )
+    etag = plan_etag(plan_id, encoding)
+    headers = {"ETag": f'"{etag}"', "Cache-Control": IMMUTABLE, **vary}
+    if etag_matches(http_request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
-    return Response(data, media_type=JSON, headers=headers)
+    if encoding == GZIP:
+        headers["Content-Encoding"] = GZIP
+        return Response(bodies.gzip, media_type=JSON, headers=headers)
+    return Response(bodies.identity, media_type=JSON, headers=headers)
 
 
 def _not_found(plan_id: str) -> ProblemError:
