@@ -1,28 +1,26 @@
-"""Plan fetch load: the service's cached GET /v1/plans/{id} against nginx serving the same
-bytes as a static file, on the same machine, in the same run.
+"""Cached plan fetches per second: the service's ``GET /v1/plans/{id}`` against nginx serving
+the same bytes as static files, on the same machine, in the same run.
 
-    .venv/bin/python -m benchmarks.serve_bench [--workers 1 2] [--duration 10]
+    .venv/bin/python -m benchmarks.serve_bench [--workers 1 2] [--duration 10] [--repeats 3]
 
-Needs Debian's nginx and wrk (``apt-get install nginx wrk``). The plan is a real one: the
-NVIDIA "medium" model (311 tables) on 136 ranks, about 1 MB of JSON. For each server:
-
-- burst: 1,024 concurrent clients (one connection each, from a second process) fetch the
-  plan once, like every rank of a 1,024-rank job at startup; all must get the exact bytes;
-  p50/p99/max latency and the time until the last one finished;
-- sustained: ``wrk`` with 2 threads and 64 connections for ``--duration`` seconds;
-  requests per second and ours / nginx.
+Needs Debian's nginx and wrk (``apt-get install nginx wrk``); measures granian too when it is
+installed (``pip install granian``: an alternative ASGI server, not a dependency). The plan
+is a real one: the NVIDIA "medium" model (311 tables) on 136 ranks, about 1 MB of JSON,
+stored by ``POST /v1/plans``. nginx serves its identity bytes and, with ``gzip_static on``,
+the service's own stored gzip bytes (``<plan_id>.gz``) to clients that accept gzip. For
+each worker count (the same for every server) and each encoding, every server's answer is
+checked byte for byte, then ``wrk -t2 -c64`` runs ``--repeats`` rounds of ``--duration``
+seconds against each server in turn (interleaved, so drift hits all alike); the table
+gives the median round.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import hashlib
-import json
+import gzip
 import os
 import platform
 import re
-import resource
 import shutil
 import signal
 import statistics
@@ -30,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -39,6 +39,14 @@ from planner_service.plan.codec import canonical_bytes
 from tests.servers import Service, free_port
 
 SHARDPLAN = Path(sys.executable).parent / "shardplan"
+GRANIAN = Path(sys.executable).parent / "granian"
+ENCODINGS = ("identity", "gzip")
+
+
+def machine() -> str:
+    return (
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    )
 
 
 def plan_request() -> bytes:
@@ -46,79 +54,46 @@ def plan_request() -> bytes:
     return canonical_bytes(request)
 
 
-# --------------------------------------------------------------------------- load
-
-
-def burst(url: str, clients: int, expected_sha: str) -> dict[str, float]:
-    """Runs in a child process: ``clients`` concurrent connections, one GET each."""
-    return asyncio.run(_burst(url, clients, expected_sha))
-
-
-async def _burst(url: str, clients: int, expected_sha: str) -> dict[str, float]:
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    start_gate = asyncio.Event()
-    latencies: list[float] = []
-    failures = 0
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-
-        async def fetch() -> None:
-            nonlocal failures
-            await start_gate.wait()
-            began = time.perf_counter()
-            try:
-                response = await client.get(url)
-                ok = (
-                    response.status_code == 200
-                    and hashlib.sha256(response.content).hexdigest() == expected_sha
-                )
-            except httpx.HTTPError:
-                ok = False
-            latencies.append(time.perf_counter() - began)
-            failures += not ok
-
-        tasks = [asyncio.create_task(fetch()) for _ in range(clients)]
-        await asyncio.sleep(0.1)
-        began = time.perf_counter()
-        start_gate.set()
-        await asyncio.gather(*tasks)
-        wall = time.perf_counter() - began
-    latencies.sort()
-    return {
-        "clients": clients,
-        "ok": clients - failures,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
-        "max_ms": 1000 * latencies[-1],
-        "wall_s": wall,
-    }
-
-
-def run_burst(url: str, clients: int, expected_sha: str) -> dict[str, float]:
+def run_wrk(url: str, duration: int, connections: int, encoding: str) -> dict[str, float]:
     output = subprocess.run(
-        [sys.executable, "-m", "benchmarks.serve_bench", "--burst-child", url, str(clients),
-         expected_sha],
-        capture_output=True, text=True, timeout=600, check=True,
-    ).stdout  # fmt: skip
-    return dict(json.loads(output))
-
-
-def run_wrk(url: str, duration: int, connections: int) -> dict[str, float]:
-    output = subprocess.run(
-        ["wrk", "-t2", f"-c{connections}", f"-d{duration}s", "--latency", url],
+        ["wrk", "-t2", f"-c{connections}", f"-d{duration}s", "--latency",
+         "-H", f"Accept-Encoding: {encoding}", url],
         capture_output=True, text=True, timeout=duration + 60, check=True,
     ).stdout  # fmt: skip
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    socket_errors = re.search(r"Socket errors: (.*)", output)
     p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", output)
     scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}
     return {
         "rps": rps,
-        "non_2xx": int(errors.group(1)) if errors else 0,
+        "errors": (int(errors.group(1)) if errors else 0) + _socket_errors(socket_errors),
         "p99_ms": float(p99.group(1)) * scale[p99.group(2)] if p99 else float("nan"),
     }
 
 
-# --------------------------------------------------------------------------- nginx
+def _socket_errors(match: re.Match[str] | None) -> int:
+    return sum(int(n) for n in re.findall(r"\d+", match.group(1))) if match else 0
+
+
+def check_answer(url: str, encoding: str, identity: bytes, gzipped: bytes) -> None:
+    """The server gives exactly the stored bytes of the representation asked for."""
+    with httpx.Client(timeout=60) as client:
+        request = client.build_request("GET", url, headers={"Accept-Encoding": encoding})
+        response = client.send(request, stream=True)
+        try:
+            raw = b"".join(response.iter_raw())
+        finally:
+            response.close()
+    assert response.status_code == 200, (url, response.status_code)
+    if encoding == "gzip":
+        assert response.headers.get("content-encoding") == "gzip", (url, response.headers)
+        assert raw == gzipped and gzip.decompress(raw) == identity, url
+    else:
+        assert "content-encoding" not in response.headers and raw == identity, url
+
+
+# --------------------------------------------------------------------------- servers
 
 
 NGINX_CONF = """
@@ -126,7 +101,7 @@ daemon off;
 worker_processes {workers};
 pid {root}/nginx.pid;
 error_log {root}/error.log warn;
-events {{ worker_connections 4096; }}
+events {{ worker_connections 8192; }}
 http {{
     access_log off;
     sendfile on;
@@ -138,125 +113,181 @@ http {{
     uwsgi_temp_path {root}/tmp;
     scgi_temp_path {root}/tmp;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port} backlog=4096;
         root {root}/www;
         default_type application/json;
         etag on;
+        gzip_static on;
+        gzip_vary on;
     }}
 }}
 """
 
 
-def start_nginx(
-    root: Path, plan_id: str, data: bytes, workers: int
-) -> tuple[subprocess.Popen[bytes], str]:
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+@contextmanager
+def nginx(root: Path, plan_id: str, identity: bytes, gzipped: bytes, workers: int) -> Iterator[str]:
+    """nginx serving ``identity`` at /v1/plans/<plan_id>, and ``gzipped`` for it to clients
+    that accept gzip; yields the URL."""
+    executable = shutil.which("nginx") or "/usr/sbin/nginx"
     (root / "tmp").mkdir(parents=True)
     target = root / "www" / "v1" / "plans" / plan_id
     target.parent.mkdir(parents=True)
-    target.write_bytes(data)
+    target.write_bytes(identity)
+    target.with_name(f"{plan_id}.gz").write_bytes(gzipped)
     port = free_port()
     conf = root / "nginx.conf"
     conf.write_text(NGINX_CONF.format(workers=workers, root=root, port=port))
-    # nginx's workers run as `nobody`: they must be able to read the file.
+    # nginx's workers run as `nobody`: they must be able to read the files.
     for path in (root.parent, root, root / "www", target.parent.parent, target.parent):
         path.chmod(0o755)
-    target.chmod(0o644)
+    for path in target.parent.iterdir():
+        path.chmod(0o644)
     process = subprocess.Popen(
-        [nginx, "-c", str(conf), "-p", str(root)],
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/v1/plans/{plan_id}"
-    deadline = time.monotonic() + 20
+        [executable, "-c", str(conf), "-p", str(root)],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/v1/plans/{plan_id}"
+        _wait(url, process, lambda: (root / "error.log").read_text())
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=20)
+
+
+@contextmanager
+def shardplan(root: Path, db: str, plan_id: str, workers: int) -> Iterator[str]:
+    """``shardplan serve --workers N`` (uvicorn) on the stored plan; yields its URL with every
+    worker's plan cache filled."""
+    service = Service(
+        SHARDPLAN, root / f"uvicorn-{workers}.log", db=db, workers=workers,
+        env={"SHARDPLAN_SOLVE_WORKERS": "1"},
+    ).start()  # fmt: skip
+    try:
+        url = f"{service.base}/v1/plans/{plan_id}"
+        _fill_caches(url, workers)
+        yield url
+    finally:
+        service.stop()
+
+
+@contextmanager
+def granian(root: Path, db: str, plan_id: str, workers: int) -> Iterator[str]:
+    """The same app (``create_served_app``) under granian, a Rust HTTP server."""
+    port = free_port()
+    env = {**os.environ, "SHARDPLAN_DATABASE_URL": db, "SHARDPLAN_SOLVE_WORKERS": "1"}
+    log = (root / f"granian-{workers}.log").open("ab")
+    process = subprocess.Popen(
+        [str(GRANIAN), "--interface", "asgi", "--http", "1", "--factory",
+         "planner_service.service.app:create_served_app", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", str(workers), "--log-level", "warning"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    log.close()
+    try:
+        url = f"http://127.0.0.1:{port}/v1/plans/{plan_id}"
+        _wait(url, process, lambda: (root / f"granian-{workers}.log").read_text())
+        _fill_caches(url, workers)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def _wait(url: str, process: subprocess.Popen[bytes], log: object) -> None:
+    deadline = time.monotonic() + 60
     while True:
         try:
             if httpx.get(url, timeout=1).status_code == 200:
-                return process, url
+                return
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline or process.poll() is not None:
             os.killpg(process.pid, signal.SIGKILL)
-            raise RuntimeError("nginx did not start: " + (root / "error.log").read_text())
+            raise RuntimeError(f"{url} did not start: {log() if callable(log) else ''}")
         time.sleep(0.1)
+
+
+def _fill_caches(url: str, workers: int) -> None:
+    """Enough fetches that every worker has read the plan from the store once (the kernel
+    spreads connections over the workers)."""
+    for _ in range(workers * 8):
+        with httpx.Client() as client:  # a new connection each time
+            client.get(url).raise_for_status()
 
 
 # --------------------------------------------------------------------------- main
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--burst-child":
-        _raise_fd_limit()
-        url, clients, sha = sys.argv[2], int(sys.argv[3]), sys.argv[4]
-        print(json.dumps(burst(url, clients, sha)))
-        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--nginx-workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--clients", type=int, default=1024)
     args = parser.parse_args()
-    _raise_fd_limit()
     root = Path(tempfile.mkdtemp(prefix="shardplan-serve-bench-"))
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs"
-    print(f"machine: {machine}, Python {platform.python_version()}")
+    print(f"{machine()}; wrk -t2 -c{args.connections} -d{args.duration}s, median of "
+          f"{args.repeats} interleaved rounds")  # fmt: skip
+    db = str(root / "plans.db")
     rows = []
     try:
-        data, plan_id = b"", ""
-        for workers in args.workers:
-            service = Service(
-                SHARDPLAN, root / f"service-{workers}.log", db=str(root / "plans.db"),
-                env={"SHARDPLAN_SOLVE_WORKERS": "1"}, workers=workers,
-            ).start()  # fmt: skip
-            try:
-                response = httpx.post(
-                    f"{service.base}/v1/plans", content=plan_request(), timeout=600
-                )
-                response.raise_for_status()
-                data, plan_id = response.content, response.headers["x-shardplan-plan-id"]
-                url = f"{service.base}/v1/plans/{plan_id}"
-                sha = hashlib.sha256(data).hexdigest()
-                for _ in range(workers * 4):  # fill each worker's in-memory plan cache
-                    httpx.get(url)
-                rows.append(
-                    (f"shardplan --workers {workers}", run_burst(url, args.clients, sha),
-                     run_wrk(url, args.duration, args.connections))
-                )  # fmt: skip
-            finally:
-                service.stop()
-        nginx, url = start_nginx(root / "nginx", plan_id, data, args.nginx_workers)
+        setup = Service(SHARDPLAN, root / "setup.log", db=db).start()
         try:
-            sha = hashlib.sha256(data).hexdigest()
-            rows.append(
-                (f"nginx ({args.nginx_workers} workers)", run_burst(url, args.clients, sha),
-                 run_wrk(url, args.duration, args.connections))
-            )  # fmt: skip
+            created = httpx.post(f"{setup.base}/v1/plans", content=plan_request(), timeout=600)
+            created.raise_for_status()
+            identity, plan_id = created.content, created.headers["x-shardplan-plan-id"]
+            with httpx.stream(  # the stored gzip bytes, as sent (not decoded)
+                "GET", f"{setup.base}/v1/plans/{plan_id}", headers={"Accept-Encoding": "gzip"}
+            ) as response:
+                gzipped = b"".join(response.iter_raw())
         finally:
-            os.killpg(nginx.pid, signal.SIGTERM)
-            nginx.wait(timeout=20)
+            setup.stop()
+        print(f"plan: {len(identity):,} bytes, gzip {len(gzipped):,} bytes")
+        for workers in args.workers:
+            with ExitStack() as servers:
+                urls = {
+                    f"nginx ({workers} workers)": servers.enter_context(
+                        nginx(root / f"nginx-{workers}", plan_id, identity, gzipped, workers)
+                    ),
+                    f"shardplan, uvicorn ({workers} workers)": servers.enter_context(
+                        shardplan(root, db, plan_id, workers)
+                    ),
+                }
+                if GRANIAN.exists():
+                    urls[f"shardplan, granian ({workers} workers)"] = servers.enter_context(
+                        granian(root, db, plan_id, workers)
+                    )
+                for encoding in ENCODINGS:
+                    for url in urls.values():
+                        check_answer(url, encoding, identity, gzipped)
+                    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
+                    for _ in range(args.repeats):
+                        for name, url in urls.items():
+                            rounds[name].append(
+                                run_wrk(url, args.duration, args.connections, encoding)
+                            )
+                    nginx_rps = statistics.median(r["rps"] for r in next(iter(rounds.values())))
+                    size = len(gzipped if encoding == "gzip" else identity)
+                    for name, results in rounds.items():
+                        rps = statistics.median(r["rps"] for r in results)
+                        rows.append((
+                            workers, encoding, name, rps, min(r["rps"] for r in results),
+                            max(r["rps"] for r in results), rps * size / 1e6,
+                            statistics.median(r["p99_ms"] for r in results),
+                            sum(int(r["errors"]) for r in results), rps / nginx_rps,
+                        ))  # fmt: skip
+                        print(f"  {workers} {encoding} {name}: {rps:.0f} req/s", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    nginx_rps = rows[-1][2]["rps"]
-    print(f"plan: {len(data):,} bytes; burst: {args.clients} clients; sustained: wrk -t2 "
-          f"-c{args.connections} -d{args.duration}s")  # fmt: skip
-    print(
-        "| server | burst ok | burst p50 ms | burst p99 ms | burst max ms | burst wall s "
-        "| sustained req/s | sustained p99 ms | non-2xx | vs nginx |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, b, w in rows:
+    print()
+    print("| workers | encoding | server | req/s | range | MB/s | p99 ms | errors | vs nginx |")
+    print("| ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for workers, encoding, name, rps, low, high, mbps, p99, errors, ratio in rows:
         print(
-            f"| {name} | {b['ok']}/{b['clients']} | {b['p50_ms']:.0f} | {b['p99_ms']:.0f} | "
-            f"{b['max_ms']:.0f} | {b['wall_s']:.2f} | {w['rps']:.0f} | {w['p99_ms']:.1f} | "
-            f"{w['non_2xx']} | {w['rps'] / nginx_rps:.2f}x |"
+            f"| {workers} | {encoding} | {name} | {rps:,.0f} | {low:,.0f}–{high:,.0f} | "
+            f"{mbps:,.0f} | {p99:.1f} | {errors} | {ratio:.2f}× |"
         )
-
-
-def _raise_fd_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
 
 
 if __name__ == "__main__":

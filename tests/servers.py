@@ -202,7 +202,7 @@ class FaultyProxy:
     """A real HTTP server on a free loopback port, in front of ``upstream`` (a base URL):
     it answers the requests it is given ``faults`` for with those, in order, then forwards
     the rest, passing each forwarded body through ``corrupt``. ``seen`` lists every request
-    received. ``upstream=None``: nothing to forward to (every request needs a fault).
+    received, ``answered`` the status of each answer. ``upstream=None``: nothing to forward to (every request needs a fault).
     ``encoded``: bodies are passed on as sent (gzip stays gzip, ``Content-Encoding`` kept)
     and ``corrupt`` sees them so; otherwise they are decoded first."""
 
@@ -219,6 +219,7 @@ class FaultyProxy:
         self.faults = list(faults or [])
         self.corrupt = corrupt
         self.seen: list[Seen] = []
+        self.answered: list[int] = []
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
         self._server.daemon_threads = True
@@ -278,6 +279,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     def _answer(
         self, status: int, headers: dict[str, str], body: bytes, content_type: str | None
     ) -> None:
+        self.server.proxy.answered.append(status)  # type: ignore[attr-defined]
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)

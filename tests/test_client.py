@@ -40,7 +40,7 @@ from planner_service.plan.codec import canonical_bytes, parse_request, request_h
 from planner_service.plan.errors import InputError
 from tests import builders
 from tests.builders import request, table
-from tests.servers import Fault, FaultyProxy, free_port, started_service
+from tests.servers import Fault, FaultyProxy, Seen, free_port, started_service
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -339,8 +339,10 @@ def test_a_truncated_plan_is_an_integrity_error(connect, service):
         connect(proxy.base).get_plan(plan.plan_id)
 
 
-def test_the_client_fetches_plans_gzip_encoded_and_verifies_the_decoded_bytes(connect, service):
-    plan = connect(service.base).create_plan(small(unique("gzip")))
+def _fetch_as_sent(connect, service, name: str, **options: Any) -> tuple[Seen, bytes, bytes]:
+    """A plan fetched through a proxy by a client made with ``options``: the request the
+    service saw, the body as it was sent (not decoded) and the plan's canonical bytes."""
+    plan = connect(service.base).create_plan(small(unique(name)))
     bodies: list[bytes] = []
 
     def keep(body: bytes) -> bytes:
@@ -348,11 +350,21 @@ def test_the_client_fetches_plans_gzip_encoded_and_verifies_the_decoded_bytes(co
         return body
 
     with FaultyProxy(service.base, corrupt=keep, encoded=True) as proxy:
-        assert connect(proxy.base).get_plan(plan.plan_id) == plan
-    [seen] = proxy.seen
+        assert connect(proxy.base, **options).get_plan(plan.plan_id) == plan
+    [seen], [body] = proxy.seen, bodies
+    return seen, body, canonical_bytes(plan)
+
+
+def test_the_client_fetches_plans_gzip_encoded_and_verifies_the_decoded_bytes(connect, service):
+    seen, body, plan_bytes = _fetch_as_sent(connect, service, "gzip")
     assert seen.headers["accept-encoding"] == "gzip"
-    [body] = bodies
-    assert gzip.decompress(body) == canonical_bytes(plan)
+    assert gzip.decompress(body) == plan_bytes
+
+
+def test_compressed_false_asks_for_identity(connect, service):
+    seen, body, plan_bytes = _fetch_as_sent(connect, service, "identity", compressed=False)
+    assert seen.headers["accept-encoding"] == "identity"
+    assert body == plan_bytes
 
 
 @pytest.mark.parametrize(
@@ -423,7 +435,9 @@ def test_resolve_with_the_plan_cached_revalidates_instead_of_downloading(
     with FaultyProxy(service.base) as proxy:
         again = connect(proxy.base, cache_dir=tmp_path).resolve(alias)
     assert (again.plan, again.stale) == (plan, False)
-    assert proxy.seen[0].headers["if-none-match"] == f'"{plan.plan_id}"'
+    # Either representation's tag: the service chooses gzip or identity, each with its own.
+    assert proxy.seen[0].headers["if-none-match"] == f'"{plan.plan_id}", "{plan.plan_id}-gzip"'
+    assert proxy.answered == [304]
 
 
 # --------------------------------------------------------------------------- pure parts

@@ -53,6 +53,13 @@ def client(service):
         yield http
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def uncached(request, shardplan_exe, tmp_path_factory):
+    """No plan cache: every fetch goes through the route and the store, none through the
+    fast path that answers fetches of cached plans."""
+    yield from running_service(request, shardplan_exe, tmp_path_factory, SHARDPLAN_CACHE_BYTES="0")
+
+
 def small_request(name: str = "a", world_size: int = 2, **fields):
     return json.loads(
         request(
@@ -164,12 +171,21 @@ def _raw_get(service, path: str, headers: dict[str, str]) -> tuple[httpx.Respons
         ("gzip;q=0, identity;q=0", None),
     ],
 )
-def test_plan_is_served_in_the_negotiated_encoding(service, client, accept_encoding, expected):
+def test_plan_is_served_in_the_negotiated_encoding(
+    service, client, uncached, accept_encoding, expected
+):
     created = client.post("/v1/plans", json=small_request("enc"))
     plan_id = created.headers["x-shardplan-plan-id"]
     identity = client.get(f"/v1/plans/{plan_id}", headers={"Accept-Encoding": "identity"})
     headers = {} if accept_encoding is None else {"Accept-Encoding": accept_encoding}
     response, body = _raw_get(service, f"/v1/plans/{plan_id}", headers)
+    # The plan is cached here (the fast path answers); without a cache the route and the
+    # store answer, and must give the same response.
+    assert httpx.post(f"{uncached.base}/v1/plans", json=small_request("enc")).content == (
+        created.content
+    )
+    from_route, route_body = _raw_get(uncached, f"/v1/plans/{plan_id}", headers)
+    assert _sent(from_route, route_body) == _sent(response, body)
     assert response.headers["vary"] == "Accept-Encoding"
     if expected is None:
         assert response.status_code == 406
@@ -186,6 +202,54 @@ def test_plan_is_served_in_the_negotiated_encoding(service, client, accept_encod
         assert "content-encoding" not in response.headers
         assert response.headers["etag"] == f'"{plan_id}"'
         assert body == created.content
+
+
+def _sent(response: httpx.Response, body: bytes) -> tuple[int, dict[str, str], bytes]:
+    """What a response said, less the headers that vary by the moment and the server."""
+    headers = {k: v for k, v in response.headers.items() if k not in ("date", "server")}
+    return response.status_code, headers, body
+
+
+def test_head_gives_get_headers_without_a_body(service, client, uncached):
+    created = client.post("/v1/plans", json=small_request("head"))
+    plan_id = created.headers["x-shardplan-plan-id"]
+    httpx.post(f"{uncached.base}/v1/plans", json=small_request("head")).raise_for_status()
+    for server in (service, uncached):  # the fast path and the route
+        for accept in ("identity", "gzip"):
+            headers = {"Accept-Encoding": accept}
+            got, body = _raw_get(server, f"/v1/plans/{plan_id}", headers)
+            with httpx.Client(base_url=server.base, timeout=60) as http:
+                head = http.head(f"/v1/plans/{plan_id}", headers=headers)
+            assert head.status_code == 200 and head.content == b""
+            assert _sent(head, b"") == _sent(got, b""), (server.base, accept)
+            assert int(head.headers["content-length"]) == len(body) > 0
+            revalidated = httpx.head(
+                f"{server.base}/v1/plans/{plan_id}",
+                headers={**headers, "If-None-Match": got.headers["etag"]},
+            )
+            assert revalidated.status_code == 304
+        assert httpx.head(f"{server.base}/v1/plans/{'e' * 64}").status_code == 404
+
+
+def test_fetches_answered_before_routing_are_counted(client):
+    created = client.post("/v1/plans", json=small_request("fastmetrics"))
+    plan_id = created.headers["x-shardplan-plan-id"]
+
+    def count(status: str) -> float:
+        text = client.get("/metrics").text
+        line = (
+            'shardplan_http_requests_total{method="GET",route="/v1/plans/{plan_id}",'
+            f'status="{status}"}}'
+        )
+        found = [row for row in text.splitlines() if row.startswith(line)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    ok, not_modified = count("200"), count("304")
+    for _ in range(3):
+        assert client.get(f"/v1/plans/{plan_id}").status_code == 200
+    etag = client.get(f"/v1/plans/{plan_id}").headers["etag"]
+    assert client.get(f"/v1/plans/{plan_id}", headers={"If-None-Match": etag}).status_code == 304
+    assert (count("200") - ok, count("304") - not_modified) == (4, 1)
 
 
 def test_each_representation_revalidates_with_its_own_etag(service, client):
@@ -482,8 +546,22 @@ def test_alias_lifecycle_with_history_and_rollback(client):
     assert current.headers["x-shardplan-plan-id"] == second
     assert current.headers["cache-control"] == "no-cache"
     assert current.content == client.get(f"/v1/plans/{second}").content
-    unchanged = client.get("/v1/aliases/ranking-prod", headers={"If-None-Match": f'"{second}"'})
-    assert unchanged.status_code == 304
+    # httpx asks for gzip: the tag is the gzip representation's; identity has its own.
+    assert current.headers["content-encoding"] == "gzip"
+    assert current.headers["etag"] == f'"{second}-gzip"'
+    for accept, tag in (("gzip", f'"{second}-gzip"'), ("identity", f'"{second}"')):
+        unchanged = client.get(
+            "/v1/aliases/ranking-prod", headers={"If-None-Match": tag, "Accept-Encoding": accept}
+        )
+        assert unchanged.status_code == 304, accept
+        assert unchanged.headers["etag"] == tag
+        assert unchanged.headers["x-shardplan-plan-id"] == second
+        assert unchanged.headers["cache-control"] == "no-cache"
+    mismatched = client.get(
+        "/v1/aliases/ranking-prod",
+        headers={"If-None-Match": f'"{second}"', "Accept-Encoding": "gzip"},
+    )
+    assert mismatched.status_code == 200 and mismatched.content == current.content
 
     rollback = client.put(
         "/v1/aliases/ranking-prod", json={"plan_id": first, "comment": "roll back"}
@@ -696,6 +774,7 @@ def test_protected_reads_need_a_token_too(read_protected):
             "x-shardplan-plan-id"
         ]
         assert http.get(f"/v1/plans/{plan_id}").status_code == 401
+        assert http.head(f"/v1/plans/{plan_id}").status_code == 401
         wrong = {"Authorization": "Bearer not-the-token-at-all"}
         assert http.get(f"/v1/plans/{plan_id}", headers=wrong).status_code == 403
         assert http.get(f"/v1/plans/{plan_id}", headers=good).status_code == 200

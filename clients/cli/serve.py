@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        "planner_service.service.app:create_app",
+        "planner_service.service.app:create_served_app",
         factory=True,
         host=host,
         port=port,

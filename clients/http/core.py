@@ -232,8 +232,9 @@ class Core:
         known = None
         if self.cache and remembered:
             known = self.cache.plan(remembered.plan_id)
-        # With that plan cached, the service need only say it is still the one (304).
-        headers = {"if-none-match": f'"{known.plan_id}"'} if known else {}
+        # With that plan cached, the service need only say it is still the one (304): either
+        # representation's tag (identity or gzip, whichever the service chooses) will do.
+        headers = {"if-none-match": f'"{known.plan_id}", "{known.plan_id}-gzip"'} if known else {}
         try:
             response = yield from self._exchange(
                 Call("GET", f"/v1/aliases/{alias}", headers=headers)

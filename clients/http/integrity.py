@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from clients.http.errors import IntegrityError
-from planner_service.plan.codec import parse_plan, plan_id_of
+from planner_service.plan.codec import parse_plan_document, plan_id_of
 from planner_service.plan.errors import InputError
 from planner_service.plan.types import ShardingPlan
 
@@ -22,14 +22,14 @@ def verified_plan(data: bytes, *, source: str, expected_plan_id: str | None) -> 
     """The plan in ``data``, or IntegrityError when it cannot be read, its content does not
     hash to its ``plan_id``, or that is not ``expected_plan_id``."""
     try:
-        plan = parse_plan(data, source=source)
+        plan, document = parse_plan_document(data, source=source)
     except InputError as error:
         raise IntegrityError(
             f"{source}: the answer is not a readable plan: {error}",
             expected_plan_id=expected_plan_id,
             plan_id=None,
         ) from None
-    computed = content_address(plan)
+    computed = plan_id_of(document)  # the content as received, not as the model reads it
     if computed != plan.plan_id:
         raise IntegrityError(
             f"{source}: the plan says plan_id {plan.plan_id} but its content hashes to "

@@ -186,10 +186,20 @@ def parse_request(data: bytes | str, *, source: str = "request") -> PlanRequest:
 
 def parse_plan(data: bytes | str, *, source: str = "plan") -> ShardingPlan:
     """Decode a stored plan, refusing schema versions this code cannot read."""
+    return parse_plan_document(data, source=source)[0]
+
+
+def parse_plan_document(
+    data: bytes | str, *, source: str = "plan"
+) -> tuple[ShardingPlan, dict[str, Any]]:
+    """``parse_plan``, and the JSON data the plan was read from: what ``plan_id_of``
+    hashes to check a received plan without serializing the model again."""
     document = load_json(data, source)
     if isinstance(document, dict):
         check_schema_version(document.get("schema_version"), source=source)
-    return _validate(ShardingPlan, data, source)
+    plan = _validate(ShardingPlan, data, source)
+    assert isinstance(document, dict)  # a ShardingPlan was read from it
+    return plan, document
 
 
 def check_schema_version(version: Any, *, source: str = "plan") -> None:

@@ -103,7 +103,20 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope["method"]
-            REQUESTS.labels(template, method, str(status)).inc()
-            LATENCY.labels(template, method).observe(time.perf_counter() - start)
+            observe(getattr(route, "path", None) or "unmatched", scope["method"], status, start)
+
+
+_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def observe(template: str, method: str, status: int, started: float) -> None:
+    """Counts one request to the route ``template`` and times it from ``started``
+    (``time.perf_counter()``). The labelled children are looked up once per combination:
+    templates, methods and statuses are few."""
+    key = (template, method, status)
+    children = _children.get(key)
+    if children is None:
+        children = REQUESTS.labels(template, method, str(status)), LATENCY.labels(template, method)
+        _children[key] = children
+    children[0].inc()
+    children[1].observe(time.perf_counter() - started)

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from planner_service import PLANNER_VERSION
 from planner_service.service import metrics
 from planner_service.service.cpu import CpuLane
+from planner_service.service.fetch import PlanResponses
 from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
 from planner_service.service.solving import SolvePool, die_with_parent
 from planner_service.service.store import (
@@ -30,33 +31,36 @@ log = logging.getLogger("shardplan.api")
 
 
 class PlanCache:
-    """Plan bytes (identity and gzip) by plan_id, least recently used out first, bounded in
-    bytes. Plans are immutable and content-addressed, so a cached copy is never stale."""
+    """Plans' prepared responses (identity and gzip bytes, their headers) by plan_id, least
+    recently used out first, bounded in bytes. Plans are immutable and content-addressed,
+    so a cached copy is never stale."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, PlanBodies] = OrderedDict()
+        self._entries: OrderedDict[str, PlanResponses] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, plan_id: str) -> PlanBodies | None:
+    def get(self, plan_id: str) -> PlanResponses | None:
         with self._lock:
             data = self._entries.get(plan_id)
             if data is not None:
                 self._entries.move_to_end(plan_id)
             return data
 
-    def put(self, plan_id: str, data: PlanBodies) -> None:
+    def put(self, plan_id: str, bodies: PlanBodies) -> PlanResponses:
+        data = PlanResponses.of(plan_id, bodies)
         if data.size > self.max_bytes:
-            return
+            return data
         with self._lock:
             if plan_id in self._entries:
-                return
+                return self._entries[plan_id]
             self._entries[plan_id] = data
             self._bytes += data.size
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.size
+        return data
 
 
 @dataclass
@@ -98,21 +102,20 @@ class ServiceState:
 
     async def plan_bytes(self, plan_id: str) -> bytes | None:
         """A stored plan's bytes, from memory when possible."""
-        bodies = await self.plan_bodies(plan_id)
-        return None if bodies is None else bodies.identity
+        responses = await self.plan_responses(plan_id)
+        return None if responses is None else responses.bodies.identity
 
-    async def plan_bodies(self, plan_id: str) -> PlanBodies | None:
-        """A stored plan's identity and gzip bytes, from memory when possible."""
-        bodies = self.cache.get(plan_id)
-        if bodies is not None:
+    async def plan_responses(self, plan_id: str) -> PlanResponses | None:
+        """A stored plan's prepared responses, from memory when possible."""
+        responses = self.cache.get(plan_id)
+        if responses is not None:
             metrics.CACHE.labels("memory").inc()
-            return bodies
+            return responses
         bodies = await run_in_threadpool(lambda: self.store().plan_bodies(plan_id))
         if bodies is None:
             return None
         metrics.CACHE.labels("store").inc()
-        self.cache.put(plan_id, bodies)
-        return bodies
+        return self.cache.put(plan_id, bodies)
 
     async def plan_for_request(self, request_hash: str) -> tuple[str, bytes] | None:
         """(plan_id, bytes) of the plan this planner version already stored for a request."""

@@ -15,6 +15,7 @@ from planner_service.plan.api import AliasHistory, AliasPage, AliasRecord
 from planner_service.plan.codec import load_json
 from planner_service.plan.errors import InputError, problems_from_validation_error
 from planner_service.service.deps import PLAN_ID_PATTERN, State, Writer, reader
+from planner_service.service.fetch import PreparedResponse, fetch_headers, negotiated
 from planner_service.service.paging import (
     DEFAULT_LIMIT,
     After,
@@ -24,7 +25,7 @@ from planner_service.service.paging import (
     page,
 )
 from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
-from planner_service.service.responses import JSON, PLAN_RESPONSE, etag_matches
+from planner_service.service.responses import JSON, PLAN_RESPONSE
 from planner_service.service.schemas import json_body
 from planner_service.service.store import AliasChange, UnknownPlanError
 
@@ -126,28 +127,46 @@ async def put_alias(
     "/v1/aliases/{name}",
     dependencies=[Depends(reader)],
     responses={
-        200: {"description": "the plan the alias points at", **PLAN_RESPONSE},
-        304: {"description": "If-None-Match matched the current plan"},
+        200: {
+            "description": "the plan the alias points at, gzip-encoded when "
+            "`Accept-Encoding` allows",
+            **PLAN_RESPONSE,
+        },
+        304: {"description": "If-None-Match matched the current plan's representation"},
         404: {"description": "no such alias", **PROBLEM_CONTENT},
+        406: {
+            "description": "`Accept-Encoding` refuses identity and does not accept gzip",
+            **PROBLEM_CONTENT,
+        },
     },
 )
 async def get_alias(name: AliasName, http_request: Request, state: State) -> Response:
-    """The plan the alias points at now; ``X-Shardplan-Plan-Id`` and ``ETag`` name it.
-    Not cacheable without revalidation: an alias can move."""
+    """The plan the alias points at now, in the encoding ``Accept-Encoding`` negotiates (as
+    ``GET /v1/plans/{plan_id}``); ``X-Shardplan-Plan-Id`` names the plan and ``ETag`` the
+    representation (``"<plan_id>"`` or ``"<plan_id>-gzip"``). Not cacheable without
+    revalidation: an alias can move."""
+    accept, if_none_match = fetch_headers(http_request.headers.raw)
+    encoding = negotiated(accept)
     current = await run_in_threadpool(state.store().get_alias, name)
     if current is None:
         raise ProblemError(404, f"no alias named {name!r}")
-    headers = {
-        "ETag": f'"{current.plan_id}"',
-        "Cache-Control": "no-cache",
-        "X-Shardplan-Plan-Id": current.plan_id,
-        "X-Shardplan-Alias-Version": str(current.version),
-    }
-    if etag_matches(http_request.headers.get("if-none-match"), current.plan_id):
-        return Response(status_code=304, headers=headers)
-    data = await state.plan_bytes(current.plan_id)
-    assert data is not None  # aliases reference stored plans (foreign key); plans stay
-    return Response(data, media_type=JSON, headers=headers)
+    if encoding is None:
+        raise ProblemError(
+            406,
+            f"Accept-Encoding {accept!r} accepts neither identity nor gzip, the encodings "
+            "of its plan; accept one of them",
+            headers={"Vary": "Accept-Encoding"},
+        )
+    responses = await state.plan_responses(current.plan_id)
+    assert responses is not None  # aliases reference stored plans (foreign key); plans stay
+    status, headers, body = responses.answer(encoding, if_none_match)
+    headers = [
+        *((key, value) for key, value in headers if key != b"cache-control"),
+        (b"cache-control", b"no-cache"),
+        (b"x-shardplan-plan-id", current.plan_id.encode()),
+        (b"x-shardplan-alias-version", str(current.version).encode()),
+    ]
+    return PreparedResponse(status, headers, body)
 
 
 @router.get(

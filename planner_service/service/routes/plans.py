@@ -12,6 +12,7 @@ from planner_service.plan.api import PlanPage
 from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.types import PlanRequest
 from planner_service.service.deps import Jobs, PlanId, State, Writer, reader
+from planner_service.service.fetch import PLAN_ROUTE, PreparedResponse, fetch_headers, negotiated
 from planner_service.service.importing import import_plan
 from planner_service.service.limits import decode_plan_request
 from planner_service.service.paging import (
@@ -24,15 +25,7 @@ from planner_service.service.paging import (
 )
 from planner_service.service.planning import no_plan, solve_and_store, with_previous_plan
 from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
-from planner_service.service.responses import (
-    GZIP,
-    IMMUTABLE,
-    JSON,
-    PLAN_RESPONSE,
-    etag_matches,
-    negotiate_encoding,
-    plan_etag,
-)
+from planner_service.service.responses import IMMUTABLE, JSON, PLAN_RESPONSE
 from planner_service.service.routes.solves import (
     JOB_RESPONSE,
     Prefer,
@@ -154,13 +147,14 @@ async def list_plans(state: State, limit: Limit = DEFAULT_LIMIT, after: After = 
     )
 
 
-@router.get(
-    "/v1/plans/{plan_id}",
+@router.api_route(
+    PLAN_ROUTE,
+    methods=["GET", "HEAD"],
     dependencies=[Depends(reader)],
     responses={
         200: {
             "description": "the plan's stored bytes, gzip-encoded when `Accept-Encoding` "
-            "allows (`Content-Encoding: gzip`)",
+            "allows (`Content-Encoding: gzip`); HEAD gives the same headers without a body",
             **PLAN_RESPONSE,
         },
         304: {"description": "If-None-Match matched: the client's copy is current"},
@@ -176,27 +170,22 @@ async def get_plan(plan_id: PlanId, http_request: Request, state: State) -> Resp
     ``Accept-Encoding`` asks for it. Plans never change: ``ETag`` is the plan_id for the
     identity bytes and ``<plan_id>-gzip`` for the gzip ones, ``If-None-Match`` with the
     negotiated representation's tag gives 304, and responses may be cached forever
-    (``Vary: Accept-Encoding``)."""
-    encoding = negotiate_encoding(http_request.headers.get("accept-encoding"))
-    bodies = await state.plan_bodies(plan_id)
-    if bodies is None:
+    (``Vary: Accept-Encoding``). A cached plan is answered before routing, from the same
+    prepared responses (``fetch.py``): this route serves the first fetch and the rest."""
+    accept, if_none_match = fetch_headers(http_request.headers.raw)
+    encoding = negotiated(accept)
+    responses = await state.plan_responses(plan_id)
+    if responses is None:
         raise _not_found(plan_id)
-    vary = {"Vary": "Accept-Encoding"}
     if encoding is None:
         raise ProblemError(
             406,
-            f"Accept-Encoding {http_request.headers['accept-encoding']!r} accepts neither "
-            "identity nor gzip, the encodings of this plan; accept one of them",
-            headers=vary,
+            f"Accept-Encoding {accept!r} accepts neither identity nor gzip, the encodings "
+            "of this plan; accept one of them",
+            headers={"Vary": "Accept-Encoding"},
         )
-    etag = plan_etag(plan_id, encoding)
-    headers = {"ETag": f'"{etag}"', "Cache-Control": IMMUTABLE, **vary}
-    if etag_matches(http_request.headers.get("if-none-match"), etag):
-        return Response(status_code=304, headers=headers)
-    if encoding == GZIP:
-        headers["Content-Encoding"] = GZIP
-        return Response(bodies.gzip, media_type=JSON, headers=headers)
-    return Response(bodies.identity, media_type=JSON, headers=headers)
+    status, headers, body = responses.answer(encoding, if_none_match)
+    return PreparedResponse(status, headers, body)
 
 
 def _not_found(plan_id: str) -> ProblemError:
