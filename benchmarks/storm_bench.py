@@ -8,9 +8,9 @@ processes each open ``fetches / processes`` ``AsyncPlannerClient``s (one connect
 as each rank has its own), report ready, and at one start signal all call ``get_plan``
 together: the client sends the request, decodes the body and verifies the plan id on the
 decoded bytes. Each fetch's latency runs from the start signal to its verified plan. It runs
-twice: compressed (the client's default, ``Accept-Encoding: gzip``) and ``compressed=False``
-(identity). Bounded: every fetch has the client's own timeouts and retries, and each run
-ends by ``--deadline`` seconds.
+twice: compressed (the client's default: it accepts zstd and gzip, and the service sends
+zstd) and ``compressed=False`` (identity). Bounded: every fetch has the client's own
+timeouts and retries, and each run ends by ``--deadline`` seconds.
 
 On a machine with fewer cores than client processes, the clients' own decoding and
 verification (CPU) share the cores with the service: the CPU seconds columns say how much
@@ -178,7 +178,7 @@ def main() -> None:
                 result = storm(
                     service, plan_id, args.fetches, args.processes, compressed, args.deadline
                 )
-                rows.append(("gzip" if compressed else "identity", result))
+                rows.append(("zstd" if compressed else "identity", result))
                 print(f"  {rows[-1][0]}: {result}", flush=True)
         finally:
             service.stop()

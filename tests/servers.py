@@ -204,7 +204,9 @@ class FaultyProxy:
     the rest, passing each forwarded body through ``corrupt``. ``seen`` lists every request
     received, ``answered`` the status of each answer. ``upstream=None``: nothing to forward to (every request needs a fault).
     ``encoded``: bodies are passed on as sent (gzip stays gzip, ``Content-Encoding`` kept)
-    and ``corrupt`` sees them so; otherwise they are decoded first."""
+    and ``corrupt`` sees them so; otherwise they are decoded first. ``accept_encoding``:
+    what the proxy asks the upstream for instead of what the client asked (a proxy that
+    only knows gzip)."""
 
     def __init__(
         self,
@@ -213,9 +215,11 @@ class FaultyProxy:
         *,
         corrupt: Callable[[bytes], bytes] | None = None,
         encoded: bool = False,
+        accept_encoding: str | None = None,
     ) -> None:
         self.upstream = upstream
         self.encoded = encoded
+        self.accept_encoding = accept_encoding
         self.faults = list(faults or [])
         self.corrupt = corrupt
         self.seen: list[Seen] = []
@@ -263,6 +267,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             return
         assert proxy.upstream is not None, f"no fault left for {self.command} {self.path}"
         forwarded = {k: v for k, v in headers.items() if k not in _HOP_BY_HOP}
+        if proxy.accept_encoding is not None:
+            forwarded["accept-encoding"] = proxy.accept_encoding
         with httpx.Client(base_url=proxy.upstream, timeout=60) as upstream:
             request = upstream.build_request(self.command, self.path, content=body)
             request.headers.update(forwarded)

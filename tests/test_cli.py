@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from planner_service.plan.codec import plan_bytes
@@ -438,6 +441,39 @@ def test_serve_takes_host_port_and_workers_from_the_environment(shardplan_exe, t
     finally:
         service.stop()
     assert f"serving on http://127.0.0.1:{port} with 2 HTTP worker(s) x 1 solver" in log.read_text()
+
+
+def test_serve_raises_its_open_files_limit_so_a_storm_of_connections_is_accepted(
+    shardplan_exe, tmp_path
+):
+    """Started with a soft limit of 256 open files (as a default-configured host may), the
+    service raises it to the hard limit, and 600 connections open at once all get an
+    answer; at 256 its worker could not accept them (each is a file)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.fail(f"this test needs a hard open-files limit of at least 1024, not {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:  # the service inherits the lowered soft limit
+        service = Service(shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db")).start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert "open files per process" in service.log()
+        limits = Path(f"/proc/{service.process.pid}/limits").read_text()
+        [line] = [row for row in limits.splitlines() if row.startswith("Max open files")]
+        assert line.split()[3] == line.split()[4] != "256", line  # soft == hard
+
+        async def storm() -> list[int]:
+            limits = httpx.Limits(max_connections=600, max_keepalive_connections=600)
+            async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+                answers = await asyncio.gather(
+                    *(client.get(f"{service.base}/healthz") for _ in range(600))
+                )
+            return [answer.status_code for answer in answers]
+
+        assert asyncio.run(storm()) == [200] * 600
+    finally:
+        service.stop()
 
 
 @pytest.mark.parametrize(

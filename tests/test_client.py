@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import zstandard
 
 from clients.http import (
     AsyncPlannerClient,
@@ -339,9 +340,12 @@ def test_a_truncated_plan_is_an_integrity_error(connect, service):
         connect(proxy.base).get_plan(plan.plan_id)
 
 
-def _fetch_as_sent(connect, service, name: str, **options: Any) -> tuple[Seen, bytes, bytes]:
-    """A plan fetched through a proxy by a client made with ``options``: the request the
-    service saw, the body as it was sent (not decoded) and the plan's canonical bytes."""
+def _fetch_as_sent(
+    connect, service, name: str, accept_encoding: str | None = None, **options: Any
+) -> tuple[Seen, bytes, bytes]:
+    """A plan fetched through a proxy (asking upstream for ``accept_encoding`` when given)
+    by a client made with ``options``: the request the proxy saw, the body as the service
+    sent it (not decoded) and the plan's canonical bytes."""
     plan = connect(service.base).create_plan(small(unique(name)))
     bodies: list[bytes] = []
 
@@ -349,15 +353,20 @@ def _fetch_as_sent(connect, service, name: str, **options: Any) -> tuple[Seen, b
         bodies.append(body)
         return body
 
-    with FaultyProxy(service.base, corrupt=keep, encoded=True) as proxy:
+    with FaultyProxy(
+        service.base, corrupt=keep, encoded=True, accept_encoding=accept_encoding
+    ) as proxy:
         assert connect(proxy.base, **options).get_plan(plan.plan_id) == plan
     [seen], [body] = proxy.seen, bodies
     return seen, body, canonical_bytes(plan)
 
 
-def test_the_client_fetches_plans_gzip_encoded_and_verifies_the_decoded_bytes(connect, service):
-    seen, body, plan_bytes = _fetch_as_sent(connect, service, "gzip")
-    assert seen.headers["accept-encoding"] == "gzip"
+def test_the_client_fetches_plans_compressed_and_verifies_the_decoded_bytes(connect, service):
+    seen, body, plan_bytes = _fetch_as_sent(connect, service, "zstd")
+    assert seen.headers["accept-encoding"] == "zstd, gzip"
+    assert zstandard.ZstdDecompressor().decompress(body) == plan_bytes
+    # Through a proxy that asks for gzip only, the client decodes gzip.
+    _, body, plan_bytes = _fetch_as_sent(connect, service, "gzip", accept_encoding="gzip")
     assert gzip.decompress(body) == plan_bytes
 
 
@@ -367,24 +376,40 @@ def test_compressed_false_asks_for_identity(connect, service):
     assert body == plan_bytes
 
 
+def _zstd_of(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor(write_checksum=True).compress(data)
+
+
+def _unzstd(data: bytes) -> bytes:
+    return zstandard.ZstdDecompressor().decompress(data)
+
+
 @pytest.mark.parametrize(
-    ("damage", "message"),
+    ("coding", "damage", "message"),
     [
         # Not gzip at all, though Content-Encoding says so.
-        (lambda body: b"\x00\x00" + body[2:], "cannot be decoded"),
+        ("gzip", lambda body: b"\x00\x00" + body[2:], "cannot be decoded"),
         # A gzip stream whose deflate data is damaged.
-        (lambda body: body[:12] + bytes(b ^ 0xFF for b in body[12:40]) + body[40:], "decoded"),
+        ("gzip", lambda body: body[:12] + bytes(b ^ 0xFF for b in body[12:40]) + body[40:],
+         "decoded"),
         # Sound gzip of other bytes: the plan, changed.
-        (lambda body: gzip.compress(_corrupt(gzip.decompress(body))), "hashes to"),
+        ("gzip", lambda body: gzip.compress(_corrupt(gzip.decompress(body))), "hashes to"),
+        # Not zstd at all (no frame magic).
+        ("zstd", lambda body: b"\x00\x00" + body[2:], "cannot be decoded"),
+        # A zstd frame whose content checksum does not match.
+        ("zstd", lambda body: body[:-1] + bytes([body[-1] ^ 0xFF]), "cannot be decoded"),
+        # Sound zstd of other bytes.
+        ("zstd", lambda body: _zstd_of(_corrupt(_unzstd(body))), "hashes to"),
     ],
-    ids=["not-gzip", "damaged-deflate", "gzip-of-other-bytes"],
-)
+    ids=["not-gzip", "damaged-deflate", "gzip-of-other-bytes", "not-zstd", "zstd-checksum",
+         "zstd-of-other-bytes"],
+)  # fmt: skip
 def test_a_corrupted_compressed_plan_is_an_integrity_error(
-    connect, service, tmp_path, damage, message
+    connect, service, tmp_path, coding, damage, message
 ):
-    plan = connect(service.base).create_plan(small(unique("gz-corrupt")))
+    plan = connect(service.base).create_plan(small(unique(f"{coding}-corrupt")))
     with (
-        FaultyProxy(service.base, corrupt=damage, encoded=True) as proxy,
+        FaultyProxy(service.base, corrupt=damage, encoded=True, accept_encoding=coding) as proxy,
         pytest.raises(IntegrityError, match=message),
     ):
         connect(proxy.base, cache_dir=tmp_path).get_plan(plan.plan_id)
@@ -435,8 +460,10 @@ def test_resolve_with_the_plan_cached_revalidates_instead_of_downloading(
     with FaultyProxy(service.base) as proxy:
         again = connect(proxy.base, cache_dir=tmp_path).resolve(alias)
     assert (again.plan, again.stale) == (plan, False)
-    # Either representation's tag: the service chooses gzip or identity, each with its own.
-    assert proxy.seen[0].headers["if-none-match"] == f'"{plan.plan_id}", "{plan.plan_id}-gzip"'
+    # Any representation's tag: the service chooses the encoding, each with its own.
+    assert proxy.seen[0].headers["if-none-match"] == ", ".join(
+        f'"{plan.plan_id}{suffix}"' for suffix in ("", "-zstd", "-gzip")
+    )
     assert proxy.answered == [304]
 
 

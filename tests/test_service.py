@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+import zstandard
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, plan_id_of
@@ -152,23 +153,35 @@ def _raw_get(service, path: str, headers: dict[str, str]) -> tuple[httpx.Respons
         ("gzip", "gzip"),
         ("GZip", "gzip"),
         ("x-gzip", "gzip"),
-        ("*", "gzip"),
+        ("*", "zstd"),
         ("gzip, deflate, br", "gzip"),
-        ("br, zstd", "identity"),  # unknown to this service: identity is still acceptable
+        ("br", "identity"),  # unknown to this service: identity is still acceptable
+        ("zstd", "zstd"),
+        ("ZStd", "zstd"),
+        ("br, zstd", "zstd"),
+        ("gzip, zstd", "zstd"),  # weighed alike: the smaller
+        ("zstd;q=0.5, gzip", "gzip"),
+        ("zstd, gzip;q=0.9", "zstd"),
+        ("zstd;q=0, gzip", "gzip"),
+        ("zstd;q=0.5, identity", "identity"),
         ("gzip;q=0", "identity"),
         ("gzip;q=0.5, identity", "identity"),
         ("gzip;q=1.0, identity;q=0.5", "gzip"),
         ("gzip;Q=0.001", "gzip"),
         ("gzip;q=0.5", "gzip"),  # identity, not named, is the last resort
-        ("*;q=0.5, gzip;q=0.3", "identity"),
+        ("*;q=0.5, gzip;q=0.3", "zstd"),  # * weighs zstd and identity alike: the smaller
+        ("*;q=0.5, zstd;q=0.3, gzip;q=0.3", "identity"),
         ("gzip;q=2", "identity"),  # not a qvalue: the entry is ignored
         ("identity;q=0, gzip", "gzip"),
+        ("identity;q=0, zstd;q=0, gzip", "gzip"),
         ("*;q=0, gzip", "gzip"),
+        ("*;q=0, zstd", "zstd"),
         ("*;q=0, identity", "identity"),
         ("identity;q=0", None),
         ("identity;q=0, br", None),
         ("*;q=0", None),
         ("gzip;q=0, identity;q=0", None),
+        ("gzip;q=0, zstd;q=0, identity;q=0", None),
     ],
 )
 def test_plan_is_served_in_the_negotiated_encoding(
@@ -189,19 +202,22 @@ def test_plan_is_served_in_the_negotiated_encoding(
     assert response.headers["vary"] == "Accept-Encoding"
     if expected is None:
         assert response.status_code == 406
-        assert "accepts neither identity nor gzip" in json.loads(body)["detail"]
+        assert "accepts none of identity, zstd, gzip" in json.loads(body)["detail"]
         return
     assert response.status_code == 200
     assert response.headers["cache-control"] == "public, max-age=31536000, immutable"
-    if expected == "gzip":
-        assert response.headers["content-encoding"] == "gzip"
-        assert response.headers["etag"] == f'"{plan_id}-gzip"'
-        assert gzip.decompress(body) == identity.content == created.content
+    if expected != "identity":
+        assert response.headers["content-encoding"] == expected
+        assert response.headers["etag"] == f'"{plan_id}-{expected}"'
+        assert DECODE[expected](body) == identity.content == created.content
         assert len(body) < len(identity.content)
     else:
         assert "content-encoding" not in response.headers
         assert response.headers["etag"] == f'"{plan_id}"'
         assert body == created.content
+
+
+DECODE = {"gzip": gzip.decompress, "zstd": zstandard.ZstdDecompressor().decompress}
 
 
 def _sent(response: httpx.Response, body: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -215,7 +231,7 @@ def test_head_gives_get_headers_without_a_body(service, client, uncached):
     plan_id = created.headers["x-shardplan-plan-id"]
     httpx.post(f"{uncached.base}/v1/plans", json=small_request("head")).raise_for_status()
     for server in (service, uncached):  # the fast path and the route
-        for accept in ("identity", "gzip"):
+        for accept in ("identity", "gzip", "zstd"):
             headers = {"Accept-Encoding": accept}
             got, body = _raw_get(server, f"/v1/plans/{plan_id}", headers)
             with httpx.Client(base_url=server.base, timeout=60) as http:
@@ -256,7 +272,11 @@ def test_each_representation_revalidates_with_its_own_etag(service, client):
     created = client.post("/v1/plans", json=small_request("etags"))
     plan_id = created.headers["x-shardplan-plan-id"]
     path = f"/v1/plans/{plan_id}"
-    tags = {"identity": f'"{plan_id}"', "gzip": f'"{plan_id}-gzip"'}
+    tags = {
+        "identity": f'"{plan_id}"',
+        "gzip": f'"{plan_id}-gzip"',
+        "zstd": f'"{plan_id}-zstd"',
+    }
     for encoding, tag in tags.items():
         for sent in (tag, f"W/{tag}", f'"{"0" * 64}", {tag}', "*"):
             answer, body = _raw_get(
@@ -266,10 +286,12 @@ def test_each_representation_revalidates_with_its_own_etag(service, client):
             assert body == b""
             assert answer.headers["etag"] == tag
             assert answer.headers["vary"] == "Accept-Encoding"
-        [other] = [t for e, t in tags.items() if e != encoding]
-        answer, _ = _raw_get(service, path, {"Accept-Encoding": encoding, "If-None-Match": other})
-        assert answer.status_code == 200, (encoding, other)
-        assert answer.headers["etag"] == tag
+        for other in (t for e, t in tags.items() if e != encoding):
+            answer, _ = _raw_get(
+                service, path, {"Accept-Encoding": encoding, "If-None-Match": other}
+            )
+            assert answer.status_code == 200, (encoding, other)
+            assert answer.headers["etag"] == tag
 
 
 def test_unknown_and_malformed_plan_ids(client):
@@ -546,10 +568,12 @@ def test_alias_lifecycle_with_history_and_rollback(client):
     assert current.headers["x-shardplan-plan-id"] == second
     assert current.headers["cache-control"] == "no-cache"
     assert current.content == client.get(f"/v1/plans/{second}").content
-    # httpx asks for gzip: the tag is the gzip representation's; identity has its own.
-    assert current.headers["content-encoding"] == "gzip"
-    assert current.headers["etag"] == f'"{second}-gzip"'
-    for accept, tag in (("gzip", f'"{second}-gzip"'), ("identity", f'"{second}"')):
+    # httpx asks for zstd (among others): the tag is the zstd representation's; each
+    # representation has its own.
+    assert current.headers["content-encoding"] == "zstd"
+    assert current.headers["etag"] == f'"{second}-zstd"'
+    tags = (("zstd", f'"{second}-zstd"'), ("gzip", f'"{second}-gzip"'), ("identity", f'"{second}"'))
+    for accept, tag in tags:
         unchanged = client.get(
             "/v1/aliases/ranking-prod", headers={"If-None-Match": tag, "Accept-Encoding": accept}
         )
@@ -559,7 +583,7 @@ def test_alias_lifecycle_with_history_and_rollback(client):
         assert unchanged.headers["cache-control"] == "no-cache"
     mismatched = client.get(
         "/v1/aliases/ranking-prod",
-        headers={"If-None-Match": f'"{second}"', "Accept-Encoding": "gzip"},
+        headers={"If-None-Match": f'"{second}-gzip"', "Accept-Encoding": "zstd"},
     )
     assert mismatched.status_code == 200 and mismatched.content == current.content
 

@@ -9,6 +9,7 @@ import threading
 from contextlib import closing
 
 import pytest
+import zstandard
 
 from planner_service.plan.api import PlanSummary
 from planner_service.service.store import (
@@ -18,6 +19,7 @@ from planner_service.service.store import (
     UnknownPlanError,
     gzip_plan,
     open_store,
+    zstd_plan,
 )
 
 SUMMARY = PlanSummary(world_size=2, num_tables=1, objective=1.5, status="optimal")
@@ -222,11 +224,15 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
         )
         assert listed.planner_version == "v0"
         assert opened.get_plan("d" * 64).plan == plan
-        # ... a gzip column, NULL for this plan until its first fetch encodes and stores it,
-        assert _stored_gzip(store_url, "d" * 64) is None
-        assert opened.plan_bodies("d" * 64) == PlanBodies(plan, gzip_plan(plan))
-        assert _stored_gzip(store_url, "d" * 64) == gzip_plan(plan)
-        assert opened.plan_bodies("d" * 64) == PlanBodies(plan, gzip_plan(plan))
+        # ... gzip and zstd columns, NULL for this plan until its first fetch encodes and
+        # stores it,
+        assert _stored(store_url, "d" * 64, "gzip") is None
+        assert _stored(store_url, "d" * 64, "zstd") is None
+        expected = PlanBodies(plan, gzip_plan(plan), zstd_plan(plan))
+        assert opened.plan_bodies("d" * 64) == expected
+        assert _stored(store_url, "d" * 64, "gzip") == gzip_plan(plan)
+        assert _stored(store_url, "d" * 64, "zstd") == zstd_plan(plan)
+        assert opened.plan_bodies("d" * 64) == expected
         # ... and the solves table that async jobs need.
         assert opened.get_solve("j" * 64) is None
         assert opened.claim_solve(
@@ -236,8 +242,35 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
         opened.close()
 
 
-def _stored_gzip(url: str, plan_id: str) -> bytes | None:
-    query = "SELECT plan_gzip FROM plans WHERE plan_id = {}"
+def test_a_store_with_gzip_but_not_zstd_keeps_its_gzip_and_gains_zstd(store, store_url):
+    """A store the previous release made (gzip stored, no zstd column yet) is simulated by
+    blanking the zstd column: the first fetch encodes zstd and stores it, and keeps the
+    gzip bytes it had, even ones this zlib would not make."""
+    plan = json.dumps({"tables": {f"t{i}": {"rank": i % 4} for i in range(50)}}).encode()
+    _put(store, "c" * 64, data=plan)
+    older_gzip = gzip.compress(plan, compresslevel=9, mtime=0)
+    assert older_gzip != gzip_plan(plan)
+    _execute(store_url, "UPDATE plans SET plan_gzip = {0}, plan_zstd = NULL WHERE plan_id = {0}",
+             older_gzip, "c" * 64)  # fmt: skip
+    assert store.plan_bodies("c" * 64) == PlanBodies(plan, older_gzip, zstd_plan(plan))
+    assert _stored(store_url, "c" * 64, "zstd") == zstd_plan(plan)
+    assert _stored(store_url, "c" * 64, "gzip") == older_gzip
+
+
+def _execute(url: str, statement: str, *arguments: object) -> None:
+    """Runs one statement whose parameters are written ``{0}``."""
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url) as connection:
+            connection.execute(statement.format("%s"), arguments)
+    else:
+        with closing(sqlite3.connect(url)) as connection, connection:
+            connection.execute(statement.format("?"), arguments)
+
+
+def _stored(url: str, plan_id: str, coding: str) -> bytes | None:
+    query = f"SELECT plan_{coding} FROM plans WHERE plan_id = {{}}"
     if url.startswith("postgresql://"):
         import psycopg
 
@@ -249,13 +282,16 @@ def _stored_gzip(url: str, plan_id: str) -> bytes | None:
     return None if row[0] is None else bytes(row[0])
 
 
-def test_a_plan_is_stored_with_its_gzip_encoding(store, store_url):
+def test_a_plan_is_stored_with_its_gzip_and_zstd_encodings(store, store_url):
     plan = json.dumps({"tables": {f"t{i}": {"rank": i % 4} for i in range(200)}}).encode()
     _put(store, "e" * 64, data=plan)
-    stored = _stored_gzip(store_url, "e" * 64)
-    assert stored is not None and gzip.decompress(stored) == plan
-    assert len(stored) < len(plan) // 4
-    assert store.plan_bodies("e" * 64) == PlanBodies(plan, stored)
+    gzipped = _stored(store_url, "e" * 64, "gzip")
+    assert gzipped is not None and gzip.decompress(gzipped) == plan
+    assert len(gzipped) < len(plan) // 4
+    zstd = _stored(store_url, "e" * 64, "zstd")
+    assert zstd is not None and zstandard.ZstdDecompressor().decompress(zstd) == plan
+    assert len(zstd) < len(plan) // 4
+    assert store.plan_bodies("e" * 64) == PlanBodies(plan, gzipped, zstd)
     assert store.plan_bodies("f" * 64) is None
 
 
@@ -266,6 +302,17 @@ def test_gzip_encoding_is_the_same_bytes_every_time():
     assert first == gzip_plan(bytes(plan))
     assert first[4:8] == b"\0\0\0\0"  # RFC 1952 MTIME: none
     assert gzip.decompress(first) == plan
+
+
+def test_zstd_encoding_is_the_same_bytes_every_time_and_checks_its_content():
+    plan = b'{"plan_id": "x", "tables": {}}' * 50
+    first = zstd_plan(plan)
+    assert first == zstd_plan(bytes(plan))
+    assert zstandard.ZstdDecompressor().decompress(first) == plan
+    damaged = bytearray(first)
+    damaged[-1] ^= 0xFF  # the content checksum (the frame's last four bytes)
+    with pytest.raises(zstandard.ZstdError):
+        zstandard.ZstdDecompressor().decompress(bytes(damaged))
 
 
 # --------------------------------------------------------------------------- solves (jobs)

@@ -22,6 +22,9 @@ HOST_VARIABLE, DEFAULT_HOST = "SHARDPLAN_HOST", "127.0.0.1"
 PORT_VARIABLE, DEFAULT_PORT = "SHARDPLAN_PORT", 8000
 WORKERS_VARIABLE, DEFAULT_WORKERS = "SHARDPLAN_HTTP_WORKERS", 1
 MAX_PORT = 65535
+# Connections waiting to be accepted (the kernel caps it at net.core.somaxconn): a job's
+# ranks all connect at startup, and uvicorn's default of 2,048 is half a 4,096-rank job.
+BACKLOG = 4096
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ["SHARDPLAN_SOLVE_WORKERS"] = str(args.solve_workers)
     settings = Settings.from_env()  # refuse bad settings here, once, with a clear message
     _check_store_path(settings.database_url)
+    open_files = raise_open_files_limit()
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shardplan-metrics-")
     # uvicorn supervises N > 1 workers from this process; they die with it, even by SIGKILL.
@@ -75,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"shardplan {__version__}: serving on http://{host}:{port} with "
         f"{workers} HTTP worker(s) x {settings.solve_workers} solver process(es), "
-        f"store {redacted(settings.database_url)}",
+        f"store {redacted(settings.database_url)}"
+        + ("" if open_files is None else f", up to {open_files} open files per process"),
         file=sys.stderr,
         flush=True,
     )
@@ -86,9 +91,29 @@ def run(args: argparse.Namespace) -> int:
         port=port,
         workers=workers,
         log_level="warning",
+        backlog=BACKLOG,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # uvicorn takes int s
     )
     return EXIT_OK
+
+
+def raise_open_files_limit() -> int | None:
+    """Raise this process's soft limit on open files to its hard limit (workers inherit
+    it), as nginx's ``worker_rlimit_nofile`` does: each connection is a file, and a job's
+    ranks connect at once, while many systems start services with a soft limit of 1,024.
+    Returns the limit now in force (None where there is none to read: Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # e.g. an unlimited hard limit the kernel refuses
+            pass
+    return soft
 
 
 def _number(

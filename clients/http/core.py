@@ -42,6 +42,7 @@ from planner_service.plan.api import (
     ValidateResult,
 )
 from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
+from planner_service.plan.encodings import ENCODINGS, plan_etag
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import PlanRequest, ShardingPlan
 
@@ -232,9 +233,12 @@ class Core:
         known = None
         if self.cache and remembered:
             known = self.cache.plan(remembered.plan_id)
-        # With that plan cached, the service need only say it is still the one (304): either
-        # representation's tag (identity or gzip, whichever the service chooses) will do.
-        headers = {"if-none-match": f'"{known.plan_id}", "{known.plan_id}-gzip"'} if known else {}
+        # With that plan cached, the service need only say it is still the one (304): any
+        # representation's tag (whichever encoding the service chooses) will do.
+        headers = {}
+        if known:
+            tags = (f'"{plan_etag(known.plan_id, coding)}"' for coding in ENCODINGS)
+            headers["if-none-match"] = ", ".join(tags)
         try:
             response = yield from self._exchange(
                 Call("GET", f"/v1/aliases/{alias}", headers=headers)

@@ -21,16 +21,9 @@ from typing import Any
 
 from starlette.responses import Response
 
+from planner_service.plan.encodings import GZIP, IDENTITY, ZSTD, plan_etag
 from planner_service.service import metrics
-from planner_service.service.responses import (
-    GZIP,
-    IDENTITY,
-    IMMUTABLE,
-    JSON,
-    etag_matches,
-    negotiate_encoding,
-    plan_etag,
-)
+from planner_service.service.responses import IMMUTABLE, JSON, etag_matches, negotiate_encoding
 from planner_service.service.store import PlanBodies
 
 PLAN_ROUTE = "/v1/plans/{plan_id}"
@@ -54,18 +47,18 @@ class Representation:
 
 @dataclass(frozen=True, slots=True)
 class PlanResponses:
-    """A plan's bytes and both of its representations, ready to send."""
+    """A plan's bytes and every representation of it, ready to send."""
 
     bodies: PlanBodies
-    identity: Representation
-    gzip: Representation
+    representations: dict[str, Representation]
 
     @classmethod
     def of(cls, plan_id: str, bodies: PlanBodies) -> PlanResponses:
+        encoded = {IDENTITY: bodies.identity, GZIP: bodies.gzip, ZSTD: bodies.zstd}
         return cls(
-            bodies, _representation(plan_id, IDENTITY, bodies.identity),
-            _representation(plan_id, GZIP, bodies.gzip),
-        )  # fmt: skip
+            bodies,
+            {coding: _representation(plan_id, coding, body) for coding, body in encoded.items()},
+        )
 
     @property
     def size(self) -> int:
@@ -73,7 +66,7 @@ class PlanResponses:
 
     def answer(self, encoding: str, if_none_match: str | None) -> tuple[int, Headers, bytes]:
         """(status, headers, body) for a fetch that negotiated ``encoding``."""
-        chosen = self.gzip if encoding == GZIP else self.identity
+        chosen = self.representations[encoding]
         if etag_matches(if_none_match, chosen.etag):
             return 304, chosen.not_modified_headers, b""
         return 200, chosen.ok_headers, chosen.body

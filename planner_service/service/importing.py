@@ -87,7 +87,7 @@ async def import_plan(
             planner_version=checked.planner_version,
             request=checked.request,
             plan=checked.plan,
-            plan_gzip=bodies.gzip,
+            bodies=bodies,
             summary=checked.summary,
         )
     )

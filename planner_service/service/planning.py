@@ -44,7 +44,7 @@ async def solve_and_store(
             planner_version=PLANNER_VERSION,
             request=request_document,
             plan=result.plan,
-            plan_gzip=bodies.gzip,
+            bodies=bodies,
             summary=result.summary,
         )
         state.cache.put(result.plan_id, bodies)

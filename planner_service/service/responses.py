@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from planner_service.plan.encodings import CODINGS, GZIP, IDENTITY
 from planner_service.plan.types import ShardingPlan
 from planner_service.service.schemas import schema_ref
 
@@ -14,8 +15,6 @@ IMMUTABLE = "public, max-age=31536000, immutable"
 PLAN_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": schema_ref(ShardingPlan)}}}
 
 
-IDENTITY = "identity"
-GZIP = "gzip"
 # RFC 9110 §12.4.2: a qvalue is 0 to 1 with at most three decimals.
 _QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 
@@ -32,21 +31,14 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
     return False
 
 
-def plan_etag(plan_id: str, encoding: str) -> str:
-    """The opaque tag of one representation of a plan: the plan_id for its identity bytes,
-    ``<plan_id>-gzip`` for their gzip encoding (RFC 9110 §8.8.3: a strong tag differs
-    between representations)."""
-    return plan_id if encoding == IDENTITY else f"{plan_id}-{encoding}"
-
-
 def negotiate_encoding(accept_encoding: str | None) -> str | None:
-    """The content coding to send for RFC 9110 §12.5.3's ``Accept-Encoding``: ``gzip`` when
-    it is acceptable (q > 0) and weighed at least as high as identity (it is the smaller
-    body; identity named by neither itself nor ``*`` is the last resort), else
-    ``identity`` unless that is refused (``identity;q=0``, or ``*;q=0`` without an
-    ``identity`` entry); None when neither is acceptable. No header: identity. Codings are
-    compared case-insensitively; ``x-gzip`` is ``gzip``; unknown codings and entries with
-    an unreadable qvalue are ignored."""
+    """The content coding to send for RFC 9110 §12.5.3's ``Accept-Encoding``: the stored
+    coding (zstd, gzip) the client weighs highest, zstd on a tie, when it is acceptable
+    (q > 0) and weighed at least as high as identity (identity named by neither itself
+    nor ``*`` is the last resort); else ``identity`` unless that is refused
+    (``identity;q=0``, or ``*;q=0`` without an ``identity`` entry); None when nothing is
+    acceptable. No header: identity. Codings are compared case-insensitively; ``x-gzip``
+    is ``gzip``; unknown codings and entries with an unreadable qvalue are ignored."""
     if accept_encoding is None:
         return IDENTITY
     weights: dict[str, float] = {}
@@ -65,12 +57,16 @@ def negotiate_encoding(accept_encoding: str | None) -> str | None:
             coding = GZIP if coding == "x-gzip" else coding
             weights[coding] = max(weight, weights.get(coding, 0.0))
     anything = weights.get("*")
-    gzip = weights.get(GZIP, anything if anything is not None else 0.0)
+    best, best_weight = None, 0.0
+    for coding in CODINGS:
+        weight = weights.get(coding, anything if anything is not None else 0.0)
+        if weight > best_weight:
+            best, best_weight = coding, weight
     identity = weights.get(IDENTITY, anything)
     if identity is None:  # not named: acceptable, but only when nothing better is
-        return GZIP if gzip > 0 else IDENTITY
-    if gzip > 0 and gzip >= identity:
-        return GZIP
+        return best or IDENTITY
+    if best is not None and best_weight >= identity:
+        return best
     if identity > 0:
         return IDENTITY
     return None

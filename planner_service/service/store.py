@@ -34,6 +34,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
 from planner_service.plan.api import PlanListing, PlanSummary
 
 # One schema for both databases: TEXT timestamps (ISO 8601, UTC) and binary plan bytes.
@@ -50,7 +52,8 @@ CREATE TABLE IF NOT EXISTS plans (
     num_tables INTEGER,
     objective DOUBLE PRECISION,
     status TEXT,
-    plan_gzip BLOB
+    plan_gzip BLOB,
+    plan_zstd BLOB
 );
 CREATE INDEX IF NOT EXISTS plans_by_request ON plans (request_hash, planner_version);
 CREATE INDEX IF NOT EXISTS plans_by_creation ON plans (created_at, plan_id);
@@ -100,9 +103,10 @@ _SUMMARY_COLUMNS = {
 }
 _BACKFILL_BATCH = 100
 # Columns added after the first release, each NULL in rows stored before it: ``plan_gzip``
-# is filled the first time such a plan is fetched (``plan_bodies``).
-_LATER_COLUMNS = {"plan_gzip": "BLOB"}
+# and ``plan_zstd`` are filled the first time such a plan is fetched (``plan_bodies``).
+_LATER_COLUMNS = {"plan_gzip": "BLOB", "plan_zstd": "BLOB"}
 GZIP_LEVEL = 6
+ZSTD_LEVEL = 3
 
 
 def gzip_plan(data: bytes) -> bytes:
@@ -111,20 +115,32 @@ def gzip_plan(data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0)
 
 
+def zstd_plan(data: bytes) -> bytes:
+    """The plan's zstd encoding (RFC 8878), the same bytes every time for the same plan on
+    the same zstd: level 3, one frame with the content size and a checksum of the content
+    (so a damaged body fails to decode)."""
+    compressor = zstandard.ZstdCompressor(
+        level=ZSTD_LEVEL, write_content_size=True, write_checksum=True
+    )
+    return compressor.compress(data)
+
+
 @dataclass(frozen=True)
 class PlanBodies:
-    """A stored plan's representations: its identity bytes and their gzip encoding."""
+    """A stored plan's representations: its identity bytes and their gzip and zstd
+    encodings."""
 
     identity: bytes
     gzip: bytes
+    zstd: bytes
 
     @classmethod
     def of(cls, data: bytes) -> PlanBodies:
-        return cls(data, gzip_plan(data))
+        return cls(data, gzip_plan(data), zstd_plan(data))
 
     @property
     def size(self) -> int:
-        return len(self.identity) + len(self.gzip)
+        return len(self.identity) + len(self.gzip) + len(self.zstd)
 
 
 @dataclass(frozen=True)
@@ -282,19 +298,20 @@ class PlanStore(ABC):
         request: bytes,
         plan: bytes,
         summary: PlanSummary,
-        plan_gzip: bytes | None = None,
+        bodies: PlanBodies | None = None,
     ) -> bool:
-        """Insert a plan once, with its gzip encoding (``gzip_plan(plan)``, computed here
-        unless given); True when this call stored it, False when it already was.
-        ``plan_for_request`` finds it by ``request_hash`` and ``planner_version``.
-        Returns after the commit."""
-        encoded = gzip_plan(plan) if plan_gzip is None else plan_gzip
+        """Insert a plan once, with its encodings (``bodies``, made here unless given);
+        True when this call stored it, False when it already was. ``plan_for_request``
+        finds it by ``request_hash`` and ``planner_version``. Returns after the commit."""
+        encoded = PlanBodies.of(plan) if bodies is None else bodies
+        assert encoded.identity == plan
         with self._transaction(write=True) as cursor:
             cursor.execute(
                 self._sql(
                     "INSERT INTO plans (plan_id, request_hash, planner_version, request, plan, "
-                    "created_at, world_size, num_tables, objective, status, plan_gzip) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (plan_id) DO NOTHING"
+                    "created_at, world_size, num_tables, objective, status, plan_gzip, "
+                    "plan_zstd) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (plan_id) DO NOTHING"
                 ),
                 (
                     plan_id,
@@ -304,7 +321,8 @@ class PlanStore(ABC):
                     plan,
                     _now(),
                     *_summary_values(summary),
-                    encoded,
+                    encoded.gzip,
+                    encoded.zstd,
                 ),
             )
             return bool(cursor.rowcount == 1)
@@ -351,24 +369,35 @@ class PlanStore(ABC):
         return StoredPlan(row[0], bytes(row[1]), bytes(row[2]), row[3])
 
     def plan_bodies(self, plan_id: str) -> PlanBodies | None:
-        """A plan's identity and gzip bytes. A plan stored before the gzip column existed
-        gets its encoding now, stored once for every later fetch (by any replica)."""
+        """A plan's identity, gzip and zstd bytes. A plan stored before an encoding's
+        column existed gets that encoding now, stored once for every later fetch (by any
+        replica; one that raced this one keeps its own bytes)."""
         with self._transaction() as cursor:
             cursor.execute(
-                self._sql("SELECT plan, plan_gzip FROM plans WHERE plan_id = ?"), (plan_id,)
+                self._sql("SELECT plan, plan_gzip, plan_zstd FROM plans WHERE plan_id = ?"),
+                (plan_id,),
             )
             row = cursor.fetchone()
         if row is None:
             return None
-        if row[1] is not None:
-            return PlanBodies(bytes(row[0]), bytes(row[1]))
-        bodies = PlanBodies.of(bytes(row[0]))
+        data = bytes(row[0])
+        if row[1] is not None and row[2] is not None:
+            return PlanBodies(data, bytes(row[1]), bytes(row[2]))
         with self._transaction(write=True) as cursor:
             cursor.execute(
-                self._sql("UPDATE plans SET plan_gzip = ? WHERE plan_id = ? AND plan_gzip IS NULL"),
-                (bodies.gzip, plan_id),
+                self._sql(
+                    "UPDATE plans SET plan_gzip = COALESCE(plan_gzip, ?), "
+                    "plan_zstd = COALESCE(plan_zstd, ?) WHERE plan_id = ?"
+                ),
+                (gzip_plan(data) if row[1] is None else None,
+                 zstd_plan(data) if row[2] is None else None, plan_id),
+            )  # fmt: skip
+            cursor.execute(
+                self._sql("SELECT plan_gzip, plan_zstd FROM plans WHERE plan_id = ?"),
+                (plan_id,),
             )
-        return bodies
+            gzipped, zstd = cursor.fetchone()
+        return PlanBodies(data, bytes(gzipped), bytes(zstd))
 
     def plan_for_request(self, request_hash: str, planner_version: str) -> str | None:
         """The plan_id already planned for this request by this planner version, if any."""

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from planner_service.plan.api import AliasHistory, AliasPage, AliasRecord
 from planner_service.plan.codec import load_json
+from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.errors import InputError, problems_from_validation_error
 from planner_service.service.deps import PLAN_ID_PATTERN, State, Writer, reader
 from planner_service.service.fetch import PreparedResponse, fetch_headers, negotiated
@@ -128,14 +129,14 @@ async def put_alias(
     dependencies=[Depends(reader)],
     responses={
         200: {
-            "description": "the plan the alias points at, gzip-encoded when "
+            "description": "the plan the alias points at, zstd- or gzip-encoded when "
             "`Accept-Encoding` allows",
             **PLAN_RESPONSE,
         },
         304: {"description": "If-None-Match matched the current plan's representation"},
         404: {"description": "no such alias", **PROBLEM_CONTENT},
         406: {
-            "description": "`Accept-Encoding` refuses identity and does not accept gzip",
+            "description": "`Accept-Encoding` refuses identity and accepts neither zstd nor gzip",
             **PROBLEM_CONTENT,
         },
     },
@@ -143,8 +144,8 @@ async def put_alias(
 async def get_alias(name: AliasName, http_request: Request, state: State) -> Response:
     """The plan the alias points at now, in the encoding ``Accept-Encoding`` negotiates (as
     ``GET /v1/plans/{plan_id}``); ``X-Shardplan-Plan-Id`` names the plan and ``ETag`` the
-    representation (``"<plan_id>"`` or ``"<plan_id>-gzip"``). Not cacheable without
-    revalidation: an alias can move."""
+    representation (``"<plan_id>"``, ``"<plan_id>-zstd"`` or ``"<plan_id>-gzip"``). Not
+    cacheable without revalidation: an alias can move."""
     accept, if_none_match = fetch_headers(http_request.headers.raw)
     encoding = negotiated(accept)
     current = await run_in_threadpool(state.store().get_alias, name)
@@ -153,8 +154,8 @@ async def get_alias(name: AliasName, http_request: Request, state: State) -> Res
     if encoding is None:
         raise ProblemError(
             406,
-            f"Accept-Encoding {accept!r} accepts neither identity nor gzip, the encodings "
-            "of its plan; accept one of them",
+            f"Accept-Encoding {accept!r} accepts none of {', '.join(ENCODINGS)}, the "
+            "encodings of its plan; accept one of them",
             headers={"Vary": "Accept-Encoding"},
         )
     responses = await state.plan_responses(current.plan_id)

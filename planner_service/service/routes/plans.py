@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from planner_service.plan.api import PlanPage
 from planner_service.plan.codec import parse_plan, parse_request, request_hash
+from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.types import PlanRequest
 from planner_service.service.deps import Jobs, PlanId, State, Writer, reader
 from planner_service.service.fetch import PLAN_ROUTE, PreparedResponse, fetch_headers, negotiated
@@ -153,25 +154,27 @@ async def list_plans(state: State, limit: Limit = DEFAULT_LIMIT, after: After = 
     dependencies=[Depends(reader)],
     responses={
         200: {
-            "description": "the plan's stored bytes, gzip-encoded when `Accept-Encoding` "
-            "allows (`Content-Encoding: gzip`); HEAD gives the same headers without a body",
+            "description": "the plan's stored bytes, zstd- or gzip-encoded when "
+            "`Accept-Encoding` allows (`Content-Encoding`); HEAD gives the same headers "
+            "without a body",
             **PLAN_RESPONSE,
         },
         304: {"description": "If-None-Match matched: the client's copy is current"},
         404: {"description": "no such plan", **PROBLEM_CONTENT},
         406: {
-            "description": "`Accept-Encoding` refuses identity and does not accept gzip",
+            "description": "`Accept-Encoding` refuses identity and accepts neither zstd nor gzip",
             **PROBLEM_CONTENT,
         },
     },
 )
 async def get_plan(plan_id: PlanId, http_request: Request, state: State) -> Response:
-    """The stored plan, byte for byte, or its gzip encoding (stored beside it) when
-    ``Accept-Encoding`` asks for it. Plans never change: ``ETag`` is the plan_id for the
-    identity bytes and ``<plan_id>-gzip`` for the gzip ones, ``If-None-Match`` with the
-    negotiated representation's tag gives 304, and responses may be cached forever
-    (``Vary: Accept-Encoding``). A cached plan is answered before routing, from the same
-    prepared responses (``fetch.py``): this route serves the first fetch and the rest."""
+    """The stored plan, byte for byte, or its zstd or gzip encoding (stored beside it) as
+    ``Accept-Encoding`` asks. Plans never change: ``ETag`` is the plan_id for the identity
+    bytes and ``<plan_id>-zstd`` / ``<plan_id>-gzip`` for the encodings, ``If-None-Match``
+    with the negotiated representation's tag gives 304, and responses may be cached
+    forever (``Vary: Accept-Encoding``). A cached plan is answered before routing, from
+    the same prepared responses (``fetch.py``): this route serves the first fetch and the
+    rest."""
     accept, if_none_match = fetch_headers(http_request.headers.raw)
     encoding = negotiated(accept)
     responses = await state.plan_responses(plan_id)
@@ -180,8 +183,8 @@ async def get_plan(plan_id: PlanId, http_request: Request, state: State) -> Resp
     if encoding is None:
         raise ProblemError(
             406,
-            f"Accept-Encoding {accept!r} accepts neither identity nor gzip, the encodings "
-            "of this plan; accept one of them",
+            f"Accept-Encoding {accept!r} accepts none of {', '.join(ENCODINGS)}, the "
+            "encodings of this plan; accept one of them",
             headers={"Vary": "Accept-Encoding"},
         )
     status, headers, body = responses.answer(encoding, if_none_match)
