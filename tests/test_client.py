@@ -36,9 +36,11 @@ from clients.http import (
     RetryPolicy,
     Unauthorized,
 )
+from clients.http.integrity import sealed_plan, verified_plan
 from clients.http.retry import retry_after_s
 from planner_service.plan.codec import canonical_bytes, parse_request, request_hash
 from planner_service.plan.errors import InputError
+from planner_service.plan.types import ShardingPlan
 from tests import builders
 from tests.builders import request, table
 from tests.servers import Fault, FaultyProxy, Seen, free_port, started_service
@@ -468,6 +470,51 @@ def test_resolve_with_the_plan_cached_revalidates_instead_of_downloading(
 
 
 # --------------------------------------------------------------------------- pure parts
+
+
+def _sealed_example() -> tuple[ShardingPlan, bytes]:
+    req = builders.request([table("a", rows=1000), table("b", rows=500)], world_size=2)
+    plan = builders.plan(
+        req, {"a": builders.table_wise(req, "a", 0), "b": builders.row_wise(req, "b")}
+    )
+    return plan, canonical_bytes(plan)
+
+
+def test_sealed_bytes_are_checked_by_their_hash_without_a_parse():
+    plan, data = _sealed_example()
+    assert sealed_plan(data) == plan
+    assert verified_plan(data, source="x", expected_plan_id=plan.plan_id) == plan
+    with pytest.raises(IntegrityError, match="asked for plan"):
+        verified_plan(data, source="x", expected_plan_id="0" * 64)
+
+
+@pytest.mark.parametrize(
+    ("change", "verdict"),
+    [
+        # Content changed, plan_id kept: the hash of the rest is not the id.
+        (_corrupt, "hashes to"),
+        # The same plan, not canonical (indented): the general path reads and checks it.
+        (lambda data: json.dumps(json.loads(data), indent=2).encode(), None),
+        # The same plan with its keys in another order: the general path again.
+        (lambda data: json.dumps(dict(reversed(json.loads(data).items()))).encode(), None),
+        # A duplicate key put in after the plan_id member, keeping the rest canonical: the
+        # hash check fails on the bytes, and the general path refuses duplicate keys.
+        (lambda data: data.replace(b'"planner_version":', b'"world_size":64,"planner_version":'),
+         "twice"),
+        # A second plan_id member: not the planner's bytes; the general path refuses it.
+        (lambda data: data[:-1] + b',"plan_id":"' + b"0" * 64 + b'"}', "twice"),
+    ],
+    ids=["changed", "indented", "reordered", "duplicate-key", "second-plan-id"],
+)  # fmt: skip
+def test_bytes_that_are_not_the_sealed_ones_take_the_general_path(change, verdict):
+    plan, data = _sealed_example()
+    changed = change(data)
+    assert sealed_plan(changed) is None
+    if verdict is None:
+        assert verified_plan(changed, source="x", expected_plan_id=plan.plan_id) == plan
+    else:
+        with pytest.raises(IntegrityError, match=verdict):
+            verified_plan(changed, source="x", expected_plan_id=plan.plan_id)
 
 
 def test_backoff_is_full_jitter_under_a_cap_and_retry_after_wins():
