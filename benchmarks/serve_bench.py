@@ -8,7 +8,9 @@ installed (``pip install granian``: an alternative ASGI server, not a dependency
 is a real one: the NVIDIA "medium" model (311 tables) on 136 ranks, about 1 MB of JSON,
 stored by ``POST /v1/plans``. nginx serves its identity bytes and, with ``gzip_static on``,
 the service's own stored gzip bytes (``<plan_id>.gz``) to clients that accept gzip; zstd is
-measured for the service alone (Debian's nginx has no zstd module). For each worker count
+measured for the service alone (Debian's nginx has no zstd module). With one worker, the
+"floor" is uvicorn running ``serve_floor``, an app that sends the same bytes and does
+nothing else: the most any app under uvicorn can serve here. For each worker count
 (the same for every server) and each encoding, every server's answer is checked byte for
 byte, then ``wrk -t2 -c64`` runs ``--repeats`` rounds of ``--duration``
 seconds against each server in turn (interleaved, so drift hits all alike); the table
@@ -41,6 +43,7 @@ from tests.servers import Service, free_port
 
 SHARDPLAN = Path(sys.executable).parent / "shardplan"
 GRANIAN = Path(sys.executable).parent / "granian"
+UVICORN = Path(sys.executable).parent / "uvicorn"
 ENCODINGS = ("identity", "gzip", "zstd")
 NGINX_ENCODINGS = ("identity", "gzip")  # Debian's nginx has no zstd module
 
@@ -195,6 +198,30 @@ def granian(root: Path, db: str, plan_id: str, workers: int) -> Iterator[str]:
         process.wait(timeout=30)
 
 
+@contextmanager
+def floor(root: Path, plan_id: str, bodies: dict[str, bytes]) -> Iterator[str]:
+    """uvicorn (uvloop, httptools, as ``shardplan serve``) running ``serve_floor``: the
+    same bytes from an app that does nothing else, so the most uvicorn can give."""
+    folder = root / "floor"
+    folder.mkdir(exist_ok=True)
+    for encoding, body in bodies.items():
+        (folder / encoding).write_bytes(body)
+    port = free_port()
+    env = {**os.environ, "FLOOR_PLAN_DIR": str(folder)}
+    process = subprocess.Popen(
+        [str(UVICORN), "--factory", "benchmarks.serve_floor:create", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning", "--no-access-log"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/v1/plans/{plan_id}"
+        _wait(url, process, lambda: "")
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+
+
 def _wait(url: str, process: subprocess.Popen[bytes], log: object) -> None:
     deadline = time.monotonic() + 60
     while True:
@@ -260,6 +287,10 @@ def main() -> None:
                 if GRANIAN.exists():
                     urls[f"shardplan, granian ({workers} workers)"] = servers.enter_context(
                         granian(root, db, plan_id, workers)
+                    )
+                if workers == 1:
+                    urls["uvicorn floor: constant bytes (1 worker)"] = servers.enter_context(
+                        floor(root, plan_id, bodies)
                     )
                 for encoding in ENCODINGS:
                     serving = {

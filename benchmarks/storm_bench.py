@@ -7,10 +7,12 @@ The plan is the 1 MB one of ``serve_bench`` (NVIDIA "medium", 136 ranks), stored
 processes each open ``fetches / processes`` ``AsyncPlannerClient``s (one connection each,
 as each rank has its own), report ready, and at one start signal all call ``get_plan``
 together: the client sends the request, decodes the body and verifies the plan id on the
-decoded bytes. Each fetch's latency runs from the start signal to its verified plan. It runs
-twice: compressed (the client's default: it accepts zstd and gzip, and the service sends
-zstd) and ``compressed=False`` (identity). Bounded: every fetch has the client's own
-timeouts and retries, and each run ends by ``--deadline`` seconds.
+decoded bytes. Each fetch's latency runs from the start signal to its verified plan. The
+same storm also runs as bare httpx GETs whose decoded bodies' sha256 is checked (the wire
+alone: no parse, no model). Each runs compressed (the client's default: it accepts zstd and
+gzip, and the service sends zstd) and ``compressed=False`` (identity). Bounded: every fetch
+has the client's own timeouts (90 s a step) and retries, and each storm ends by
+``--deadline`` seconds.
 
 On a machine with fewer cores than client processes, the clients' own decoding and
 verification (CPU) share the cores with the service: the CPU seconds columns say how much
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import resource
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -38,26 +42,47 @@ from benchmarks.serve_bench import SHARDPLAN, machine, plan_request
 from tests.servers import Service
 
 
-def child(base: str, plan_id: str, count: int, compressed: bool, deadline_s: float) -> None:
+def child(
+    base: str, plan_id: str, count: int, compressed: bool, deadline_s: float, mode: str,
+    sha: str,
+) -> None:  # fmt: skip
     """One client process: ``count`` clients, a line "ready", then (on a line with the
-    start time) every fetch at once; prints one JSON line of results."""
-    from clients.http.client import AsyncPlannerClient
+    start time) every fetch at once; prints one JSON line of results. ``mode`` "client":
+    ``AsyncPlannerClient.get_plan``; "wire": an httpx GET, the decoded body's sha256
+    compared with ``sha``."""
+    from clients.http.client import DEFAULT_TIMEOUT_S, AsyncPlannerClient
+
+    url = f"{base}/v1/plans/{plan_id}"
+    accept = {"Accept-Encoding": "zstd, gzip" if compressed else "identity"}
+
+    async def get_plan(client: AsyncPlannerClient) -> None:
+        plan = await client.get_plan(plan_id)
+        assert plan.plan_id == plan_id
+
+    async def get_bytes(client: httpx.AsyncClient) -> None:
+        response = await client.get(url, headers=accept)
+        assert response.status_code == 200 and hashlib.sha256(response.content).hexdigest() == sha
 
     async def run() -> dict[str, object]:
-        clients = [
-            AsyncPlannerClient(base, compressed=compressed, timeout_s=deadline_s)
+        # The client's own timeouts and retries, as a rank has them; a bare GET gets the
+        # same timeout and no retry.
+        clients: list[Any] = [
+            AsyncPlannerClient(base, compressed=compressed)
+            if mode == "client"
+            else httpx.AsyncClient(timeout=DEFAULT_TIMEOUT_S)
             for _ in range(count)
         ]
+        get = get_plan if mode == "client" else get_bytes
         print("ready", flush=True)
         started = float(sys.stdin.readline())
+        await asyncio.sleep(max(0.0, started - time.time()))  # every process starts together
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         latencies: list[float] = []
         errors: list[str] = []
 
-        async def fetch(client: AsyncPlannerClient) -> None:
+        async def fetch(client: Any) -> None:
             try:
-                plan = await client.get_plan(plan_id)
-                assert plan.plan_id == plan_id
+                await get(client)
                 latencies.append(time.time() - started)
             except Exception as error:  # counted and reported, not raised
                 errors.append(f"{type(error).__name__}: {error}"[:200])
@@ -78,7 +103,7 @@ def child(base: str, plan_id: str, count: int, compressed: bool, deadline_s: flo
 
 def storm(
     service: Service, plan_id: str, fetches: int, processes: int, compressed: bool,
-    deadline_s: float,
+    deadline_s: float, mode: str, sha: str,
 ) -> dict[str, float]:  # fmt: skip
     assert service.process is not None
     base, group = service.base, service.process.pid
@@ -95,6 +120,8 @@ def storm(
                 str(count),
                 str(int(compressed)),
                 str(deadline_s),
+                mode,
+                sha,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -125,6 +152,7 @@ def storm(
     if errors:
         print(f"  {len(errors)} errors, e.g. {errors[:3]}", file=sys.stderr)
     return {
+        "errors": len(errors),
         "ok": len(latencies),
         "fetches": fetches,
         "p50_s": statistics.median(latencies) if latencies else float("nan"),
@@ -152,8 +180,8 @@ def _group_cpu(group: int) -> float:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        base, plan_id, count, compressed, deadline = sys.argv[2:7]
-        child(base, plan_id, int(count), compressed == "1", float(deadline))
+        base, plan, count, packed, deadline, how, digest = sys.argv[2:9]
+        child(base, plan, int(count), packed == "1", float(deadline), how, digest)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fetches", type=int, default=4096)
@@ -173,25 +201,29 @@ def main() -> None:
             created = httpx.post(f"{service.base}/v1/plans", content=plan_request(), timeout=600)
             created.raise_for_status()
             plan_id = created.headers["x-shardplan-plan-id"]
+            sha = hashlib.sha256(created.content).hexdigest()
             print(f"plan {plan_id[:12]}…: {len(created.content):,} bytes")
             for compressed in (True, False):
-                result = storm(
-                    service, plan_id, args.fetches, args.processes, compressed, args.deadline
-                )
-                rows.append(("zstd" if compressed else "identity", result))
-                print(f"  {rows[-1][0]}: {result}", flush=True)
+                for mode in ("wire", "client"):
+                    result = storm(
+                        service, plan_id, args.fetches, args.processes, compressed,
+                        args.deadline, mode, sha,
+                    )  # fmt: skip
+                    rows.append((mode, "zstd" if compressed else "identity", result))
+                    print(f"  {mode} {rows[-1][1]}: {result}", flush=True)
         finally:
             service.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print()
-    print("| encoding | verified | p50 s | p99 s | max s | wall s | client CPU s | "
-          "client CPU ms / fetch | service CPU s |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, r in rows:
+    print("| fetch | encoding | verified | errors | p50 s | p99 s | max s | wall s | "
+          "client CPU s | client CPU ms / fetch | service CPU s |")  # fmt: skip
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mode, name, r in rows:
+        fetch = "AsyncPlannerClient.get_plan" if mode == "client" else "httpx GET + sha256"
         print(
-            f"| {name} | {r['ok']}/{r['fetches']} | {r['p50_s']:.2f} | {r['p99_s']:.2f} | "
-            f"{r['max_s']:.2f} | {r['wall_s']:.2f} | {r['client_cpu_s']:.0f} | "
+            f"| {fetch} | {name} | {r['ok']}/{r['fetches']} | {r['errors']} | {r['p50_s']:.2f} | "
+            f"{r['p99_s']:.2f} | {r['max_s']:.2f} | {r['wall_s']:.2f} | {r['client_cpu_s']:.0f} | "
             f"{1000 * r['client_cpu_s'] / r['fetches']:.0f} | {r['service_cpu_s']:.1f} |"
         )
 
