@@ -6,6 +6,8 @@ the cache. Every scenario runs with the blocking and with the asyncio client."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import gzip
 import json
 import random
@@ -486,6 +488,40 @@ def test_sealed_bytes_are_checked_by_their_hash_without_a_parse():
     assert verified_plan(data, source="x", expected_plan_id=plan.plan_id) == plan
     with pytest.raises(IntegrityError, match="asked for plan"):
         verified_plan(data, source="x", expected_plan_id="0" * 64)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_reading_a_plan_leaves_the_garbage_collector_as_it_was(enabled):
+    """The collector is paused while a plan is read, on both paths, and only resumed if it
+    was running: a process that turned it off keeps it off."""
+    plan, data = _sealed_example()
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        seen: list[bool] = []
+        for body in (data, json.dumps(json.loads(data), indent=2).encode()):
+            with patch_validate(seen):
+                assert verified_plan(body, source="x", expected_plan_id=plan.plan_id) == plan
+            assert gc.isenabled() is enabled
+        assert seen == [False, False]  # paused while the model was read, each time
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+@contextlib.contextmanager
+def patch_validate(seen: list[bool]) -> Iterator[None]:
+    """Records, each time a plan model is read, whether the collector was running."""
+    original = ShardingPlan.model_validate_json
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.isenabled())
+        return original(*args, **kwargs)
+
+    ShardingPlan.model_validate_json = recording  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPlan.model_validate_json = original  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize(
