@@ -28,6 +28,7 @@ PLAN, COSTS, VALIDATE, SOLVE = (
     f"planner_service.{stage}" for stage in ("plan", "costs", "validate", "solve")
 )
 REPORTS, SERVICE = "planner_service.reports", "planner_service.service"
+STORE = f"{SERVICE}.store"
 # planner_service/__init__.py holds the version only: every module may import it.
 VERSION = "planner_service"
 
@@ -64,6 +65,14 @@ RULES = (
     ),
     Rule(REPORTS, (PLAN, COSTS, REPORTS), CORE, "reports imports only plan and costs"),
     Rule(SERVICE, ("planner_service",), None, "service may import all of planner_service"),
+    Rule(
+        STORE,
+        (PLAN, STORE),
+        CORE | {"zstandard", "psycopg", "psycopg_pool"},
+        "the store imports only plan (the vocabulary) and itself of ours, so that the rest "
+        "of the service builds on it and never the other way round; of libraries pydantic, "
+        "numpy, zstandard and the PostgreSQL driver",
+    ),
     Rule(
         "runtime",
         (PLAN, COSTS, VALIDATE, "runtime", "clients.http"),
@@ -256,6 +265,10 @@ def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
         ("planner_service.costs.late", "from ..solve import problem", True),
         ("planner_service.costs.late", "import fastapi", True),
         ("planner_service.service.late", "import fastapi", False),
+        ("planner_service.service.store.late", "from planner_service.service import state", True),
+        ("planner_service.service.store.late", "from ..problems import ProblemError", True),
+        ("planner_service.service.store.late", "from .database import named", False),
+        ("planner_service.service.store.late", "import fastapi", True),
     ],
 )
 def test_rules(module, source, broken):

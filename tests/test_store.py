@@ -11,7 +11,7 @@ from contextlib import closing
 import pytest
 import zstandard
 
-from planner_service.plan.api import PlanSummary
+from planner_service.plan.api import PlanSummary, SolveJobStatus
 from planner_service.service.store import (
     NewSolve,
     PlanBodies,
@@ -22,6 +22,12 @@ from planner_service.service.store import (
     zstd_plan,
 )
 
+QUEUED, RUNNING, DONE, FAILED = (
+    SolveJobStatus.QUEUED,
+    SolveJobStatus.RUNNING,
+    SolveJobStatus.DONE,
+    SolveJobStatus.FAILED,
+)
 SUMMARY = PlanSummary(world_size=2, num_tables=1, objective=1.5, status="optimal")
 
 
@@ -44,16 +50,21 @@ def _put(
 
 def _count_plans(url: str) -> int:
     """Rows in the plans table, read past the store."""
+    row = _fetch_one(url, "SELECT COUNT(*) FROM plans")
+    assert row is not None
+    return int(row[0])
+
+
+def _fetch_one(url: str, statement: str, *arguments: object) -> tuple | None:
+    """The first row of one statement whose parameters are written ``{0}``, read past the
+    store."""
     if url.startswith("postgresql://"):
         import psycopg
 
         with psycopg.connect(url) as connection:
-            row = connection.execute("SELECT COUNT(*) FROM plans").fetchone()
-    else:
-        with closing(sqlite3.connect(url)) as connection:
-            row = connection.execute("SELECT COUNT(*) FROM plans").fetchone()
-    assert row is not None
-    return int(row[0])
+            return connection.execute(statement.format("%s"), arguments).fetchone()
+    with closing(sqlite3.connect(url)) as connection:
+        return connection.execute(statement.format("?"), arguments).fetchone()
 
 
 @pytest.fixture
@@ -166,7 +177,7 @@ def test_plans_are_listed_newest_first_in_pages_that_do_not_shift(store):
 def test_plans_stored_in_the_same_microsecond_are_ordered_by_id(store):
     for plan_id in ("a" * 64, "b" * 64, "c" * 64):
         _put(store, plan_id)
-    with store._transaction(write=True) as cursor:  # one timestamp for all three
+    with store.database.transaction(write=True) as cursor:  # one timestamp for all three
         cursor.execute("UPDATE plans SET created_at = '2026-01-01T00:00:00.000000+00:00'")
     first = store.list_plans(limit=1)
     assert first[0].plan_id == "c" * 64
@@ -270,15 +281,8 @@ def _execute(url: str, statement: str, *arguments: object) -> None:
 
 
 def _stored(url: str, plan_id: str, coding: str) -> bytes | None:
-    query = f"SELECT plan_{coding} FROM plans WHERE plan_id = {{}}"
-    if url.startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(url) as connection:
-            row = connection.execute(query.format("%s"), (plan_id,)).fetchone()
-    else:
-        with closing(sqlite3.connect(url)) as connection:
-            row = connection.execute(query.format("?"), (plan_id,)).fetchone()
+    row = _fetch_one(url, f"SELECT plan_{coding} FROM plans WHERE plan_id = {{0}}", plan_id)
+    assert row is not None
     return None if row[0] is None else bytes(row[0])
 
 
@@ -331,7 +335,7 @@ def _claim(store, owner: str, now: str, stale_before: str, new=None, max_attempt
 
 def test_a_solve_is_claimed_once_then_taken_over_when_its_lease_lapses(store):
     row, claimed = _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
-    assert claimed and (row.status, row.owner, row.attempts) == ("queued", "a", 1)
+    assert claimed and (row.status, row.owner, row.attempts) == (QUEUED, "a", 1)
     assert store.solve_request("j" * 64) == b'{"req":1}'
     # Asked again while its lease is live: not taken, wherever it is asked.
     row, claimed = _claim(store, "b", "2026-01-01T00:00:01", "2025", new=_new_solve())
@@ -342,46 +346,46 @@ def test_a_solve_is_claimed_once_then_taken_over_when_its_lease_lapses(store):
     )  # fmt: skip
     running = store.get_solve("j" * 64)
     assert (running.status, running.stage, running.objective, running.lower_bound) == (
-        "running", "cp-sat", 2.0, 1.5,
+        RUNNING, "cp-sat", 2.0, 1.5,
     )  # fmt: skip
     assert store.lapsed_solves("2026-01-01T00:00:02", 10) == []
     assert store.lapsed_solves("2026-01-01T00:00:03", 10) == ["j" * 64]
     # Lapsed: b takes it over; a can no longer record progress on it.
     row, claimed = _claim(store, "b", "2026-01-01T00:01:00", "2026-01-01T00:00:03")
-    assert claimed and (row.status, row.owner, row.attempts, row.stage) == ("queued", "b", 2, None)
+    assert claimed and (row.status, row.owner, row.attempts, row.stage) == (QUEUED, "b", 2, None)
     assert not store.record_progress(
         "j" * 64, "a", running=True, stage="x", objective=None, bound=None, started_at=None,
         now="2026-01-01T00:01:01",
     )  # fmt: skip
     store.end_solve(
-        "j" * 64, "done", plan_id="p" * 64, problem=None, progress=("cp-sat", 1.9, 1.6),
+        "j" * 64, DONE, plan_id="p" * 64, problem=None, progress=("cp-sat", 1.9, 1.6),
         now="2026-01-01T00:01:05",
     )  # fmt: skip
     done = store.get_solve("j" * 64)
     assert (done.status, done.plan_id, done.objective, done.active) == (
-        "done",
+        DONE,
         "p" * 64,
         1.9,
         False,
     )
     assert store.lapsed_solves("9999", 10) == []
     row, claimed = _claim(store, "c", "2026-01-02", "9999", new=_new_solve())
-    assert not claimed and row.status == "done"
+    assert not claimed and row.status is DONE
 
 
 def test_a_failed_solve_is_claimed_again_and_a_lapsing_one_gives_up(store):
     _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
-    store.end_solve("j" * 64, "failed", plan_id=None, problem=b'{"status": 503}', now="2026-01-01")
+    store.end_solve("j" * 64, FAILED, plan_id=None, problem=b'{"status": 503}', now="2026-01-01")
     failed = store.get_solve("j" * 64)
     assert failed.problem == b'{"status": 503}'
     row, claimed = _claim(store, "b", "2026-01-02", "2025", new=_new_solve())
-    assert claimed and (row.status, row.attempts, row.problem) == ("queued", 1, None)
+    assert claimed and (row.status, row.attempts, row.problem) == (QUEUED, 1, None)
     # Its process stops before it ends, again and again: after max_attempts it fails.
     for attempt in (2, 3):
         row, claimed = _claim(store, "c", f"2026-01-0{attempt + 1}", "9999")
         assert claimed and row.attempts == attempt
     row, claimed = _claim(store, "c", "2026-01-05", "9999")
-    assert not claimed and row.status == "failed"
+    assert not claimed and row.status is FAILED
     assert json.loads(row.problem)["title"] == "Solve abandoned"
 
 
@@ -392,6 +396,27 @@ def test_released_solves_lapse_at_once_and_done_solves_are_recorded_as_done(stor
     store.release_solves("a")
     assert store.lapsed_solves("0", 10) == ["j" * 64]  # before any time at all
     done = store.add_done_solve(_new_solve("k" * 64), "p" * 64, "2026-01-01")
-    assert (done.status, done.plan_id, done.attempts) == ("done", "p" * 64, 0)
+    assert (done.status, done.plan_id, done.attempts) == (DONE, "p" * 64, 0)
     marked = store.add_done_solve(_new_solve(), "q" * 64, "2026-01-02")
-    assert (marked.status, marked.plan_id) == ("done", "q" * 64)
+    assert (marked.status, marked.plan_id) == (DONE, "q" * 64)
+    again = store.add_done_solve(_new_solve(), "z" * 64, "2026-01-03")  # done already: kept
+    assert (again.plan_id, again.updated_at) == ("q" * 64, "2026-01-02")
+
+
+def test_a_job_row_holds_its_status_value_and_reads_back_by_column_name(store, store_url):
+    _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
+    store.record_progress(
+        "j" * 64, "a", running=True, stage="cp-sat", objective=2.0, bound=1.5,
+        started_at="2026-01-01T00:00:01", now="2026-01-01T00:00:02",
+    )  # fmt: skip
+    row = _fetch_one(store_url, "SELECT status FROM solves WHERE job_id = {0}", "j" * 64)
+    assert row == ("running",)  # the enum's value in SQL ...
+    stored = store.get_solve("j" * 64)
+    assert stored.status is RUNNING and stored.active  # ... the enum in the code
+    assert stored.model_dump() == {
+        "job_id": "j" * 64, "request_hash": "r" * 64, "planner_version": "v1",
+        "time_limit_s": 5.0, "status": RUNNING, "stage": "cp-sat", "objective": 2.0,
+        "lower_bound": 1.5, "attempts": 1, "owner": "a", "heartbeat_at": "2026-01-01T00:00:02",
+        "created_at": "2026-01-01T00:00:00", "started_at": "2026-01-01T00:00:01",
+        "updated_at": "2026-01-01T00:00:02", "plan_id": None, "problem": None,
+    }  # fmt: skip

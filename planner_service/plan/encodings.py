@@ -1,6 +1,8 @@
 """The content codings a stored plan is served in, and the entity tag of each
 representation: shared by the service, which stores and serves them, and the client, which
-asks for them and revalidates with their tags."""
+asks for them and revalidates with their tags. The bytes of each coding are made by the
+service alone (``planner_service/service/store/encodings.py``: zstandard is not a
+vocabulary dependency)."""
 
 from __future__ import annotations
 

@@ -242,7 +242,7 @@ class SolveJobs:
         await run_in_threadpool(
             lambda: self.state.store().end_solve(
                 job_id,
-                status.value,
+                status,
                 plan_id=plan_id,
                 problem=document,
                 progress=(progress.stage or None, progress.objective, progress.bound),

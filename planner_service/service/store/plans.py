@@ -1,0 +1,165 @@
+"""Stored plans: inserted once by ``plan_id`` (their content address) with the request and
+a summary (world size, tables, objective, status: what a list shows) beside them, never
+updated or deleted.
+
+``Plans.put`` returns only after the commit, so a plan the API reports as stored is
+durable. Lists are pages in a fixed order with a keyset cursor (the last row's sort key),
+so a page costs the same however deep it is and rows stored meanwhile neither repeat nor
+shift it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner_service.plan.api import PlanListing, PlanSummary
+from planner_service.service.store.database import Database, named, now
+from planner_service.service.store.encodings import PlanBodies, gzip_plan, zstd_plan
+from planner_service.service.store.schema import summary_values
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    plan_id: str
+    plan: bytes
+    request: bytes
+    created_at: str
+
+
+class Plans:
+    """The ``plans`` table's operations."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def put(
+        self,
+        *,
+        plan_id: str,
+        request_hash: str,
+        planner_version: str,
+        request: bytes,
+        plan: bytes,
+        summary: PlanSummary,
+        bodies: PlanBodies | None = None,
+    ) -> bool:
+        """Insert a plan once, with its encodings (``bodies``, made here unless given);
+        True when this call stored it, False when it already was. ``for_request`` finds
+        it by ``request_hash`` and ``planner_version``. Returns after the commit."""
+        encoded = PlanBodies.of(plan) if bodies is None else bodies
+        assert encoded.identity == plan
+        with self.database.transaction(write=True) as cursor:
+            cursor.execute(
+                self.database.sql(
+                    "INSERT INTO plans (plan_id, request_hash, planner_version, request, plan, "
+                    "created_at, world_size, num_tables, objective, status, plan_gzip, "
+                    "plan_zstd) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (plan_id) DO NOTHING"
+                ),
+                (plan_id, request_hash, planner_version, request, plan, now(),
+                 *summary_values(summary), encoded.gzip, encoded.zstd),
+            )  # fmt: skip
+            return bool(cursor.rowcount == 1)
+
+    def page(self, *, limit: int, before: Sequence[str] | None = None) -> list[PlanListing]:
+        """Up to ``limit`` plans, newest first (by ``created_at``, then ``plan_id``), only
+        those after ``before`` in that order (a ``(created_at, plan_id)`` already listed)."""
+        where = ""
+        arguments: tuple[str, ...] = ()
+        if before is not None:
+            where = "WHERE created_at < ? OR (created_at = ? AND plan_id < ?) "
+            arguments = (before[0], before[0], before[1])
+        with self.database.transaction() as cursor:
+            cursor.execute(
+                self.database.sql(
+                    "SELECT plan_id, planner_version, created_at, world_size, num_tables, "
+                    f"objective, status FROM plans {where}"
+                    "ORDER BY created_at DESC, plan_id DESC LIMIT ?"
+                ),
+                (*arguments, limit),
+            )
+            rows = [named(cursor, row) for row in cursor.fetchall()]
+        return [_listing(row) for row in rows]
+
+    def get(self, plan_id: str) -> StoredPlan | None:
+        with self.database.transaction() as cursor:
+            cursor.execute(
+                self.database.sql(
+                    "SELECT plan_id, plan, request, created_at FROM plans WHERE plan_id = ?"
+                ),
+                (plan_id,),
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        stored_id, plan, request, created_at = row
+        return StoredPlan(stored_id, bytes(plan), bytes(request), created_at)
+
+    def bodies(self, plan_id: str) -> PlanBodies | None:
+        """A plan's identity, gzip and zstd bytes. A plan stored before an encoding's
+        column existed gets that encoding now, stored once for every later fetch (by any
+        replica; one that raced this one keeps its own bytes)."""
+        with self.database.transaction() as cursor:
+            cursor.execute(
+                self.database.sql("SELECT plan, plan_gzip, plan_zstd FROM plans WHERE plan_id = ?"),
+                (plan_id,),
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        data, gzipped, zstd = row
+        if gzipped is not None and zstd is not None:
+            return PlanBodies(bytes(data), bytes(gzipped), bytes(zstd))
+        return self._encode(
+            plan_id, bytes(data), missing_gzip=gzipped is None, missing_zstd=zstd is None
+        )
+
+    def _encode(
+        self, plan_id: str, data: bytes, *, missing_gzip: bool, missing_zstd: bool
+    ) -> PlanBodies:
+        """Store the encodings a plan lacks, keeping any another replica stored first."""
+        with self.database.transaction(write=True) as cursor:
+            cursor.execute(
+                self.database.sql(
+                    "UPDATE plans SET plan_gzip = COALESCE(plan_gzip, ?), "
+                    "plan_zstd = COALESCE(plan_zstd, ?) WHERE plan_id = ?"
+                ),
+                (gzip_plan(data) if missing_gzip else None,
+                 zstd_plan(data) if missing_zstd else None, plan_id),
+            )  # fmt: skip
+            cursor.execute(
+                self.database.sql("SELECT plan_gzip, plan_zstd FROM plans WHERE plan_id = ?"),
+                (plan_id,),
+            )
+            gzipped, zstd = cursor.fetchone()
+        return PlanBodies(data, bytes(gzipped), bytes(zstd))
+
+    def for_request(self, request_hash: str, planner_version: str) -> str | None:
+        """The plan_id already planned for this request by this planner version, if any."""
+        with self.database.transaction() as cursor:
+            cursor.execute(
+                self.database.sql(
+                    "SELECT plan_id FROM plans WHERE request_hash = ? AND planner_version = ? "
+                    "ORDER BY created_at LIMIT 1"
+                ),
+                (request_hash, planner_version),
+            )
+            row = cursor.fetchone()
+        return None if row is None else str(row[0])
+
+
+def _listing(row: dict[str, Any]) -> PlanListing:
+    summary = PlanSummary(
+        world_size=row["world_size"],
+        num_tables=row["num_tables"],
+        objective=row["objective"],
+        status=row["status"],
+    )
+    return PlanListing(
+        plan_id=row["plan_id"],
+        planner_version=row["planner_version"],
+        created_at=row["created_at"],
+        summary=summary,
+    )

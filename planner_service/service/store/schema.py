@@ -1,0 +1,120 @@
+"""The store's tables, and how a store made by an older release is brought up to date
+when it is opened (columns added, summaries filled in), so that every store opens as it is.
+
+One schema for both databases: TEXT timestamps (ISO 8601, UTC) and binary plan bytes;
+``BLOB`` is spelled per database (``BYTEA`` on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from planner_service.plan.api import PlanSummary
+from planner_service.service.store.database import Cursor, Dialect
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (
+    plan_id TEXT PRIMARY KEY,
+    request_hash TEXT NOT NULL,
+    planner_version TEXT NOT NULL,
+    request BLOB NOT NULL,
+    plan BLOB NOT NULL,
+    created_at TEXT NOT NULL,
+    world_size INTEGER,
+    num_tables INTEGER,
+    objective DOUBLE PRECISION,
+    status TEXT,
+    plan_gzip BLOB,
+    plan_zstd BLOB
+);
+CREATE INDEX IF NOT EXISTS plans_by_request ON plans (request_hash, planner_version);
+CREATE INDEX IF NOT EXISTS plans_by_creation ON plans (created_at, plan_id);
+CREATE TABLE IF NOT EXISTS aliases (
+    name TEXT PRIMARY KEY,
+    plan_id TEXT NOT NULL REFERENCES plans (plan_id),
+    version INTEGER NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS alias_history (
+    name TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    plan_id TEXT NOT NULL REFERENCES plans (plan_id),
+    previous_plan_id TEXT,
+    actor TEXT NOT NULL,
+    comment TEXT,
+    changed_at TEXT NOT NULL,
+    PRIMARY KEY (name, version)
+);
+CREATE TABLE IF NOT EXISTS solves (
+    job_id TEXT PRIMARY KEY,
+    request_hash TEXT NOT NULL,
+    planner_version TEXT NOT NULL,
+    request BLOB NOT NULL,
+    time_limit_s DOUBLE PRECISION NOT NULL,
+    status TEXT NOT NULL,
+    stage TEXT,
+    objective DOUBLE PRECISION,
+    lower_bound DOUBLE PRECISION,
+    attempts INTEGER NOT NULL,
+    owner TEXT,
+    heartbeat_at TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    started_at TEXT,
+    updated_at TEXT NOT NULL,
+    plan_id TEXT,
+    problem BLOB
+);
+CREATE INDEX IF NOT EXISTS solves_by_heartbeat ON solves (status, heartbeat_at);
+"""
+# Added after the first release: stores made before gain them (NULL), then are backfilled.
+_SUMMARY_COLUMNS = {
+    "world_size": "INTEGER",
+    "num_tables": "INTEGER",
+    "objective": "DOUBLE PRECISION",
+    "status": "TEXT",
+}
+_BACKFILL_BATCH = 100
+# Columns added after the first release, each NULL in rows stored before it: ``plan_gzip``
+# and ``plan_zstd`` are filled the first time such a plan is fetched (``Plans.bodies``).
+_LATER_COLUMNS = {"plan_gzip": "BLOB", "plan_zstd": "BLOB"}
+
+
+def create_schema(cursor: Cursor, dialect: Dialect) -> None:
+    """Create what is missing of the schema, in the caller's transaction, and bring the
+    plans of an older store up to date."""
+    for statement in _SCHEMA.replace("BLOB", dialect.blob_type).split(";"):
+        if statement.strip():
+            cursor.execute(statement)
+    _add_later_columns(cursor, dialect)
+    _backfill_summaries(cursor, dialect)
+
+
+def summary_values(summary: PlanSummary) -> tuple[int, int, float, str]:
+    """A plan's summary columns, in their order."""
+    return summary.world_size, summary.num_tables, summary.objective, summary.status.value
+
+
+def _add_later_columns(cursor: Cursor, dialect: Dialect) -> None:
+    """Give a store made before plan summaries and encodings existed their columns."""
+    cursor.execute(dialect.columns_query)
+    present = {str(row[0]) for row in cursor.fetchall()}
+    for name, column_type in (_SUMMARY_COLUMNS | _LATER_COLUMNS).items():
+        if name not in present:
+            column_type = column_type.replace("BLOB", dialect.blob_type)
+            cursor.execute(f"ALTER TABLE plans ADD COLUMN {name} {column_type}")
+
+
+def _backfill_summaries(cursor: Cursor, dialect: Dialect) -> None:
+    """Fill the summaries of plans stored before summaries existed from the plans
+    themselves, a batch at a time (once: new plans come with one)."""
+    select = dialect.sql("SELECT plan_id, plan FROM plans WHERE world_size IS NULL LIMIT ?")
+    update = dialect.sql(
+        "UPDATE plans SET world_size = ?, num_tables = ?, objective = ?, status = ? "
+        "WHERE plan_id = ?"
+    )
+    while True:
+        cursor.execute(select, (_BACKFILL_BATCH,))
+        rows = cursor.fetchall()
+        if not rows:
+            return
+        for plan_id, data in rows:
+            summary = PlanSummary.of_stored(bytes(data))
+            cursor.execute(update, (*summary_values(summary), plan_id))
