@@ -38,9 +38,10 @@ run: $(VENV)/.installed-service
 test: $(VENV)/.installed-all system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Everything but the tests marked slow (multi-process runs, fresh venvs, end-to-end jobs).
-test-fast: $(VENV)/.installed-all system-deps
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+# The developer lane: everything but multi-process runs, fresh venvs, end-to-end jobs,
+# PostgreSQL and Chromium (so it needs no system packages); about two minutes.
+test-fast: $(VENV)/.installed-all
+	$(BIN)/python -m pytest -m "not slow and not postgres and not browser" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-all
 	$(BIN)/ruff check .

@@ -122,6 +122,7 @@ def view_service(shardplan_exe, tmp_path_factory):
     server.stop()
 
 
+@pytest.mark.browser
 def test_plan_view_renders_in_headless_chromium(view_service, tmp_path):
     document = {
         "topology": {"world_size": 4, "local_world_size": 2, "hbm_bytes": 2 * 2**30},
