@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from planner_service.service import solving
+from planner_service.service.solver import pool as solving
 from tests.servers import Service
 
 LONG_SOLVE_S = 30.0

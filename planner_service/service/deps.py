@@ -9,9 +9,9 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from planner_service.service.jobs import SolveJobs
-from planner_service.service.problems import ProblemError
+from planner_service.service.http.problems import ProblemError
 from planner_service.service.settings import Settings
+from planner_service.service.solver.jobs import SolveJobs
 from planner_service.service.state import ServiceState
 
 PLAN_ID_PATTERN = r"^[0-9a-f]{64}$"

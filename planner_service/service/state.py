@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
-from planner_service.service import metrics
 from planner_service.service.cpu import CpuLane
-from planner_service.service.fetch import PlanResponses
+from planner_service.service.http import metrics
+from planner_service.service.http.fetch import PlanResponses
 from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
-from planner_service.service.solving import SolvePool, die_with_parent
+from planner_service.service.solver.pool import SolvePool, die_with_parent
 from planner_service.service.store import (
     PlanBodies,
     PlanStore,

@@ -13,10 +13,20 @@ from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.types import PlanRequest
 from planner_service.service.deps import Jobs, PlanId, State, Writer, reader
-from planner_service.service.fetch import PLAN_ROUTE, PreparedResponse, fetch_headers, negotiated
-from planner_service.service.importing import import_plan
-from planner_service.service.limits import decode_plan_request
-from planner_service.service.paging import (
+from planner_service.service.http.fetch import (
+    PLAN_ROUTE,
+    PreparedResponse,
+    fetch_headers,
+    negotiated,
+)
+from planner_service.service.http.limits import decode_plan_request
+from planner_service.service.http.openapi import (
+    REQUEST_EXAMPLE,
+    RequestAndPlan,
+    json_body,
+    schema_ref,
+)
+from planner_service.service.http.paging import (
     DEFAULT_LIMIT,
     After,
     Limit,
@@ -24,9 +34,10 @@ from planner_service.service.paging import (
     encode_cursor,
     page,
 )
-from planner_service.service.planning import no_plan, solve_and_store, with_previous_plan
-from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
-from planner_service.service.responses import IMMUTABLE, JSON, PLAN_RESPONSE
+from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
+from planner_service.service.http.responses import IMMUTABLE, JSON, PLAN_RESPONSE
+from planner_service.service.importing import import_plan
+from planner_service.service.pages import render_plan_page
 from planner_service.service.routes.solves import (
     JOB_RESPONSE,
     Prefer,
@@ -34,13 +45,7 @@ from planner_service.service.routes.solves import (
     prefers_async,
     submit_job,
 )
-from planner_service.service.schemas import (
-    REQUEST_EXAMPLE,
-    RequestAndPlan,
-    json_body,
-    schema_ref,
-)
-from planner_service.service.view import render_plan_page
+from planner_service.service.solver.run import no_plan, solve_and_store, with_previous_plan
 
 router = APIRouter(tags=["plans"])
 

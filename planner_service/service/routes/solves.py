@@ -15,13 +15,13 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from planner_service.plan.api import SolveJob
 from planner_service.plan.types import PlanRequest
 from planner_service.service.deps import Jobs, State, reader
-from planner_service.service.jobs import JOB_ID_PATTERN, SolveJobs
-from planner_service.service.planning import unavailable
-from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
-from planner_service.service.responses import JSON
-from planner_service.service.schemas import schema_ref
-from planner_service.service.solving import SolveUnavailableError
-from planner_service.service.view import render_job_page
+from planner_service.service.http.openapi import schema_ref
+from planner_service.service.http.problems import PROBLEM_CONTENT, ProblemError
+from planner_service.service.http.responses import JSON
+from planner_service.service.pages import render_job_page
+from planner_service.service.solver.jobs import JOB_ID_PATTERN, SolveJobs
+from planner_service.service.solver.pool import SolveUnavailableError
+from planner_service.service.solver.run import unavailable
 
 router = APIRouter(tags=["solves"])
 

@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse
 
 from planner_service.plan.api import ValidateResult
 from planner_service.service.deps import State, reader
-from planner_service.service.limits import decode_request_and_plan
-from planner_service.service.schemas import RequestAndPlan, json_body
+from planner_service.service.http.limits import decode_request_and_plan
+from planner_service.service.http.openapi import RequestAndPlan, json_body
 from planner_service.service.settings import Settings
 from planner_service.validate.validator import validate_plan
 

@@ -36,9 +36,9 @@ from planner_service import PLANNER_VERSION
 from planner_service.plan.api import SolveJob, SolveJobStatus
 from planner_service.plan.codec import canonical_bytes, parse_request
 from planner_service.plan.types import PlanRequest, gap
-from planner_service.service.planning import no_plan, solve_and_store
-from planner_service.service.problems import ProblemError
-from planner_service.service.solving import ShuttingDownError, SolveProgress, SolverError
+from planner_service.service.http.problems import ProblemError
+from planner_service.service.solver.pool import ShuttingDownError, SolveProgress, SolverError
+from planner_service.service.solver.run import no_plan, solve_and_store
 from planner_service.service.state import ServiceState
 from planner_service.service.store import NewSolve, StoredSolve, StoreUnavailableError
 

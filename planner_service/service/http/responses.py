@@ -8,7 +8,7 @@ from typing import Any
 
 from planner_service.plan.encodings import CODINGS, GZIP, IDENTITY
 from planner_service.plan.types import ShardingPlan
-from planner_service.service.schemas import schema_ref
+from planner_service.service.http.openapi import schema_ref
 
 JSON = "application/json"
 IMMUTABLE = "public, max-age=31536000, immutable"

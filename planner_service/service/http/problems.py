@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from planner_service.plan.errors import FieldProblem, InputError, json_path
-from planner_service.service.schemas import schema_ref
+from planner_service.service.http.openapi import schema_ref
 from planner_service.service.store import StoreUnavailableError
 
 log = logging.getLogger("shardplan.api")

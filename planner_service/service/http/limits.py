@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from planner_service.plan.codec import load_json, parse_plan, parse_request
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import PlanRequest, ShardingPlan
-from planner_service.service.problems import ProblemError
+from planner_service.service.http.problems import ProblemError
 from planner_service.service.settings import Settings
 
 M = TypeVar("M")

@@ -11,9 +11,9 @@ from planner_service import PLANNER_VERSION
 from planner_service.plan.codec import canonical_bytes, parse_plan
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import Infeasibility, PlanRequest
-from planner_service.service import metrics
-from planner_service.service.problems import ProblemError
-from planner_service.service.solving import (
+from planner_service.service.http import metrics
+from planner_service.service.http.problems import ProblemError
+from planner_service.service.solver.pool import (
     PoolFullError,
     ShuttingDownError,
     SolveResult,

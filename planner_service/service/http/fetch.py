@@ -22,8 +22,8 @@ from typing import Any
 from starlette.responses import Response
 
 from planner_service.plan.encodings import GZIP, IDENTITY, ZSTD, plan_etag
-from planner_service.service import metrics
-from planner_service.service.responses import IMMUTABLE, JSON, etag_matches, negotiate_encoding
+from planner_service.service.http import metrics
+from planner_service.service.http.responses import IMMUTABLE, JSON, etag_matches, negotiate_encoding
 from planner_service.service.store import PlanBodies
 
 PLAN_ROUTE = "/v1/plans/{plan_id}"

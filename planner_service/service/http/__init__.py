@@ -1,0 +1,1 @@
+"""HTTP mechanics shared by the routes."""

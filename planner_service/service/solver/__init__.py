@@ -1,0 +1,1 @@
+"""Solving requests for the service, off the event loop."""
