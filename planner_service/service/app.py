@@ -33,7 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.solve_queue,
         grace_s=settings.solve_grace_s,
         on_depth=QUEUE_DEPTH.set,
-        on_failure=lambda outcome, seconds: SOLVE_SECONDS.labels(outcome).observe(seconds),
+        on_failure=lambda outcome, seconds: SOLVE_SECONDS.labels(outcome.value).observe(seconds),
         on_progress=lambda key: jobs.on_progress(key) if jobs else None,
     )
     state = ServiceState(settings=settings, pool=pool, cache=PlanCache(settings.cache_bytes))
