@@ -240,7 +240,7 @@ def test_an_idle_solver_process_exits_when_its_pipe_to_the_service_closes():
 
 def test_every_stage_the_solver_reports_reaches_the_service_as_a_solve_stage():
     """The solver names its stages as text and a solver process reads each into
-    ``SolveStage`` before sending it (a name it did not know would fail the solve): a solve
+    ``SolveStage`` before sending it (a name it did not know would go unreported): a solve
     that runs every stage, CP-SAT included, sends each of them, as the enum."""
 
     class Pipe:
@@ -252,9 +252,16 @@ def test_every_stage_the_solver_reports_reaches_the_service_as_a_solve_stage():
 
     pipe = Pipe()
     reporter = pool._ProgressReporter(pipe)  # type: ignore[arg-type]
+    names: list[str] = []  # as the solver names them
+
+    def report(name: str, objective: float | None, bound: float | None) -> None:
+        names.append(name)
+        reporter.report(name, objective, bound)
+
     document = json.dumps(hard_request(1, time_limit_s=3.0, tables=40, world_size=8))
-    result = pool.solve_document(document.encode(), reporter.report)
+    result = pool.solve_document(document.encode(), report)
     assert result.plan is not None
+    assert set(names) == {stage.value for stage in SolveStage}
     assert all(isinstance(message, SolveProgress) for message in pipe.sent)
     stages = [message.stage for message in pipe.sent]  # type: ignore[attr-defined]
     assert all(isinstance(stage, SolveStage) for stage in stages)
