@@ -28,22 +28,25 @@ PLAN, COSTS, VALIDATE, SOLVE = (
     f"planner_service.{stage}" for stage in ("plan", "costs", "validate", "solve")
 )
 REPORTS, SERVICE = "planner_service.reports", "planner_service.service"
-STORE = f"{SERVICE}.store"
+ROUTES, SERVICE_HTTP, SOLVER = (f"{SERVICE}.{part}" for part in ("routes", "http", "solver"))
+STORE, SETTINGS, STATE = (f"{SERVICE}.{part}" for part in ("store", "settings", "state"))
 # planner_service/__init__.py holds the version only: every module may import it.
 VERSION = "planner_service"
 
 
 @dataclass(frozen=True)
 class Rule:
-    """What the modules of ``covers`` may import: first-party modules under ``ours``,
-    third-party ones under ``theirs`` (None: any), and, inside functions only (the
-    commands that need an extra import it when they run), anything under ``lazy``."""
+    """What the modules of ``covers`` may import: first-party modules under ``ours`` but
+    not under ``never``, third-party ones under ``theirs`` (None: any), and, inside
+    functions only (the commands that need an extra import it when they run), anything
+    under ``lazy``."""
 
     covers: str
     ours: tuple[str, ...]
     theirs: frozenset[str] | None
     says: str
     lazy: tuple[str, ...] = ()
+    never: tuple[str, ...] = ()
 
 
 CLIENT_OURS = (PLAN, COSTS, VALIDATE, REPORTS, "clients")
@@ -72,6 +75,30 @@ RULES = (
         "the store imports only plan (the vocabulary) and itself of ours, so that the rest "
         "of the service builds on it and never the other way round; of libraries pydantic, "
         "numpy, zstandard and the PostgreSQL driver",
+    ),
+    Rule(
+        ROUTES,
+        ("planner_service",),
+        None,
+        "a route module never imports another route module: what two routes share (a "
+        "dependency, a response, a job) lives in the module that owns it (deps.py, http/, "
+        "solver/)",
+        never=(ROUTES,),
+    ),
+    Rule(
+        SERVICE_HTTP,
+        (PLAN, SERVICE_HTTP, SETTINGS, STORE),
+        None,
+        "service/http (problems, responses, limits, paging, metrics, the fetch fast path) "
+        "imports only plan, itself, the settings and the store: it knows nothing of "
+        "solving, the process's state or the routes",
+    ),
+    Rule(
+        SOLVER,
+        (PLAN, SOLVE, SOLVER, SERVICE_HTTP, SETTINGS, STATE, STORE),
+        None,
+        "service/solver imports plan, solve, itself, service/http, the settings, the state "
+        "and the store; never the routes, their dependencies or the app",
     ),
     Rule(
         "runtime",
@@ -192,6 +219,8 @@ def allowed(rule: Rule, found: Import) -> bool:
     if found.in_function and any(under(name, prefix) for prefix in rule.lazy):
         return True
     if top in PACKAGES:
+        if any(under(name, prefix) for prefix in rule.never):
+            return False
         return any(under(name, prefix) for prefix in rule.ours)
     return rule.theirs is None or top in rule.theirs
 
@@ -269,6 +298,21 @@ def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
         ("planner_service.service.store.late", "from ..problems import ProblemError", True),
         ("planner_service.service.store.late", "from .database import named", False),
         ("planner_service.service.store.late", "import fastapi", True),
+        ("planner_service.service.routes.late", "from . import solves", True),
+        ("planner_service.service.routes.late", "from .solves import job_response", True),
+        (
+            "planner_service.service.routes.late",
+            "def run():\n    from planner_service.service.routes import plans",
+            True,
+        ),
+        ("planner_service.service.routes.late", "from ..http.responses import JSON", False),
+        ("planner_service.service.routes.late", "from ..solver.jobs import SolveJobs", False),
+        ("planner_service.service.app", "from .routes import plans, solves", False),
+        ("planner_service.service.http.late", "from ..solver.pool import SolvePool", True),
+        ("planner_service.service.http.late", "from ..state import ServiceState", True),
+        ("planner_service.service.solver.late", "from ..routes.solves import router", True),
+        ("planner_service.service.solver.late", "from ..deps import State", True),
+        ("planner_service.service.solver.late", "from ..http.problems import ProblemError", False),
     ],
 )
 def test_rules(module, source, broken):

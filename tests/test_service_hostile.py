@@ -27,7 +27,7 @@ from planner_service.plan.codec import canonical_bytes, parse_request
 from planner_service.plan.errors import InputError
 from planner_service.service.app import create_app
 from planner_service.service.cpu import CpuLane
-from planner_service.service.problems import ProblemError
+from planner_service.service.http.problems import ProblemError
 from planner_service.service.settings import Settings
 from tests import builders
 from tests import test_solve_pool as pool_tests

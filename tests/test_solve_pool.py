@@ -1,11 +1,13 @@
-"""The solve pool (``planner_service/service/solving.py``) against real servers and real
+"""The solve pool (``planner_service/service/solver/pool.py``) against real servers and real
 processes: a solve past its time limit and grace is killed and its process replaced, a
 solver process that dies is replaced, and no solver process outlives the server, however
-the server ends. Processes are found through /proc; nothing is mocked."""
+the server ends. Processes are found through /proc; nothing is mocked. And the progress a
+solver process reports: every stage the solver names is a ``SolveStage``."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import signal
@@ -17,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from planner_service.service import solving
+from planner_service.service.solver import pool
+from planner_service.service.solver.pool import SolveProgress, SolveStage
 from tests.servers import Service
 
 LONG_SOLVE_S = 30.0
@@ -221,18 +224,48 @@ def test_a_stopping_server_lets_a_solve_in_flight_finish_within_its_shutdown_gra
 def test_an_idle_solver_process_exits_when_its_pipe_to_the_service_closes():
     context = multiprocessing.get_context("spawn")
     service_end, solver_end = context.Pipe()
-    process = context.Process(target=solving.run_solver_process, args=(solver_end, os.getpid()))
+    process = context.Process(target=pool.run_solver_process, args=(solver_end, os.getpid()))
     process.start()
     solver_end.close()
     try:
         assert service_end.poll(120), "the solver process never said it was ready"
-        assert service_end.recv() == solving.READY
+        assert service_end.recv() == pool.READY
         service_end.close()
         process.join(timeout=60)
         assert process.exitcode == 0
     finally:
         process.kill()
         process.join()
+
+
+def test_every_stage_the_solver_reports_reaches_the_service_as_a_solve_stage():
+    """The solver names its stages as text and a solver process reads each into
+    ``SolveStage`` before sending it (a name it did not know would go unreported): a solve
+    that runs every stage, CP-SAT included, sends each of them, as the enum."""
+
+    class Pipe:
+        def __init__(self) -> None:
+            self.sent: list[object] = []
+
+        def send(self, message: object) -> None:
+            self.sent.append(message)
+
+    pipe = Pipe()
+    reporter = pool._ProgressReporter(pipe)  # type: ignore[arg-type]
+    names: list[str] = []  # as the solver names them
+
+    def report(name: str, objective: float | None, bound: float | None) -> None:
+        names.append(name)
+        reporter.report(name, objective, bound)
+
+    document = json.dumps(hard_request(1, time_limit_s=3.0, tables=40, world_size=8))
+    result = pool.solve_document(document.encode(), report)
+    assert result.plan is not None
+    assert set(names) == {stage.value for stage in SolveStage}
+    assert all(isinstance(message, SolveProgress) for message in pipe.sent)
+    stages = [message.stage for message in pipe.sent]  # type: ignore[attr-defined]
+    assert all(isinstance(stage, SolveStage) for stage in stages)
+    assert list(dict.fromkeys(stages)) == list(SolveStage)  # each, in the enum's order
 
 
 # --------------------------------------------------------------------------- overrun

@@ -26,7 +26,7 @@ from clients.http.core import EventDecoder
 from planner_service.plan.api import SolveJob, SolveJobStatus
 from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
 from planner_service.plan.errors import InputError
-from planner_service.service.jobs import job_id_for
+from planner_service.service.solver.jobs import job_id_for
 from planner_service.validate.validator import validate_plan
 from tests.conftest import BACKENDS, database_url
 from tests.servers import Service

@@ -13,15 +13,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from planner_service import __version__
-from planner_service.service.fetch import PlanFetchFastPath
-from planner_service.service.jobs import SolveJobs
-from planner_service.service.limits import BodyLimitMiddleware
-from planner_service.service.metrics import QUEUE_DEPTH, SOLVE_SECONDS, MetricsMiddleware
-from planner_service.service.problems import COMMON_PROBLEMS, add_exception_handlers
+from planner_service.service.http.fetch import PlanFetchFastPath
+from planner_service.service.http.limits import BodyLimitMiddleware
+from planner_service.service.http.metrics import QUEUE_DEPTH, SOLVE_SECONDS, MetricsMiddleware
+from planner_service.service.http.openapi import document_raw_bodies
+from planner_service.service.http.problems import COMMON_PROBLEMS, add_exception_handlers
 from planner_service.service.routes import aliases, check, health, plans, solves, validate
-from planner_service.service.schemas import document_raw_bodies
 from planner_service.service.settings import Settings
-from planner_service.service.solving import SolvePool
+from planner_service.service.solver.jobs import SolveJobs
+from planner_service.service.solver.pool import SolvePool
 from planner_service.service.state import PlanCache, ServiceState
 
 
@@ -33,7 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.solve_queue,
         grace_s=settings.solve_grace_s,
         on_depth=QUEUE_DEPTH.set,
-        on_failure=lambda outcome, seconds: SOLVE_SECONDS.labels(outcome).observe(seconds),
+        on_failure=lambda outcome, seconds: SOLVE_SECONDS.labels(outcome.value).observe(seconds),
         on_progress=lambda key: jobs.on_progress(key) if jobs else None,
     )
     state = ServiceState(settings=settings, pool=pool, cache=PlanCache(settings.cache_bytes))

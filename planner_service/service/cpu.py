@@ -25,8 +25,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import ParamSpec, TypeVar
 
-from planner_service.service.problems import ProblemError
-from planner_service.service.solving import die_with_parent
+from planner_service.service.http.problems import ProblemError
+from planner_service.service.solver.pool import die_with_parent
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -43,7 +43,7 @@ def _start_worker(service_pid: int) -> None:
     die_with_parent(service_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    import planner_service.service.view  # noqa: F401
+    import planner_service.service.pages  # noqa: F401
     import planner_service.validate.validator  # noqa: F401
 
 

@@ -1,17 +1,18 @@
-"""What routes depend on, as ``Annotated`` aliases: the process's service state, the
-caller's identity (bearer tokens from SHARDPLAN_API_TOKENS) and the plan-id path
-parameter. Tests replace any of these with ``app.dependency_overrides``."""
+"""What routes depend on, as ``Annotated`` aliases: the process's service state and solve
+jobs, the caller's identity (bearer tokens from SHARDPLAN_API_TOKENS), the plan-id and
+job-id path parameters, and whether the caller asked for an asynchronous answer (RFC 7240
+``Prefer: respond-async``). Tests replace any of these with ``app.dependency_overrides``."""
 
 from __future__ import annotations
 
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Header, Path, Request
 
-from planner_service.service.jobs import SolveJobs
-from planner_service.service.problems import ProblemError
+from planner_service.service.http.problems import ProblemError
 from planner_service.service.settings import Settings
+from planner_service.service.solver.jobs import JOB_ID_PATTERN, SolveJobs
 from planner_service.service.state import ServiceState
 
 PLAN_ID_PATTERN = r"^[0-9a-f]{64}$"
@@ -42,6 +43,26 @@ def reader(request: Request) -> None:
         _bearer_identity(request, settings)
 
 
+def respond_async(
+    prefer: Annotated[
+        str | None,
+        Header(
+            max_length=1024,
+            description="RFC 7240 preferences; `respond-async` makes POST /v1/plans answer "
+            "202 with the solve's job at once",
+        ),
+    ] = None,
+) -> bool:
+    """Whether an RFC 7240 ``Prefer`` header asks for ``respond-async`` (a token among
+    comma-separated preferences, any case, with or without parameters)."""
+    if not prefer:
+        return False
+    return any(
+        part.split(";")[0].split("=")[0].strip().lower() == "respond-async"
+        for part in prefer.split(",")
+    )
+
+
 def _bearer_identity(request: Request, settings: Settings) -> str:
     """The name of the token the request carries; 401 without one, 403 for a wrong one."""
     header = request.headers.get("authorization", "")
@@ -69,3 +90,12 @@ Writer = Annotated[str, Depends(writer)]
 PlanId = Annotated[
     str, Path(pattern=PLAN_ID_PATTERN, description="a plan's content address (sha256, hex)")
 ]
+JobId = Annotated[
+    str,
+    Path(
+        pattern=JOB_ID_PATTERN,
+        description="a solve job's id (64 hex digits, from the request's hash and the "
+        "planner version)",
+    ),
+]
+RespondAsync = Annotated[bool, Depends(respond_async)]

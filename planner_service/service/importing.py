@@ -26,8 +26,8 @@ from starlette.concurrency import run_in_threadpool
 from planner_service.plan.api import PlanSummary
 from planner_service.plan.codec import canonical_bytes, plan_bytes, plan_id_of, request_hash
 from planner_service.plan.types import Violation
-from planner_service.service.limits import decode_request_and_plan
-from planner_service.service.problems import ProblemError
+from planner_service.service.http.limits import decode_request_and_plan
+from planner_service.service.http.problems import ProblemError
 from planner_service.service.settings import Settings
 from planner_service.service.state import ServiceState
 from planner_service.service.store import PlanBodies

@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     max_time_limit_s: float = Field(60.0, ge=0.0, allow_inf_nan=False)
     solve_workers: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1), ge=1)
     solve_queue: int = Field(8, ge=0)
-    # A solve still running this long past its options.time_limit_s is killed (solving.py).
+    # A solve still running this long past its options.time_limit_s is killed (solver/pool.py).
     solve_grace_s: float = Field(10.0, ge=0.0, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
     cache_bytes: int = Field(256 * 1024 * 1024, ge=0)
     # How long a stopping server waits for requests in flight (uvicorn's graceful shutdown)
@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     # every admitted solve finish.
     shutdown_grace_s: float = Field(10.0, ge=0.0, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
     # An async solve's job whose process has not renewed its lease for this long is taken
-    # over by another service process (jobs.py); renewed every third of it.
+    # over by another service process (solver/jobs.py); renewed every third of it.
     job_lease_s: float = Field(15.0, ge=0.5, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
     # Server-sent event streams (GET /v1/solves/{id}/events) open at once per HTTP worker.
     max_event_streams: int = Field(100, ge=1)

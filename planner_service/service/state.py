@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
-from planner_service.service import metrics
 from planner_service.service.cpu import CpuLane
-from planner_service.service.fetch import PlanResponses
+from planner_service.service.http import metrics
+from planner_service.service.http.fetch import PlanResponses
+from planner_service.service.http.metrics import CacheLookup
 from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
-from planner_service.service.solving import SolvePool, die_with_parent
+from planner_service.service.solver.pool import SolvePool, die_with_parent
 from planner_service.service.store import (
     PlanBodies,
     PlanStore,
@@ -109,12 +110,12 @@ class ServiceState:
         """A stored plan's prepared responses, from memory when possible."""
         responses = self.cache.get(plan_id)
         if responses is not None:
-            metrics.CACHE.labels("memory").inc()
+            metrics.cache_counter(CacheLookup.MEMORY).inc()
             return responses
         bodies = await run_in_threadpool(lambda: self.store().plan_bodies(plan_id))
         if bodies is None:
             return None
-        metrics.CACHE.labels("store").inc()
+        metrics.cache_counter(CacheLookup.STORE).inc()
         return self.cache.put(plan_id, bodies)
 
     async def plan_for_request(self, request_hash: str) -> tuple[str, bytes] | None:
@@ -125,7 +126,7 @@ class ServiceState:
         data = None if plan_id is None else await self.plan_bytes(plan_id)
         if plan_id is None or data is None:
             return None
-        metrics.CACHE.labels("request").inc()
+        metrics.cache_counter(CacheLookup.REQUEST).inc()
         return plan_id, data
 
     async def stored(self, plan_id: str) -> StoredPlan | None:

@@ -16,8 +16,9 @@ from planner_service.plan.codec import load_json
 from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.errors import InputError, problems_from_validation_error
 from planner_service.service.deps import PLAN_ID_PATTERN, State, Writer, reader
-from planner_service.service.fetch import PreparedResponse, fetch_headers, negotiated
-from planner_service.service.paging import (
+from planner_service.service.http.fetch import PreparedResponse, fetch_headers, negotiated
+from planner_service.service.http.openapi import json_body
+from planner_service.service.http.paging import (
     DEFAULT_LIMIT,
     After,
     Limit,
@@ -25,9 +26,8 @@ from planner_service.service.paging import (
     encode_cursor,
     page,
 )
-from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
-from planner_service.service.responses import JSON, PLAN_RESPONSE
-from planner_service.service.schemas import json_body
+from planner_service.service.http.problems import PROBLEM_CONTENT, ProblemError
+from planner_service.service.http.responses import JSON, PLAN_RESPONSE
 from planner_service.service.store import AliasChange, UnknownPlanError
 
 router = APIRouter(tags=["aliases"])

@@ -9,10 +9,10 @@ from planner_service.plan.codec import parse_plan, request_hash
 from planner_service.plan.types import Infeasibility, PlanRequest
 from planner_service.reports import rank_headroom
 from planner_service.service.deps import State, reader
-from planner_service.service.limits import decode_plan_request
-from planner_service.service.planning import solve_only
-from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE
-from planner_service.service.schemas import REQUEST_EXAMPLE, json_body
+from planner_service.service.http.limits import decode_plan_request
+from planner_service.service.http.openapi import REQUEST_EXAMPLE, json_body
+from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE
+from planner_service.service.solver.run import solve_only
 
 router = APIRouter(tags=["plans"])
 

@@ -6,9 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from planner_service.service import metrics
 from planner_service.service.deps import State
-from planner_service.service.problems import ProblemError
+from planner_service.service.http import metrics
+from planner_service.service.http.problems import ProblemError
 from planner_service.service.store import StoreUnavailableError
 
 router = APIRouter(tags=["health"])

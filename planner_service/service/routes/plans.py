@@ -12,11 +12,21 @@ from planner_service.plan.api import PlanPage
 from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.types import PlanRequest
-from planner_service.service.deps import Jobs, PlanId, State, Writer, reader
-from planner_service.service.fetch import PLAN_ROUTE, PreparedResponse, fetch_headers, negotiated
-from planner_service.service.importing import import_plan
-from planner_service.service.limits import decode_plan_request
-from planner_service.service.paging import (
+from planner_service.service.deps import Jobs, PlanId, RespondAsync, State, Writer, reader
+from planner_service.service.http.fetch import (
+    PLAN_ROUTE,
+    PreparedResponse,
+    fetch_headers,
+    negotiated,
+)
+from planner_service.service.http.limits import decode_plan_request
+from planner_service.service.http.openapi import (
+    REQUEST_EXAMPLE,
+    RequestAndPlan,
+    json_body,
+    schema_ref,
+)
+from planner_service.service.http.paging import (
     DEFAULT_LIMIT,
     After,
     Limit,
@@ -24,23 +34,17 @@ from planner_service.service.paging import (
     encode_cursor,
     page,
 )
-from planner_service.service.planning import no_plan, solve_and_store, with_previous_plan
-from planner_service.service.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
-from planner_service.service.responses import IMMUTABLE, JSON, PLAN_RESPONSE
-from planner_service.service.routes.solves import (
-    JOB_RESPONSE,
-    Prefer,
+from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
+from planner_service.service.http.responses import (
+    IMMUTABLE,
+    JSON,
+    PLAN_RESPONSE,
+    job_content,
     job_response,
-    prefers_async,
-    submit_job,
 )
-from planner_service.service.schemas import (
-    REQUEST_EXAMPLE,
-    RequestAndPlan,
-    json_body,
-    schema_ref,
-)
-from planner_service.service.view import render_plan_page
+from planner_service.service.importing import import_plan
+from planner_service.service.pages import render_plan_page
+from planner_service.service.solver.run import no_plan, solve_and_store, with_previous_plan
 
 router = APIRouter(tags=["plans"])
 
@@ -52,13 +56,13 @@ router = APIRouter(tags=["plans"])
     responses={
         200: {"description": "a plan for this request was already stored", **PLAN_RESPONSE},
         201: {"description": "solved and stored", **PLAN_RESPONSE},
-        202: {"description": "`Prefer: respond-async`: the solve's job", **JOB_RESPONSE},
+        202: {"description": "`Prefer: respond-async`: the solve's job", **job_content()},
         422: {"description": "invalid request, or no plan exists (explained)", **PROBLEM_CONTENT},
         503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT},
     },
 )
 async def create_plan(
-    http_request: Request, state: State, jobs: Jobs, actor: Writer, prefer: Prefer = None
+    http_request: Request, state: State, jobs: Jobs, actor: Writer, respond_async: RespondAsync
 ) -> Response:
     """Solve a PlanRequest and store the plan, or answer with the plan already stored for
     the same request (same ``request_hash`` and planner version). The body is the plan;
@@ -71,33 +75,38 @@ async def create_plan(
     del actor
     request = decode_plan_request(await http_request.body(), state.settings)
     key = request_hash(request)
-    if prefers_async(prefer):
+    if respond_async:
         # An unknown previous plan is a 422 now, not a failed job; and the job's stored
         # request holds the previous plan itself, so a restarted solve needs nothing else.
         request = await with_previous_plan(state, request)
-        job = await submit_job(jobs, request, key)
+        job = await jobs.submit(request, key)
         return job_response(job, status=202, headers={"Preference-Applied": "respond-async"})
     existing = await state.plan_for_request(key)
     if existing is not None:
-        return _plan_response(*existing, status=200, cache="hit")
+        return _plan_response(*existing, status=200, solved_now=False)
     result, fresh = await solve_and_store(state, request, key)
     if result.plan is None or result.plan_id is None:
         raise no_plan(result)
     response = _plan_response(
-        result.plan_id, result.plan, status=201 if fresh else 200, cache="miss" if fresh else "hit"
+        result.plan_id, result.plan, status=201 if fresh else 200, solved_now=fresh
     )
     response.headers["X-Shardplan-Solve-Seconds"] = f"{result.wall_time_s:.3f}"
     return response
 
 
-def _plan_response(plan_id: str, data: bytes, *, status: int, cache: str | None = None) -> Response:
+def _plan_response(
+    plan_id: str, data: bytes, *, status: int, solved_now: bool | None = None
+) -> Response:
+    """The plan's bytes; ``X-Shardplan-Cache`` says ``miss`` when this request solved it,
+    ``hit`` when it was stored already or another request's solve made it (absent: a PUT,
+    which solves nothing)."""
     headers = {
         "Location": f"/v1/plans/{plan_id}",
         "ETag": f'"{plan_id}"',
         "X-Shardplan-Plan-Id": plan_id,
     }
-    if cache is not None:
-        headers["X-Shardplan-Cache"] = cache
+    if solved_now is not None:
+        headers["X-Shardplan-Cache"] = "miss" if solved_now else "hit"
     return Response(data, status_code=status, media_type=JSON, headers=headers)
 
 

@@ -1,5 +1,5 @@
 """Asynchronous solves: ``POST /v1/plans`` with ``Prefer: respond-async`` (RFC 7240)
-answers 202 with a job (``jobs.py``); GET /v1/solves/{job_id} reports it,
+answers 202 with a job (``solver/jobs.py``); GET /v1/solves/{job_id} reports it,
 GET /v1/solves/{job_id}/events streams it as server-sent events until it ends, and
 GET /v1/solves/{job_id}/view shows it to people."""
 
@@ -7,77 +7,29 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
 from planner_service.plan.api import SolveJob
-from planner_service.plan.types import PlanRequest
-from planner_service.service.deps import Jobs, State, reader
-from planner_service.service.jobs import JOB_ID_PATTERN, SolveJobs
-from planner_service.service.planning import unavailable
-from planner_service.service.problems import PROBLEM_CONTENT, ProblemError
-from planner_service.service.responses import JSON
-from planner_service.service.schemas import schema_ref
-from planner_service.service.solving import SolveUnavailableError
-from planner_service.service.view import render_job_page
+from planner_service.service.deps import JobId, Jobs, State, reader
+from planner_service.service.http.problems import PROBLEM_CONTENT, ProblemError
+from planner_service.service.http.responses import job_content, job_response
+from planner_service.service.pages import render_job_page
+from planner_service.service.solver.jobs import SolveJobs
 
 router = APIRouter(tags=["solves"])
 
 EVENT_STREAM = "text/event-stream"
 POLL_S = 1.0  # a stream looks at a job run elsewhere (another process) this often
 HEARTBEAT_S = 15.0  # a comment line at least this often keeps proxies from closing it
-JOB_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": schema_ref(SolveJob)}}}
-
-JobId = Annotated[
-    str,
-    Path(
-        pattern=JOB_ID_PATTERN,
-        description="a solve job's id (64 hex digits, from the request's hash and the "
-        "planner version)",
-    ),
-]
-Prefer = Annotated[
-    str | None,
-    Header(
-        max_length=1024,
-        description="RFC 7240 preferences; `respond-async` makes POST /v1/plans answer 202 "
-        "with the solve's job at once",
-    ),
-]
-
-
-def prefers_async(prefer: str | None) -> bool:
-    """Whether an RFC 7240 ``Prefer`` header asks for ``respond-async`` (a token among
-    comma-separated preferences, any case, with or without parameters)."""
-    if not prefer:
-        return False
-    return any(
-        part.split(";")[0].split("=")[0].strip().lower() == "respond-async"
-        for part in prefer.split(",")
-    )
-
-
-async def submit_job(jobs: SolveJobs, request: PlanRequest, request_hash: str) -> SolveJob:
-    try:
-        return await jobs.submit(request, request_hash)
-    except SolveUnavailableError as error:
-        raise unavailable(error) from None
-
-
-def job_response(job: SolveJob, *, status: int, headers: dict[str, str] | None = None) -> Response:
-    headers = {"Location": f"/v1/solves/{job.job_id}", **(headers or {})}
-    if not job.status.ended:
-        headers["Retry-After"] = "1"  # RFC 9110: a poll interval for the job
-    return Response(job.model_dump_json(), status_code=status, media_type=JSON, headers=headers)
 
 
 @router.get(
     "/v1/solves/{job_id}",
     dependencies=[Depends(reader)],
     responses={
-        200: {"description": "the job as it is now", **JOB_RESPONSE},
+        200: {"description": "the job as it is now", **job_content()},
         404: {"description": "no such job", **PROBLEM_CONTENT},
     },
 )
@@ -135,11 +87,11 @@ async def _events(jobs: SolveJobs, job: SolveJob, http_request: Request) -> Asyn
     every ``POLL_S`` at most, so a stream left behind stops counting within it)."""
     loop = asyncio.get_running_loop()
     try:
-        sent: dict[str, Any] | None = None
+        sent: str | None = None  # the last job sent, without its clock fields
         last_write = loop.time()
         number = 0
         while True:
-            seen = job.model_dump(mode="json", exclude={"elapsed_s", "updated_at"})
+            seen = job.model_dump_json(exclude={"elapsed_s", "updated_at"})
             if seen != sent:
                 number += 1
                 yield f"event: solve\nid: {number}\ndata: {job.model_dump_json()}\n\n"

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from planner_service.plan.api import ValidateResult
 from planner_service.service.deps import State, reader
-from planner_service.service.limits import decode_request_and_plan
-from planner_service.service.schemas import RequestAndPlan, json_body
+from planner_service.service.http.limits import decode_request_and_plan
+from planner_service.service.http.openapi import RequestAndPlan, json_body
 from planner_service.service.settings import Settings
 from planner_service.validate.validator import validate_plan
 
@@ -23,14 +21,15 @@ router = APIRouter(tags=["plans"])
     dependencies=[Depends(reader)],
     openapi_extra=json_body(RequestAndPlan),
 )
-async def validate(http_request: Request, state: State) -> Any:
+async def validate(http_request: Request, state: State) -> JSONResponse:
     """Check ``plan`` against ``request``; 200 with every violation (empty when valid)."""
     body = await http_request.body()
     # Decoding and checking take time in proportion to the plan: off the event loop.
-    return JSONResponse(await state.cpu.run(_validate_body, body, state.settings))
+    result = await state.cpu.run(_validate_body, body, state.settings)
+    return JSONResponse(result.model_dump(mode="json"))
 
 
-def _validate_body(body: bytes, settings: Settings) -> dict[str, Any]:
+def _validate_body(body: bytes, settings: Settings) -> ValidateResult:
     request, plan = decode_request_and_plan(body, settings)
     violations = validate_plan(request, plan)
-    return ValidateResult(valid=not violations, violations=violations).model_dump(mode="json")
+    return ValidateResult(valid=not violations, violations=violations)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from enum import StrEnum
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,6 +20,18 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client import multiprocess as prometheus_multiprocess
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class CacheLookup(StrEnum):
+    """Where a plan lookup was answered, as ``shardplan_plan_cache_total`` counts it."""
+
+    MEMORY = "memory"  # a fetch served from the in-process cache
+    STORE = "store"  # a fetch read from the database
+    REQUEST = "request"  # a POST answered by a stored plan for the same request_hash
+    SHARED = "shared"  # a POST that joined an identical solve in flight
+    MISS = "miss"  # a POST that solved
+
 
 REQUESTS = Counter(
     "shardplan_http_requests_total",
@@ -71,6 +83,11 @@ QUEUE_DEPTH = Gauge(
 REJECTED = Counter("shardplan_solve_rejected_total", "Solves turned away with 503 (pool full)")
 
 
+def cache_counter(lookup: CacheLookup) -> Counter:
+    """The plan-cache counter of ``lookup`` (its label: the enum's value)."""
+    return CACHE.labels(lookup.value)
+
+
 def render() -> tuple[bytes, str]:
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         registry = CollectorRegistry()
@@ -83,17 +100,17 @@ class MetricsMiddleware:
     """Pure ASGI middleware (no per-request task, unlike BaseHTTPMiddleware): counts every
     HTTP request by its route template and status, and times it."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
         status = 500
 
-        async def send_wrapper(message: dict[str, Any]) -> None:
+        async def send_wrapper(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
@@ -106,7 +123,7 @@ class MetricsMiddleware:
             observe(getattr(route, "path", None) or "unmatched", scope["method"], status, start)
 
 
-_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
 
 def observe(template: str, method: str, status: int, started: float) -> None:

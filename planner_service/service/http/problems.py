@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from planner_service.plan.errors import FieldProblem, InputError, json_path
-from planner_service.service.schemas import schema_ref
+from planner_service.service.http.openapi import JsonObject, schema_ref
 from planner_service.service.store import StoreUnavailableError
 
 log = logging.getLogger("shardplan.api")
@@ -47,10 +47,10 @@ class Problem(BaseModel):
     errors: list[dict[str, str]] | None = Field(
         None, description="for invalid input: one entry per bad field (path, message, value)"
     )
-    infeasibility: dict[str, Any] | None = Field(
+    infeasibility: JsonObject | None = Field(
         None, description="when no plan exists: the reasons and the smallest fixes"
     )
-    violations: list[dict[str, Any]] | None = Field(
+    violations: list[JsonObject] | None = Field(
         None, description="for a plan that breaks its request: every violation (code, message)"
     )
     time_limit_s: float | None = Field(
@@ -63,10 +63,10 @@ class Problem(BaseModel):
     )
 
 
-PROBLEM_CONTENT: dict[str, Any] = {"content": {PROBLEM_MEDIA_TYPE: {"schema": schema_ref(Problem)}}}
+PROBLEM_CONTENT: JsonObject = {"content": {PROBLEM_MEDIA_TYPE: {"schema": schema_ref(Problem)}}}
 
 # Errors any route can answer with, documented once for the whole API.
-COMMON_PROBLEMS: dict[int | str, dict[str, Any]] = {
+COMMON_PROBLEMS: dict[int | str, JsonObject] = {
     401: {"description": "no bearer token (when SHARDPLAN_API_TOKENS is set)", **PROBLEM_CONTENT},
     403: {"description": "a bearer token this service does not accept", **PROBLEM_CONTENT},
     413: {"description": "request body over SHARDPLAN_MAX_BODY_BYTES", **PROBLEM_CONTENT},
@@ -111,6 +111,14 @@ class ProblemError(Exception):
             self.status, self.title, self.detail, headers=self.headers, **self.extensions
         )
 
+    def document(self) -> JsonObject:
+        """The problem+json document, as ``response`` sends it."""
+        return problem_document(self.status, self.title, self.detail, **self.extensions)
+
+
+def problem_document(status: int, title: str, detail: str, **extensions: Any) -> JsonObject:
+    return {"type": "about:blank", "title": title, "status": status, "detail": detail, **extensions}
+
 
 def problem(
     status: int,
@@ -120,8 +128,7 @@ def problem(
     headers: dict[str, str] | None = None,
     **extensions: Any,
 ) -> JSONResponse:
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    body.update(extensions)
+    body = problem_document(status, title, detail, **extensions)
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 

@@ -1,4 +1,5 @@
-"""Solving off the event loop: solver processes that the service starts, watches and kills.
+"""The solve pool: solver processes that the service starts, watches and kills, so that
+solving runs off the event loop.
 
 Solves are CPU-bound (enumeration in Python, CP-SAT in C++ threads), so they run in
 long-lived ``spawn``-started solver processes, warm (each imports the solver stack once),
@@ -14,8 +15,9 @@ one job at a time over its own pipe; the event loop only awaits them.
   (``ProcessPoolExecutor``, used before, cannot kill one task.)
 - A solver process that dies (the OOM killer, a crash) is replaced: ``SolverDiedError``.
 - Progress: the solver's ``on_progress`` reports (stage, best objective, bound) travel
-  back over the same pipe, at most one per ``PROGRESS_INTERVAL_S`` (and each new stage),
-  and ``progress(key)`` tells where a solve in flight is; ``on_progress`` hears the key.
+  back over the same pipe as ``SolveProgress`` (the stage a ``SolveStage``), at most one
+  per ``PROGRESS_INTERVAL_S`` (and each new stage), and ``progress(key)`` tells where a
+  solve in flight is; ``on_progress`` hears the key.
 - No orphans: each solver process asks the kernel to SIGKILL it when the thread that
   started it ends (``PR_SET_PDEATHSIG``), so it dies with the service however the service
   ends, and an idle one also exits when its pipe closes. Processes are started only on
@@ -40,6 +42,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
@@ -56,12 +59,36 @@ RECENT_SOLVES = 32
 PROGRESS_INTERVAL_S = 0.5  # a solver process reports progress at most this often
 
 
+class SolveStage(StrEnum):
+    """The solver's stages, in the order it reports them (``solve/pipeline.py``, and
+    ``solve/cpsat/search.py`` for ``cp-sat``); the values are the names the solver reports
+    and a job shows in its ``stage``."""
+
+    ENUMERATE = "enumerate"
+    WARM_START = "warm start"
+    PACKING_BOUND = "packing bound"
+    CP_SAT = "cp-sat"
+
+
+_STAGE_NAMES = frozenset(stage.value for stage in SolveStage)
+
+
+class SolveOutcome(StrEnum):
+    """How a solve ended, as the solve-duration metric counts it: with a plan, without one
+    (infeasible or none found in time), or killed past its time limit, or its process died."""
+
+    PLAN = "plan"
+    NO_PLAN = "no_plan"
+    OVERRAN = "overran"
+    DIED = "died"
+
+
 @dataclass(frozen=True)
 class SolveProgress:
     """Where a solve is: the solver's stage, its best objective and best lower bound so far
     (ms; None until known)."""
 
-    stage: str
+    stage: SolveStage
     objective: float | None
     bound: float | None
 
@@ -179,10 +206,16 @@ class _ProgressReporter:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.lock = threading.Lock()
-        self._stage: str | None = None
+        self._stage: SolveStage | None = None
         self._sent = -math.inf
 
-    def report(self, stage: str, objective: float | None, bound: float | None) -> None:
+    def report(self, name: str, objective: float | None, bound: float | None) -> None:
+        """The solver names its stage as text: the enum from here on. A name that is no
+        ``SolveStage`` is not reported (reporting must not fail a solve); a test runs every
+        stage so that none is missed."""
+        if name not in _STAGE_NAMES:
+            return
+        stage = SolveStage(name)
         now = time.monotonic()
         with self.lock:
             if stage == self._stage and now - self._sent < PROGRESS_INTERVAL_S:
@@ -272,7 +305,7 @@ class SolvePool:
         *,
         grace_s: float,
         on_depth: Callable[[int], None] | None = None,
-        on_failure: Callable[[str, float], None] | None = None,
+        on_failure: Callable[[SolveOutcome, float], None] | None = None,
         on_progress: Callable[[str], None] | None = None,
     ) -> None:
         self.workers = workers
@@ -516,7 +549,7 @@ class SolvePool:
         else:  # it never got ready: do not spin on a process that cannot start
             self._loop.call_later(RESPAWN_DELAY_S, self._respawn)
         if job is not None and not job.done.done():
-            self._on_failure("died", self._loop.time() - job.started)
+            self._on_failure(SolveOutcome.DIED, self._loop.time() - job.started)
             job.done.set_exception(self._died(solver, how))
         self._dispatch()
 
@@ -548,7 +581,7 @@ class SolvePool:
         if job is None or job.done.done():
             return
         elapsed_s = self._loop.time() - job.started
-        self._on_failure("overran", elapsed_s)
+        self._on_failure(SolveOutcome.OVERRAN, elapsed_s)
         log.error(
             "solve killed %.2f s after it started: time limit %s s + grace %s s",
             elapsed_s,

@@ -14,6 +14,8 @@ outlive the HTTP connection and the service process that started them.
   atomic) and solves it again from the stored request, on start, every ``job_lease_s / 3``
   while it has room in its pool, and when the job is read. A process that stops cleanly
   lets its leases lapse at once. A job started ``MAX_ATTEMPTS`` times fails.
+- Statuses are ``SolveJobStatus`` and stages ``SolveStage`` here; the store keeps their
+  values (text), read back into the enums.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,9 +39,15 @@ from planner_service import PLANNER_VERSION
 from planner_service.plan.api import SolveJob, SolveJobStatus
 from planner_service.plan.codec import canonical_bytes, parse_request
 from planner_service.plan.types import PlanRequest, gap
-from planner_service.service.planning import no_plan, solve_and_store
-from planner_service.service.problems import ProblemError
-from planner_service.service.solving import ShuttingDownError, SolveProgress, SolverError
+from planner_service.service.http.problems import ProblemError
+from planner_service.service.solver.pool import (
+    ShuttingDownError,
+    SolveProgress,
+    SolverError,
+    SolveStage,
+    SolveUnavailableError,
+)
+from planner_service.service.solver.run import no_plan, solve_and_store, unavailable
 from planner_service.service.state import ServiceState
 from planner_service.service.store import NewSolve, StoredSolve, StoreUnavailableError
 
@@ -87,7 +96,7 @@ class SolveJobs:
         self._running: dict[str, _Running] = {}
         self._by_key: dict[str, str] = {}  # pool key -> job id
         self._sweeper: asyncio.Task[None] | None = None
-        self._writes: set[asyncio.Task[Any]] = set()
+        self._writes: set[asyncio.Task[None]] = set()
 
     @property
     def lease_s(self) -> float:
@@ -148,6 +157,12 @@ class SolveJobs:
     async def submit(self, request: PlanRequest, request_hash: str) -> SolveJob:
         """The job for ``request``: done at once when its plan is stored, else started
         here unless it is running somewhere already. 503 when the pool is full."""
+        try:
+            return await self._submit(request, request_hash)
+        except SolveUnavailableError as error:
+            raise unavailable(error) from None
+
+    async def _submit(self, request: PlanRequest, request_hash: str) -> SolveJob:
         job_id = job_id_for(request_hash)
         new = NewSolve(
             job_id,
@@ -238,14 +253,13 @@ class SolveJobs:
         document = None if problem is None else _problem_bytes(problem)
         last = running.last
         objective, bound = final or ((last.objective, last.bound) if last else (None, None))
-        progress = SolveProgress(last.stage if last else "", objective, bound)
         await run_in_threadpool(
             lambda: self.state.store().end_solve(
                 job_id,
                 status,
                 plan_id=plan_id,
                 problem=document,
-                progress=(progress.stage or None, progress.objective, progress.bound),
+                progress=(_stage_text(last.stage if last else None), objective, bound),
                 now=_stamp(_now()),
             )
         )
@@ -260,7 +274,7 @@ class SolveJobs:
                 running.row.job_id,
                 self.owner,
                 running=state.running,
-                stage=progress.stage if progress else None,
+                stage=_stage_text(progress.stage if progress else None),
                 objective=progress.objective if progress else None,
                 bound=progress.bound if progress else None,
                 started_at=running.started_at,
@@ -270,12 +284,12 @@ class SolveJobs:
         if not owned and running.row.job_id in self._running:
             log.warning("job %s was taken over by another process", running.row.job_id)
 
-    def _write(self, coroutine: Any) -> None:
+    def _write(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
         self._writes.add(task)
         task.add_done_callback(self._written)
 
-    def _written(self, task: asyncio.Task[Any]) -> None:
+    def _written(self, task: asyncio.Task[None]) -> None:
         self._writes.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("recording a job's progress failed: %s", task.exception())
@@ -348,7 +362,7 @@ class SolveJobs:
         return resource.model_copy(
             update={
                 "status": SolveJobStatus.RUNNING if state and state.running else resource.status,
-                "stage": progress.stage if progress else None,
+                "stage": _stage_text(progress.stage if progress else None),
                 "objective": progress.objective if progress else None,
                 "lower_bound": progress.bound if progress else None,
                 "gap": _gap(progress.objective, progress.bound) if progress else None,
@@ -391,6 +405,11 @@ def _parse_stored(document: bytes) -> PlanRequest:
     return parse_request(document, source="stored request")
 
 
+def _stage_text(stage: SolveStage | None) -> str | None:
+    """A stage as the store and the job's JSON name it."""
+    return None if stage is None else stage.value
+
+
 def _gap(objective: float | None, bound: float | None) -> float | None:
     if objective is None or bound is None:
         return None
@@ -398,11 +417,4 @@ def _gap(objective: float | None, bound: float | None) -> float | None:
 
 
 def _problem_bytes(problem: ProblemError) -> bytes:
-    document = {
-        "type": "about:blank",
-        "title": problem.title,
-        "status": problem.status,
-        "detail": problem.detail,
-        **problem.extensions,
-    }
-    return json.dumps(document).encode()
+    return json.dumps(problem.document()).encode()

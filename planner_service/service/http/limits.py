@@ -7,12 +7,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from planner_service.plan.codec import load_json, parse_plan, parse_request
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import PlanRequest, ShardingPlan
-from planner_service.service.problems import ProblemError
+from planner_service.service.http.openapi import JsonObject
+from planner_service.service.http.problems import ProblemError
 from planner_service.service.settings import Settings
 
 M = TypeVar("M")
@@ -63,7 +66,7 @@ def decode_request_and_plan(body: bytes, settings: Settings) -> tuple[PlanReques
 
 
 def _part(
-    parse: Callable[..., M], document: dict[str, Any], key: str, problems: list[FieldProblem]
+    parse: Callable[..., M], document: JsonObject, key: str, problems: list[FieldProblem]
 ) -> M | None:
     """``document[key]`` parsed, or None with its problems added under ``key``."""
     try:
@@ -82,8 +85,9 @@ def _under(key: str, path: str) -> str:
     return f"{key}{path}" if path.startswith("[") else f"{key}.{path}"
 
 
-def tables_limit(tables: Any, settings: Settings, path: str = "tables") -> FieldProblem | None:
-    """Checked on the raw document, before a single table is validated."""
+def tables_limit(tables: object, settings: Settings, path: str = "tables") -> FieldProblem | None:
+    """Checked on the raw document (``tables`` any JSON value), before a single table is
+    validated."""
     if isinstance(tables, list) and len(tables) > settings.max_tables:
         return FieldProblem(
             path,
@@ -119,11 +123,11 @@ class BodyLimitMiddleware:
     """Refuse request bodies over ``max_bytes`` with 413 before any route reads them: by
     Content-Length when given, by counting when the body is chunked."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -160,7 +164,7 @@ class BodyLimitMiddleware:
         body = b"".join(chunks)
         replayed = False
 
-        async def replay() -> dict[str, Any]:
+        async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
@@ -169,7 +173,7 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Any, size: str) -> None:
+    async def _too_large(self, send: Send, size: str) -> None:
         await self._refuse(
             send,
             413,
@@ -178,7 +182,7 @@ class BodyLimitMiddleware:
         )
 
     @staticmethod
-    async def _refuse(send: Any, status: int, detail: str) -> None:
+    async def _refuse(send: Send, status: int, detail: str) -> None:
         response = ProblemError(status, detail).response()
         await send(
             {

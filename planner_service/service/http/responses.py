@@ -1,18 +1,37 @@
-"""Plan responses the routes build themselves (stored bytes, sent as they are): the media
-type, caching and conditional requests, and how the OpenAPI document describes them."""
+"""Responses the routes build themselves: plans (stored bytes, sent as they are) with their
+media type, caching and conditional requests; solve jobs with their ``Location`` and poll
+interval; and how the OpenAPI document describes both."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
+from starlette.responses import Response
+
+from planner_service.plan.api import SolveJob
 from planner_service.plan.encodings import CODINGS, GZIP, IDENTITY
 from planner_service.plan.types import ShardingPlan
-from planner_service.service.schemas import schema_ref
+from planner_service.service.http.openapi import JsonObject, schema_ref
 
 JSON = "application/json"
 IMMUTABLE = "public, max-age=31536000, immutable"
-PLAN_RESPONSE: dict[str, Any] = {"content": {JSON: {"schema": schema_ref(ShardingPlan)}}}
+PLAN_RESPONSE: JsonObject = {"content": {JSON: {"schema": schema_ref(ShardingPlan)}}}
+
+
+def job_content() -> JsonObject:
+    """How the OpenAPI document describes a response that is a solve job. Registered when
+    a route first asks (not on import, as ``PLAN_RESPONSE``), so ``SolveJob`` keeps its
+    place among the document's schemas, which follow the order of registration."""
+    return {"content": {JSON: {"schema": schema_ref(SolveJob)}}}
+
+
+def job_response(job: SolveJob, *, status: int, headers: dict[str, str] | None = None) -> Response:
+    """A solve job as JSON, with its ``Location`` and, until it ends, ``Retry-After: 1``
+    (RFC 9110: a poll interval for the job)."""
+    headers = {"Location": f"/v1/solves/{job.job_id}", **(headers or {})}
+    if not job.status.ended:
+        headers["Retry-After"] = "1"
+    return Response(job.model_dump_json(), status_code=status, media_type=JSON, headers=headers)
 
 
 # RFC 9110 §12.4.2: a qvalue is 0 to 1 with at most three decimals.

@@ -16,14 +16,16 @@ from __future__ import annotations
 import functools
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from planner_service.plan.encodings import GZIP, IDENTITY, ZSTD, plan_etag
-from planner_service.service import metrics
-from planner_service.service.responses import IMMUTABLE, JSON, etag_matches, negotiate_encoding
+from planner_service.service.http import metrics
+from planner_service.service.http.responses import IMMUTABLE, JSON, etag_matches, negotiate_encoding
 from planner_service.service.store import PlanBodies
 
 PLAN_ROUTE = "/v1/plans/{plan_id}"
@@ -106,7 +108,7 @@ def negotiated(accept_encoding: str | None) -> str | None:
     return negotiate_encoding(accept_encoding)
 
 
-def fetch_headers(headers: Any) -> tuple[str | None, str | None]:
+def fetch_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
     """``Accept-Encoding`` and ``If-None-Match`` from ASGI raw headers, each list header
     given more than once joined with ", " (RFC 9110 §5.3)."""
     accept: str | None = None
@@ -121,18 +123,24 @@ def fetch_headers(headers: Any) -> tuple[str | None, str | None]:
     return accept, if_none_match
 
 
+class CachedPlans(Protocol):
+    """Where the fast path finds a plan's prepared responses (``state.PlanCache``)."""
+
+    def get(self, plan_id: str) -> PlanResponses | None: ...
+
+
 class PlanFetchFastPath:
     """Pure ASGI middleware, outermost: answers ``GET``/``HEAD /v1/plans/{plan_id}`` for a
     cached plan from its prepared responses, counting it in the same metrics as the route
     would; everything else passes through untouched."""
 
-    def __init__(self, app: Any, cache: Any, *, open_reads: bool) -> None:
+    def __init__(self, app: ASGIApp, cache: CachedPlans, *, open_reads: bool) -> None:
         self.app = app
         self.cache = cache
         self.open_reads = open_reads  # reads behind tokens go through the route's check
-        self._memory = metrics.CACHE.labels("memory")
+        self._memory = metrics.cache_counter(metrics.CacheLookup.MEMORY)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if (
             len(path) == _PATH_LENGTH

@@ -16,7 +16,7 @@ from typing import Annotated, TypeVar
 from fastapi import Query
 
 from planner_service.plan.api import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from planner_service.service.problems import ProblemError
+from planner_service.service.http.problems import ProblemError
 
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,1024}$"
 _SEPARATOR = "\n"

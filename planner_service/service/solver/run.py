@@ -1,5 +1,7 @@
-"""Solving a request in the solve pool, for POST /v1/plans (which stores the plan) and
-POST /v1/check (which does not), and the problems a solve answers with."""
+"""Solving one request in the solve pool (``pool.py``) for a route: for POST /v1/plans and
+its jobs (``solve_and_store``: the plan is stored) and for POST /v1/check (``solve_only``),
+with the plan a request names as its previous one inlined first; and the problems a solve
+answers with (503 ``unavailable``, 422 ``no_plan``)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from collections.abc import Callable
 from planner_service import PLANNER_VERSION
 from planner_service.plan.codec import canonical_bytes, parse_plan
 from planner_service.plan.errors import FieldProblem, InputError
-from planner_service.plan.types import Infeasibility, PlanRequest
-from planner_service.service import metrics
-from planner_service.service.problems import ProblemError
-from planner_service.service.solving import (
+from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
+from planner_service.service.http import metrics
+from planner_service.service.http.metrics import CacheLookup
+from planner_service.service.http.problems import ProblemError
+from planner_service.service.solver.pool import (
     PoolFullError,
     ShuttingDownError,
+    SolveOutcome,
     SolveResult,
     SolveUnavailableError,
     T,
@@ -53,7 +57,7 @@ async def solve_and_store(
     (result, inserted), shared = await _solve(
         state, "plan:" + key, request, request_document, finish
     )
-    metrics.CACHE.labels("shared" if shared else "miss").inc()
+    metrics.cache_counter(CacheLookup.SHARED if shared else CacheLookup.MISS).inc()
     return result, inserted and not shared
 
 
@@ -101,8 +105,8 @@ async def _solve(
     solve overran its time limit, its solver process died or the service is stopping."""
 
     def timed(result: SolveResult) -> T:
-        outcome = "plan" if result.plan is not None else "no_plan"
-        metrics.SOLVE_SECONDS.labels(outcome).observe(result.wall_time_s)
+        outcome = SolveOutcome.PLAN if result.plan is not None else SolveOutcome.NO_PLAN
+        metrics.SOLVE_SECONDS.labels(outcome.value).observe(result.wall_time_s)
         return finish(result)
 
     try:
@@ -131,9 +135,10 @@ def no_plan(result: SolveResult) -> ProblemError:
     """422 with the reasons and the smallest fixes, for a solve that found no plan."""
     assert result.infeasibility is not None
     infeasibility = Infeasibility.model_validate_json(result.infeasibility)
+    infeasible = infeasibility.status is SolverStatus.INFEASIBLE
     return ProblemError(
         422,
         infeasibility.render(),
-        title="No plan exists" if infeasibility.status.value == "infeasible" else "No plan found",
+        title="No plan exists" if infeasible else "No plan found",
         infeasibility=json.loads(result.infeasibility),
     )
