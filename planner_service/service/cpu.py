@@ -10,7 +10,7 @@ Calls beyond ``workers + queue`` get 503 with ``Retry-After`` rather than piling
 in memory. A call cannot be stopped once it runs, so its slot is freed when its work ends,
 not when its client goes away. Functions and their arguments cross a pipe: module-level
 functions, picklable arguments. No worker outlives the service (as solver processes do
-not: ``solving.die_with_parent``).
+not: ``solver.pool.die_with_parent``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ BUSY_RETRY_S = 1
 
 def _start_worker(service_pid: int) -> None:
     """As a solver process does: die with the service however it ends (PR_SET_PDEATHSIG,
-    see solving.py), leave Ctrl-C and SIGTERM to the service, and import what the work
+    see solver/pool.py), leave Ctrl-C and SIGTERM to the service, and import what the work
     needs once, not on its first call."""
     die_with_parent(service_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
