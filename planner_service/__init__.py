@@ -8,11 +8,14 @@
   usage with the cost model).
 - ``solve``: from a request to a plan or an explained infeasibility (needs OR-Tools:
   ``shardplan[planner]``).
+- ``check``: the capacity check (headroom, what binds, the margin fix, what-if sizes),
+  served by ``shardplan check`` and POST /v1/check; it plans through a source it is given.
 - ``reports``: documents and tables rendered from results, for the CLI and the service.
 - ``service``: the HTTP API (``shardplan[service]``).
 
 Each stage imports only those before it (tests/test_layout.py checks): plan <- costs <-
-validate; plan, costs <- solve; all of them <- service and the CLI.
+validate; plan, costs <- solve; plan, costs <- check <- reports; all of them <- service
+and the CLI.
 """
 
 from importlib.metadata import PackageNotFoundError, version

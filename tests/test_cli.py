@@ -16,7 +16,7 @@ import pytest
 
 from planner_service.plan.codec import plan_bytes
 from planner_service.plan.types import PERF_COMPONENTS, ShardingPlan
-from planner_service.reports import OPTION_COLUMNS
+from planner_service.reports.options import OPTION_COLUMNS
 from tests import builders
 from tests.builders import request, table
 from tests.servers import Service, free_port
@@ -235,7 +235,7 @@ def test_plan_exits_3_with_an_explanation(run_cli, tmp_path):
 
 
 def test_progress_line_for_long_solves(monkeypatch, capsys):
-    from clients.cli.plan import ProgressLine
+    from clients.cli.progress import ProgressLine
 
     monkeypatch.setattr(ProgressLine, "INTERVAL_S", 0.05)
     import time

@@ -229,6 +229,24 @@ def test_check_on_the_server_reports_what_the_local_check_reports(cli, service, 
     assert ("fits" if fits else "does not fit") in remote.stdout.splitlines()[1]
 
 
+@pytest.mark.parametrize("fits", [True, False])
+def test_post_check_answers_the_report_the_cli_prints(cli, service, tmp_path, fits):
+    """One analysis: POST /v1/check is ``shardplan check --format json``'s report, plus
+    what only the service knows (whether the plan is stored, the tightest rank's HBM)."""
+    request = EXAMPLES / "request.json"
+    if not fits:
+        request = tmp_path / "too-big.json"
+        request.write_text(json.dumps(TOO_BIG))
+    local = json.loads(cli("check", request, "--format", "json").stdout)
+    answer = httpx.post(f"{service.base}/v1/check", content=request.read_bytes(), timeout=60)
+    remote = answer.json()
+    assert remote.pop("stored") in (True, False)  # other tests here may have stored the plan
+    free = remote.pop("min_hbm_free_bytes")
+    assert free == (min(r["hbm_free_bytes"] for r in local["ranks"]) if fits else None)
+    assert remote == local
+    assert local["verdict"] == ("fits" if fits else "no_plan")
+
+
 def test_a_sweep_on_the_server_is_the_local_sweep(cli, service, tmp_path):
     request = tmp_path / "too-big.json"
     request.write_text(json.dumps(TOO_BIG))

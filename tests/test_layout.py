@@ -27,7 +27,9 @@ CORE = frozenset({"pydantic", "pydantic_core", "numpy"})
 PLAN, COSTS, VALIDATE, SOLVE = (
     f"planner_service.{stage}" for stage in ("plan", "costs", "validate", "solve")
 )
-REPORTS, SERVICE = "planner_service.reports", "planner_service.service"
+CHECK, REPORTS, SERVICE = (
+    f"planner_service.{package}" for package in ("check", "reports", "service")
+)
 ROUTES, SERVICE_HTTP, SOLVER = (f"{SERVICE}.{part}" for part in ("routes", "http", "solver"))
 STORE, SETTINGS, STATE = (f"{SERVICE}.{part}" for part in ("store", "settings", "state"))
 # planner_service/__init__.py holds the version only: every module may import it.
@@ -49,7 +51,10 @@ class Rule:
     never: tuple[str, ...] = ()
 
 
-CLIENT_OURS = (PLAN, COSTS, VALIDATE, REPORTS, "clients")
+CLIENT_OURS = (PLAN, COSTS, VALIDATE, CHECK, REPORTS, "clients")
+CLIENTS_MAY = (
+    "clients import plan, costs, validate, check, reports and the core install's libraries; "
+)
 RULES = (
     Rule(VERSION, (), frozenset(), "planner_service/__init__.py imports only the standard library"),
     Rule(PLAN, (PLAN,), CORE, "plan (the vocabulary) imports only plan, pydantic and numpy"),
@@ -66,7 +71,21 @@ RULES = (
         CORE | {"ortools"},
         "solve imports only plan, costs and solve (and pydantic, numpy, ortools)",
     ),
-    Rule(REPORTS, (PLAN, COSTS, REPORTS), CORE, "reports imports only plan and costs"),
+    Rule(
+        CHECK,
+        (PLAN, COSTS, CHECK),
+        CORE,
+        "check (the capacity analysis) imports only plan, costs and check, never solve, not "
+        "even inside a function: its plans come from the PlanSource it is given, so the "
+        "service and a CLI without OR-Tools run it; and never reports (it computes, reports "
+        "renders)",
+    ),
+    Rule(
+        REPORTS,
+        (PLAN, COSTS, CHECK, REPORTS),
+        CORE,
+        "reports imports only plan, costs and check (the results it renders)",
+    ),
     Rule(SERVICE, ("planner_service",), None, "service may import all of planner_service"),
     Rule(
         STORE,
@@ -113,16 +132,15 @@ RULES = (
         "clients",
         CLIENT_OURS,
         CORE | {"httpx"},
-        "clients import plan, costs, validate, reports and the core install's libraries; "
-        "solve only inside a command (shardplan plan); never planner_service.service",
+        CLIENTS_MAY + "solve only inside a command (shardplan plan); never planner_service.service",
         lazy=(SOLVE,),
     ),
     Rule(
         "clients.torchrec",
         CLIENT_OURS,
         CORE | {"httpx"},
-        "clients import plan, costs, validate, reports and the core install's libraries; "
-        "TorchRec interop reads TorchRec's objects by attribute and imports torchrec only "
+        CLIENTS_MAY
+        + "TorchRec interop reads TorchRec's objects by attribute and imports torchrec only "
         "inside to_torchrec_plan",
         lazy=("torchrec",),
     ),
@@ -137,8 +155,8 @@ RULES = (
         "clients.cli.serve",
         CLIENT_OURS,
         CORE | {"httpx"},
-        "clients import plan, costs, validate, reports and the core install's libraries; "
-        "only the serve command imports planner_service.service and uvicorn, inside the "
+        CLIENTS_MAY
+        + "only the serve command imports planner_service.service and uvicorn, inside the "
         "command",
         lazy=(SERVICE, "uvicorn"),
     ),
@@ -313,6 +331,16 @@ def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
         ("planner_service.service.solver.late", "from ..routes.solves import router", True),
         ("planner_service.service.solver.late", "from ..deps import State", True),
         ("planner_service.service.solver.late", "from ..http.problems import ProblemError", False),
+        ("planner_service.check.late", "from planner_service.costs import estimate", False),
+        ("planner_service.check.late", "from planner_service.solve import explain", True),
+        ("planner_service.check.late", "def run():\n    from planner_service.solve import x", True),
+        ("planner_service.check.late", "from planner_service.reports import tables", True),
+        ("planner_service.check.late", "from planner_service.validate import validator", True),
+        ("planner_service.reports.late", "from planner_service.check import what_if", False),
+        ("planner_service.reports.late", "from planner_service.solve import explain", True),
+        ("clients.cli.late", "from planner_service.check import report", False),
+        ("clients.http.late", "from planner_service.check import report", True),
+        ("clients.http.late", "from planner_service.reports import tables", True),
     ],
 )
 def test_rules(module, source, broken):
@@ -320,13 +348,19 @@ def test_rules(module, source, broken):
 
 
 def test_the_vocabulary_and_the_clients_load_no_solver_service_or_torch():
-    """What a training worker (plan, costs, validate, the HTTP client), a CLI user or a
-    TorchRec user building a request (clients.torchrec) loads on import."""
+    """What a training worker (plan, costs, validate, the HTTP client), a CLI user (the
+    check's analysis and reports included) or a TorchRec user building a request
+    (clients.torchrec) loads on import."""
     script = textwrap.dedent(
         """
         import importlib, pkgutil, sys
         import planner_service.plan, planner_service.costs, planner_service.validate
-        for package in (planner_service.plan, planner_service.costs, planner_service.validate):
+        import planner_service.check, planner_service.reports
+        packages = (
+            planner_service.plan, planner_service.costs, planner_service.validate,
+            planner_service.check, planner_service.reports,
+        )
+        for package in packages:
             for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
                 importlib.import_module(info.name)
         import clients.cli, clients.http, clients.torchrec

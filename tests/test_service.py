@@ -630,6 +630,9 @@ def test_check_reports_headroom_and_stores_nothing(client):
     for rank in result["ranks"]:
         assert rank["hbm_free_bytes"] == rank["hbm_usable_bytes"] - rank["hbm_used_bytes"] > 0
     assert result["min_hbm_free_bytes"] == min(r["hbm_free_bytes"] for r in result["ranks"])
+    # The report shardplan check prints (tests/test_cli_fetch.py compares the two).
+    assert (result["verdict"], result["world_size"], result["tables"]) == ("fits", 2, 2)
+    assert result["headroom"]["least"]["free_bytes"] == result["min_hbm_free_bytes"]
     assert client.get(f"/v1/plans/{result['plan_id']}").status_code == 404  # not stored
     # POST /v1/plans then stores exactly the plan the check described.
     assert (
@@ -642,6 +645,7 @@ def test_check_reports_headroom_and_stores_nothing(client):
     assert no_fit.status_code == 200
     assert no_fit.json()["fits"] is False
     assert no_fit.json()["infeasibility"]["status"] == "infeasible"
+    assert no_fit.json()["verdict"] == "no_plan" and no_fit.json()["binding"]["message"]
 
 
 def _validate_documents():

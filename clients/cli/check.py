@@ -23,8 +23,9 @@ from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
 from clients.cli.remote import add_server_arguments, connected
 
 if TYPE_CHECKING:
-    from clients.cli.check_report import CheckReport
-    from clients.cli.plan_source import PlanSource
+    from planner_service.check.source import PlanSource
+    from planner_service.check.what_if import LeastWorldSizes, Sweep, WhatIf
+    from planner_service.plan.api import CheckReport
     from planner_service.plan.types import PlanRequest
 
 FORMATS = ("text", "json", "markdown")
@@ -86,7 +87,6 @@ def run(args: argparse.Namespace, source: PlanSource | None = None) -> int:
 def _run(args: argparse.Namespace, source: PlanSource) -> int:
     from clients.cli.files import read_input, source_name
     from clients.cli.numbers import parse_byte_size, parse_count, parse_fraction, parse_list
-    from clients.cli.what_if import least_table, least_world_sizes, sweep, sweep_table
     from planner_service.plan.codec import parse_request
 
     limit = (
@@ -101,54 +101,61 @@ def _run(args: argparse.Namespace, source: PlanSource) -> int:
         else []
     )
     request = parse_request(read_input(args.request), source=source_name(args.request))
+    if args.min_world_size or world_sizes or hbm:
+        return _what_if(args, request, (world_sizes, hbm), _how(source, limit))
+    return _check(args, request, source, limit)
 
-    markdown = args.format == "markdown"
-    if args.min_world_size:
-        least = least_world_sizes(request, hbm, source, max_hbm_utilization=limit)
-        _emit(
-            least.model_dump_json(indent=2)
-            if args.format == "json"
-            else least_table(least, markdown)
-        )
-        passed = all(row.check is not None and row.check.fits for row in least.rows)
-        return EXIT_OK if passed else EXIT_NO_PLAN
-    if world_sizes or hbm:
-        matrix = sweep(request, world_sizes, hbm, source, max_hbm_utilization=limit)
-        _emit(
-            matrix.model_dump_json(indent=2)
-            if args.format == "json"
-            else sweep_table(matrix, markdown)
-        )
-        return EXIT_OK if any(cell.check.fits for cell in matrix.cells) else EXIT_NO_PLAN
-    report = check(request, source, max_hbm_utilization=limit)
+
+def _check(
+    args: argparse.Namespace, request: PlanRequest, source: PlanSource, limit: float | None
+) -> int:
+    """One check, with a progress line on stderr while a solve takes long."""
+    from clients.cli.files import source_name
+    from clients.cli.progress import with_progress_line
+    from planner_service.check.report import check
+
+    report = check(request, with_progress_line(source), max_hbm_utilization=limit)
     _emit(_render(report, request, args.format, source_name(args.request)))
     return EXIT_OK if report.fits else EXIT_NO_PLAN
 
 
-def check(
-    request: PlanRequest, source: PlanSource, *, max_hbm_utilization: float | None = None
-) -> CheckReport:
-    """Plan ``request`` (a progress line on stderr while it takes long) and report. Over
-    the limit, plan again with the reservation that keeps the margin: that plan, or the
-    planner's fixes when there is none, is the smallest fix."""
-    from clients.cli.check_report import check_report, margin_request, with_margin_fix
-    from clients.cli.plan import ProgressLine
+def _what_if(
+    args: argparse.Namespace,
+    request: PlanRequest,
+    sizes: tuple[list[int], list[int]],
+    how: WhatIf,
+) -> int:
+    """The least world size per HBM size (``--min-world-size``), or the sweep over
+    ``sizes`` (world sizes x HBM sizes): its JSON or its table, and whether it passed."""
+    from clients.cli.plan_source import search_locally
+    from planner_service.check.what_if import least_world_sizes, sweep
+    from planner_service.reports.what_if import least_table, sweep_table
 
-    with ProgressLine() as progress:
-        answer = source(request, on_progress=progress.update)
-    report = check_report(
-        request, answer.plan, answer.infeasibility, max_hbm_utilization=max_hbm_utilization
-    )
-    tightened = margin_request(request, report)
-    if tightened is None:
-        return report
-    with ProgressLine() as progress:
-        answer = source(tightened, on_progress=progress.update)
-    return with_margin_fix(report, tightened, answer.plan, answer.infeasibility)
+    world_sizes, hbm = sizes
+    answer: LeastWorldSizes | Sweep
+    if args.min_world_size:
+        answer = least_world_sizes(request, hbm, search_locally, how)
+        table = least_table(answer, args.format == "markdown")
+    else:
+        answer = sweep(request, world_sizes, hbm, how)
+        table = sweep_table(answer, args.format == "markdown")
+    _emit(answer.model_dump_json(indent=2) if args.format == "json" else table)
+    return EXIT_OK if answer.passed else EXIT_NO_PLAN
+
+
+def _how(source: PlanSource, limit: float | None) -> WhatIf:
+    """The what-if as this command answers it: a progress bar on stderr, and errors that
+    name its options."""
+    from clients.cli.numbers import SOURCE
+    from clients.cli.progress import CellProgress
+    from planner_service.check.what_if import WhatIf, WhatIfNames
+
+    names = WhatIfNames(source=SOURCE, world_sizes="--world-sizes", hbm="--hbm")
+    return WhatIf(source, names, max_hbm_utilization=limit, progress=CellProgress)
 
 
 def _render(report: CheckReport, request: PlanRequest, format: str, source: str) -> str:
-    from clients.cli.check_report import render_markdown, render_text
+    from planner_service.reports.check import render_markdown, render_text
 
     if format == "json":
         return report.model_dump_json(indent=2) + "\n"

@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     from clients.cli.files import read_plan_pair
     from planner_service.plan.diff import diff_document, diff_plans
-    from planner_service.reports import diff_report
+    from planner_service.reports.diff import diff_report
 
     old, new, request = read_plan_pair(args.old, args.new, args.request, "diff")
     diff = diff_plans(old, new, request)

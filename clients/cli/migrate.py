@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from clients.cli.files import read_plan_pair
     from planner_service.plan.migrate import migrate, migrate_document
     from planner_service.plan.types import OptimizerType
-    from planner_service.reports import migrate_report
+    from planner_service.reports.migration import migrate_report
 
     old, new, request = read_plan_pair(args.old, args.new, args.request, "migrate")
     optimizer = None if args.optimizer is None else OptimizerType(args.optimizer)

@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from planner_service.costs.enumerate import enumerate_options, fit_options
-    from planner_service.reports import options_document, options_table
+    from planner_service.reports.options import options_document, options_table
 
     request = read_request(args)
     enumerated = enumerate_options(request)

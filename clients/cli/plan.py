@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
 from clients.cli.extras import needs_extra
+from clients.cli.progress import ProgressLine
 from clients.cli.remote import add_server_arguments, connected
 from clients.cli.request import add_request_arguments, read_request
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from planner_service.plan.capacity import usable_capacity
     from planner_service.plan.codec import plan_bytes
     from planner_service.plan.errors import FieldProblem, InputError
-    from planner_service.reports import plan_table
+    from planner_service.reports.plan_table import plan_table
 
     if args.previous_plan is None and (
         args.max_moved_bytes is not None or args.move_cost_ms_per_gib is not None
@@ -168,39 +168,6 @@ def _solve_on(client: PlannerClient, request: PlanRequest) -> Solved:
     usage = rank_usage(request, plan.tables)
     io = usage.io_bytes(request.topology.world_size)
     return Solved(plan, None, io, wall_time_s, where)
-
-
-class ProgressLine:
-    """Prints a progress line on stderr every 2 s while a solve runs longer than that."""
-
-    INTERVAL_S = 2.0
-
-    def __init__(self) -> None:
-        self._state: tuple[str, float | None, float | None] = ("starting", None, None)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._start = time.monotonic()
-
-    def update(self, stage: str, best: float | None, bound: float | None) -> None:
-        self._state = (stage, best, bound)
-
-    def __enter__(self) -> ProgressLine:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._done.wait(self.INTERVAL_S):
-            stage, best, bound = self._state
-            parts = [f"planning: {time.monotonic() - self._start:.0f} s, {stage}"]
-            if best is not None:
-                parts.append(f"best {best:.6g} ms")
-            if bound is not None:
-                parts.append(f"bound {bound:.6g} ms")
-            print(", ".join(parts), file=sys.stderr, flush=True)
 
 
 def _with_previous_plan(args: argparse.Namespace) -> PlanRequest:

@@ -1,41 +1,20 @@
-"""Where ``shardplan check`` gets its plans: one function from a request to its plan or
-the reason there is none (``PlanSource``). Everything else the check does (headroom,
-limits, the sweep's matrix, rendering) needs only the request and that answer, so a
-source backed by the service (``--server``, through the HTTP client) replaces
-``solve_locally`` and nothing else."""
+"""Where ``shardplan check`` gets its plans: the planner in this process
+(``solve_locally``, with its world-size search, ``search_locally``), or the service
+(``ServiceSource``, ``--server``, through the HTTP client). The check itself
+(``planner_service/check``) needs only a request's answer (a ``PlanSource``), so the
+service replaces the local solver and nothing else."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from clients.cli.extras import needs_extra
-from planner_service.plan.types import Infeasibility, PlanRequest, ShardingPlan
+from planner_service.check.source import Answer, OnProgress
+from planner_service.plan.types import PlanRequest
 
 if TYPE_CHECKING:
     from clients.http import PlannerClient
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A request's plan, or why it has none (exactly one of the two)."""
-
-    plan: ShardingPlan | None
-    infeasibility: Infeasibility | None
-
-    def __post_init__(self) -> None:
-        assert (self.plan is None) != (self.infeasibility is None)
-
-
-# (stage, best objective so far, best bound so far), as the solver reports its progress
-OnProgress = Callable[[str, float | None, float | None], None]
-
-
-class PlanSource(Protocol):
-    def __call__(self, request: PlanRequest, *, on_progress: OnProgress | None = None) -> Answer:
-        """``request``'s plan, or why it has none; ``on_progress`` hears how it goes."""
-        ...
+    from planner_service.check.what_if import FoundWorldSize
 
 
 def solve_locally(request: PlanRequest, *, on_progress: OnProgress | None = None) -> Answer:
@@ -45,6 +24,17 @@ def solve_locally(request: PlanRequest, *, on_progress: OnProgress | None = None
         from planner_service.solve.pipeline import solve
     outcome = solve(request, on_progress=on_progress)
     return Answer(outcome.plan, outcome.infeasibility)
+
+
+def search_locally(request: PlanRequest) -> FoundWorldSize:
+    """The planner's world-size search below ``request``'s world size (``request`` has a
+    plan), within its ``options.time_limit_s``, in this process: it runs here also when
+    the service planned (``--server``), so it needs ``shardplan[planner]`` either way."""
+    with needs_extra("check --min-world-size", "planner"):
+        from planner_service.solve.deadline import Deadline
+        from planner_service.solve.explain import least_world_size
+    deadline = Deadline.for_time_limit(request.options.time_limit_s)
+    return least_world_size(request, deadline, fits=True)
 
 
 class ServiceSource:

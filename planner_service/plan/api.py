@@ -1,6 +1,7 @@
 """The service's response documents, shared by the service (which writes them and
 documents them in its OpenAPI schema) and the HTTP client (which reads them): one
-definition of each, in the vocabulary that both import.
+definition of each, in the vocabulary that both import. The check's report is also what
+``shardplan check --format json`` prints (``planner_service/check`` computes it).
 
 Unknown fields are ignored when reading, so a client keeps working against a newer
 service that adds fields.
@@ -14,7 +15,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner_service.plan.types import Infeasibility, ShardingPlan, SolverStatus, Violation
+from planner_service.plan.types import (
+    Infeasibility,
+    ShardingPlan,
+    SmallestFixes,
+    SolverStatus,
+    Violation,
+)
 
 # GET /v1/plans and GET /v1/aliases: page sizes.
 DEFAULT_PAGE_SIZE = 50
@@ -36,21 +43,109 @@ class RankHeadroom(_Document):
     perf_total_ms: float
 
 
-class CheckResult(_Document):
-    """POST /v1/check: does a request fit, and how much room each rank has left."""
+# The check's documents: ``shardplan check --format json`` prints a ``CheckReport`` (its
+# what-if questions, ``planner_service/check/what_if.py``, one per cell), and POST
+# /v1/check answers a ``CheckResult``, the same report and what the service's store knows.
+# 1.x only adds fields; a field's meaning never changes within a major version.
+CHECK_SCHEMA_VERSION = "1.0"
+TIGHTEST_SHOWN = 3  # ranks in a headroom's ``tightest``
 
+
+class MemoryTier(StrEnum):
+    """Where tables live: HBM on cuda, DDR on cpu (which has no HBM)."""
+
+    HBM = "hbm"
+    DDR = "ddr"
+
+
+class Verdict(StrEnum):
+    FITS = "fits"
+    OVER_LIMIT = "over_limit"  # a plan exists, but a rank uses more than the limit allows
+    NO_PLAN = "no_plan"
+
+
+class BindingKind(StrEnum):
+    """What binds a plan (``HBM``, ``DDR``, ``PERF``, ``MAX_HBM_UTILIZATION``) or stops any
+    (``MEMORY``, ``CONSTRAINTS``, ``TIME_LIMIT``: from the first reason of the report)."""
+
+    HBM = "hbm"
+    DDR = "ddr"
+    PERF = "perf"
+    MAX_HBM_UTILIZATION = "max_hbm_utilization"
+    MEMORY = "memory"
+    CONSTRAINTS = "constraints"
+    TIME_LIMIT = "time_limit"
+
+
+class TierUse(_Document):
+    """One rank's use of one tier."""
+
+    rank: int
+    used_bytes: int
+    usable_bytes: int
+    free_bytes: int
+    utilization: float = Field(description="used / usable (0 when nothing is usable)")
+
+
+class Headroom(_Document):
+    """The spread of free bytes over the ranks, in the tier tables live in."""
+
+    tier: MemoryTier
+    least: TierUse
+    median: TierUse
+    most: TierUse
+    tightest: list[TierUse] = Field(description=f"the {TIGHTEST_SHOWN} least free, least first")
+
+
+class Binding(_Document):
+    """What limits the plan, or what stops any plan."""
+
+    kind: BindingKind
+    rank: int | None = None
+    message: str
+
+
+class MarginFix(_Document):
+    """Planning for the margin: the ``hbm_headroom_fraction`` that shrinks every rank's
+    usable memory to ``max_hbm_utilization`` of today's, and what the planner makes of the
+    request with it: a plan (its max-rank perf), or none (and the fixes it found)."""
+
+    hbm_headroom_fraction: float
     fits: bool
-    status: SolverStatus
-    plan_id: str | None = Field(
-        description="the plan's id (POST /v1/plans stores exactly this plan)"
-    )
-    stored: bool = Field(description="a plan for this request is already stored")
     objective: float | None = None
+    fixes: SmallestFixes | None = None
+
+
+class CheckReport(_Document):
+    """Does a request fit, how much room each rank has left and what binds; or why no plan
+    exists and the smallest fixes (``shardplan check --format json``)."""
+
+    schema_version: str = CHECK_SCHEMA_VERSION
+    fits: bool = Field(description="the check passes: a plan, within max_hbm_utilization")
+    verdict: Verdict
+    status: SolverStatus
+    world_size: int
+    tables: int
+    plan_id: str | None = Field(
+        description="the plan's id (POST /v1/plans stores exactly this plan); null without one"
+    )
+    objective: float | None = Field(None, description="max-rank perf, ms per iteration")
     lower_bound: float | None = None
     gap: float | None = None
-    min_hbm_free_bytes: int | None = Field(None, description="the tightest rank's free HBM")
+    max_hbm_utilization: float | None = None
+    headroom: Headroom | None = None
+    binding: Binding
+    over_limit: list[TierUse] = Field(default_factory=list)
+    margin_fix: MarginFix | None = None
     ranks: list[RankHeadroom] = Field(default_factory=list)
     infeasibility: Infeasibility | None = None
+
+
+class CheckResult(CheckReport):
+    """POST /v1/check: the check's report, and what the service's store knows of its plan."""
+
+    stored: bool = Field(description="a plan for this request is already stored")
+    min_hbm_free_bytes: int | None = Field(None, description="the tightest rank's free HBM")
 
 
 class ValidateResult(_Document):

@@ -13,7 +13,8 @@ from planner_service.plan.api import SolveJob
 from planner_service.plan.capacity import Capacity, usable_capacity
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import PlanRequest, RankStats, ShardingPlan
-from planner_service.reports import USABLE_NOTE, perf_rule, rank_ranges, usage_cell
+from planner_service.reports.plan_table import USABLE_NOTE, perf_rule
+from planner_service.reports.tables import rank_ranges, usage_cell
 
 PERF_COLOURS = {
     "fwd_compute": "#4e79a7",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
+from planner_service.check.report import check_report, check_result
 from planner_service.plan.api import CheckResult
 from planner_service.plan.codec import parse_plan, request_hash
 from planner_service.plan.types import Infeasibility, PlanRequest
-from planner_service.reports import rank_headroom
 from planner_service.service.deps import State, reader
 from planner_service.service.http.limits import decode_plan_request
 from planner_service.service.http.openapi import REQUEST_EXAMPLE, json_body
@@ -25,40 +25,24 @@ router = APIRouter(tags=["plans"])
     responses={503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT}},
 )
 async def check(http_request: Request, state: State) -> CheckResult:
-    """Solve without storing and report whether it fits, each rank's free memory, and,
-    when it does not fit, why and the smallest fixes. 200 either way."""
+    """Solve without storing and report whether it fits, each rank's free memory and what
+    binds the plan, or, when it does not fit, why and the smallest fixes: the report
+    ``shardplan check --format json`` prints, and whether the plan is stored. 200 either
+    way."""
     request = decode_plan_request(await http_request.body(), state.settings)
     key = request_hash(request)
     existing = await state.plan_for_request(key)
     if existing is not None:
-        return await state.cpu.run(_fits, request, existing[1], stored=True)
+        return await state.cpu.run(_check_plan, request, existing[1], stored=True)
     result = await solve_only(state, request, key)
     if result.plan is None:
         assert result.infeasibility is not None
         infeasibility = Infeasibility.model_validate_json(result.infeasibility)
-        return CheckResult(
-            fits=False,
-            status=infeasibility.status,
-            plan_id=None,
-            stored=False,
-            infeasibility=infeasibility,
-        )
-    return await state.cpu.run(_fits, request, result.plan, stored=False)
+        return check_result(check_report(request, None, infeasibility), stored=False)
+    return await state.cpu.run(_check_plan, request, result.plan, stored=False)
 
 
-def _fits(request: PlanRequest, plan_document: bytes, *, stored: bool) -> CheckResult:
-    """Per-rank headroom: work in proportion to world_size, run in a worker process."""
+def _check_plan(request: PlanRequest, plan_document: bytes, *, stored: bool) -> CheckResult:
+    """The check of a plan: work in proportion to world_size, run in a worker process."""
     plan = parse_plan(plan_document)
-    ranks = rank_headroom(request, plan)
-    report = plan.solver
-    return CheckResult(
-        fits=True,
-        status=report.status,
-        plan_id=plan.plan_id,
-        stored=stored,
-        objective=report.objective,
-        lower_bound=report.lower_bound,
-        gap=report.gap,
-        min_hbm_free_bytes=min(rank.hbm_free_bytes for rank in ranks),
-        ranks=ranks,
-    )
+    return check_result(check_report(request, plan, None), stored=stored)
