@@ -89,7 +89,10 @@ def run_in_process(
 
 
 def run_process(
-    exe: object, *args: object, stdin: str | None = None, env: Mapping[str, str] | None = None,
+    exe: object,
+    *args: object,
+    stdin: str | None = None,
+    env: Mapping[str, str] | None = None,
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
     """``shardplan ARGS`` as a real process of the installed console script."""
