@@ -1,5 +1,5 @@
 """Migrating from one plan to another: the regions that move between ranks
-(``plan.diff.plan_transfers``), summed per pair of ranks and per rank, for ``shardplan
+(``plan.transfers.plan_transfers``), summed per pair of ranks and per rank, for ``shardplan
 migrate`` and its JSON form (docs/reading-plans.md, "Bytes that move between ranks").
 
 What an element weighs: the new plan's request gives each table's data type and
@@ -15,9 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner_service.plan.codec import request_hash
-from planner_service.plan.diff import ASSUMED_ELEMENT_BYTES, Element, Transfer, plan_transfers
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.order import natural_sorted
+from planner_service.plan.transfers import (
+    ASSUMED_ELEMENT_BYTES,
+    Element,
+    Transfer,
+    plan_transfers,
+)
 from planner_service.plan.types import OptimizerType, PlanRequest, ShardingPlan
 
 # The JSON form's version: it changes when a field changes meaning or goes away.

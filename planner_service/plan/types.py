@@ -817,7 +817,7 @@ class RankMoves(_Value):
 
 class Migration(_Value):
     """How far a plan re-planned from a previous one is from it (schema 1.2): the bytes of
-    weights and optimizer state that move between ranks (``plan.diff.migration``), per rank
+    weights and optimizer state that move between ranks (``plan.transfers.plan_moves``), per rank
     (ranks that send or receive nothing are left out), and the limits it was planned under.
     ``moved_bytes`` is the sum of ``received_bytes`` (and of ``sent_bytes``)."""
 

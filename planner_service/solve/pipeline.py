@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
-from planner_service.plan.diff import migration_data
 from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.transfers import migration_data
 from planner_service.plan.types import (
     BoundSource,
     Infeasibility,
