@@ -7,7 +7,8 @@ rank's ``bytes_in`` and ``bytes_sent`` are what it receives and sends over all t
 its ``bytes_out`` what it held before and no longer holds (memory freed, weights only).
 Tables added or removed are listed, not counted.
 
-The JSON form (``diff_document``) is documented in docs/reading-plans.md, "Comparing two
+The JSON form (``diff_document``: a ``DiffDocument``, frozen models written in field
+order) is documented in docs/reading-plans.md, "Comparing two
 plans"; its ``version`` changes when a field changes meaning or goes away.
 """
 
@@ -15,16 +16,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Generic, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 from planner_service.plan.order import natural_sorted
-from planner_service.plan.transfers import Element, elements_of, sharding_moves
+from planner_service.plan.transfers import Element, ElementBytes, elements_of, sharding_moves
 from planner_service.plan.types import (
+    ComputeKernel,
     ParameterSharding,
     PlanRequest,
     RankStats,
     Shard,
     ShardingPlan,
+    ShardingType,
 )
 
 # 2: moved bytes count optimizer state (with --request), exclude rows no rank held, and
@@ -32,13 +38,32 @@ from planner_service.plan.types import (
 DIFF_VERSION = 2
 
 
+class TableStatus(StrEnum):
+    """How a table differs: placed differently, or in only one of the plans."""
+
+    CHANGED = "changed"
+    ADDED = "added"
+    REMOVED = "removed"
+
+
+class ShardingAspect(StrEnum):
+    """The parts of a table's sharding a diff compares: each is a ``ParameterSharding``
+    field of that name."""
+
+    SHARDING_TYPE = "sharding_type"
+    COMPUTE_KERNEL = "compute_kernel"
+    RANKS = "ranks"
+    SHARDS = "shards"
+    CACHE_LOAD_FACTOR = "cache_load_factor"
+
+
 @dataclass(frozen=True)
 class TableChange:
     """One table placed differently: which aspects changed, and the weights that move."""
 
     name: str
-    status: str  # "changed", "added" or "removed"
-    changes: tuple[str, ...]  # of sharding_type, compute_kernel, ranks, shards, cache_load_factor
+    status: TableStatus
+    changes: tuple[ShardingAspect, ...]
     old: ParameterSharding | None
     new: ParameterSharding | None
     moved_elements: int = 0
@@ -113,7 +138,7 @@ def diff_plans(
     for name in natural_sorted(old.tables.keys() | new.tables.keys()):
         before, after = old.tables.get(name), new.tables.get(name)
         if before is None or after is None:
-            status = "added" if before is None else "removed"
+            status = TableStatus.ADDED if before is None else TableStatus.REMOVED
             tables.append(TableChange(name, status, (), before, after))
             continue
         changes = _changes(before, after)
@@ -129,15 +154,18 @@ def diff_plans(
         for rank, count in _missing(before.shards, after.shards).items():
             bytes_out[rank] += count * element.weight_bytes
         tables.append(
-            TableChange(name, "changed", changes, before, after, moves.elements, moves.moved_bytes)
+            TableChange(
+                name, TableStatus.CHANGED, changes, before, after, moves.elements, moves.moved_bytes
+            )
         )
     ranks = _ranks(old, new, bytes_in, bytes_out, bytes_sent)
     return PlanDiff(old, new, tables, unchanged, ranks, bool(request))
 
 
-def _changes(before: ParameterSharding, after: ParameterSharding) -> tuple[str, ...]:
-    aspects = ("sharding_type", "compute_kernel", "ranks", "shards", "cache_load_factor")
-    return tuple(aspect for aspect in aspects if getattr(before, aspect) != getattr(after, aspect))
+def _changes(before: ParameterSharding, after: ParameterSharding) -> tuple[ShardingAspect, ...]:
+    return tuple(
+        aspect for aspect in ShardingAspect if getattr(before, aspect) != getattr(after, aspect)
+    )
 
 
 def _missing(shards: list[Shard], held: list[Shard]) -> dict[int, int]:
@@ -204,95 +232,195 @@ def _perf(stats: RankStats | None) -> float:
 # --------------------------------------------------------------------------- JSON
 
 
-def diff_document(diff: PlanDiff) -> dict[str, Any]:
-    """The stable JSON form of a diff (docs/reading-plans.md, "Comparing two plans")."""
-    return {
-        "version": DIFF_VERSION,
-        "identical": diff.identical,
-        "old": _plan_summary(diff.old),
-        "new": _plan_summary(diff.new),
-        "element_bytes": "request" if diff.element_bytes_from_request else "assumed_fp32",
-        "moved_bytes": diff.moved_bytes,
-        "moved_elements": diff.moved_elements,
-        "unchanged_tables": diff.unchanged_tables,
-        "tables": [_table_document(table) for table in diff.tables],
-        "ranks": [_rank_document(rank) for rank in diff.ranks if rank.changed],
-        "totals": diff_totals(diff),
-    }
+class _Document(BaseModel):
+    """Base of the diff document's parts: values, written in field order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def _plan_summary(plan: ShardingPlan) -> dict[str, Any]:
-    return {
-        "plan_id": plan.plan_id,
-        "request_hash": plan.request_hash,
-        "planner_version": plan.planner_version,
-        "world_size": plan.world_size,
-        "tables": len(plan.tables),
-        "objective_ms": plan.solver.objective,
-        "critical_path_ms": plan.solver.critical_path,
-    }
+class PlanHeader(_Document):
+    """What the document shows of each plan."""
+
+    plan_id: str
+    request_hash: str
+    planner_version: str
+    world_size: int
+    tables: int
+    objective_ms: float
+    critical_path_ms: float
+
+    @classmethod
+    def of(cls, plan: ShardingPlan) -> PlanHeader:
+        return cls(
+            plan_id=plan.plan_id,
+            request_hash=plan.request_hash,
+            planner_version=plan.planner_version,
+            world_size=plan.world_size,
+            tables=len(plan.tables),
+            objective_ms=plan.solver.objective,
+            critical_path_ms=plan.solver.critical_path,
+        )
 
 
-def _table_document(table: TableChange) -> dict[str, Any]:
-    return {
-        "table": table.name,
-        "status": table.status,
-        "changes": list(table.changes),
-        "old": _sharding_summary(table.old),
-        "new": _sharding_summary(table.new),
-        "moved_elements": table.moved_elements,
-        "moved_bytes": table.moved_bytes,
-    }
+class ShardingSummary(_Document):
+    """A table's sharding in one plan, its shards counted."""
+
+    sharding_type: ShardingType
+    compute_kernel: ComputeKernel
+    ranks: list[int]
+    shards: int
+    cache_load_factor: float | None
+
+    @classmethod
+    def of(cls, sharding: ParameterSharding | None) -> ShardingSummary | None:
+        if sharding is None:
+            return None
+        shards = len(sharding.shards)
+        return cls(
+            sharding_type=sharding.sharding_type,
+            compute_kernel=sharding.compute_kernel,
+            ranks=sharding.ranks,
+            shards=shards,
+            cache_load_factor=sharding.cache_load_factor,
+        )
 
 
-def _sharding_summary(sharding: ParameterSharding | None) -> dict[str, Any] | None:
-    if sharding is None:
-        return None
-    return {
-        "sharding_type": sharding.sharding_type.value,
-        "compute_kernel": sharding.compute_kernel.value,
-        "ranks": sharding.ranks,
-        "shards": len(sharding.shards),
-        "cache_load_factor": sharding.cache_load_factor,
-    }
+class TableEntry(_Document):
+    """One table placed differently (``TableChange``)."""
+
+    table: str
+    status: TableStatus
+    changes: list[ShardingAspect]
+    old: ShardingSummary | None
+    new: ShardingSummary | None
+    moved_elements: int
+    moved_bytes: int
+
+    @classmethod
+    def of(cls, change: TableChange) -> TableEntry:
+        old, new = ShardingSummary.of(change.old), ShardingSummary.of(change.new)
+        return cls(
+            table=change.name,
+            status=change.status,
+            changes=list(change.changes),
+            old=old,
+            new=new,
+            moved_elements=change.moved_elements,
+            moved_bytes=change.moved_bytes,
+        )
 
 
-def _rank_document(rank: RankChange) -> dict[str, Any]:
-    return {
-        "rank": rank.rank,
-        "old": _stats_summary(rank.old),
-        "new": _stats_summary(rank.new),
-        "delta": {
-            "hbm_bytes": rank.hbm_delta,
-            "ddr_bytes": rank.ddr_delta,
-            "perf_ms": rank.perf_delta,
-        },
-        "bytes_in": rank.bytes_in,
-        "bytes_out": rank.bytes_out,
-        "bytes_sent": rank.bytes_sent,
-    }
+class RankLoad(_Document):
+    """A rank's memory and time in one plan, or their change between the plans."""
+
+    hbm_bytes: int
+    ddr_bytes: int
+    perf_ms: float
+
+    @classmethod
+    def of(cls, stats: RankStats | None) -> RankLoad | None:
+        if stats is None:
+            return None
+        return cls(hbm_bytes=stats.hbm_bytes, ddr_bytes=stats.ddr_bytes, perf_ms=stats.perf.total)
 
 
-def _stats_summary(stats: RankStats | None) -> dict[str, Any] | None:
-    if stats is None:
-        return None
-    return {"hbm_bytes": stats.hbm_bytes, "ddr_bytes": stats.ddr_bytes, "perf_ms": stats.perf.total}
+class RankEntry(_Document):
+    """One rank whose estimates or moved bytes change (``RankChange``)."""
+
+    rank: int
+    old: RankLoad | None
+    new: RankLoad | None
+    delta: RankLoad
+    bytes_in: int
+    bytes_out: int
+    bytes_sent: int
+
+    @classmethod
+    def of(cls, change: RankChange) -> RankEntry:
+        delta = RankLoad(
+            hbm_bytes=change.hbm_delta, ddr_bytes=change.ddr_delta, perf_ms=change.perf_delta
+        )
+        return cls(
+            rank=change.rank,
+            old=RankLoad.of(change.old),
+            new=RankLoad.of(change.new),
+            delta=delta,
+            bytes_in=change.bytes_in,
+            bytes_out=change.bytes_out,
+            bytes_sent=change.bytes_sent,
+        )
 
 
-def diff_totals(diff: PlanDiff) -> dict[str, dict[str, float]]:
+Number = TypeVar("Number", int, float)
+
+
+class Total(_Document, Generic[Number]):
+    """A number in each plan (bytes summed over its ranks, or milliseconds), and its change."""
+
+    old: Number
+    new: Number
+    delta: Number
+
+    @classmethod
+    def of(cls, old: Number, new: Number) -> Self:
+        return cls(old=old, new=new, delta=new - old)
+
+
+class DiffTotals(_Document):
     """Old, new and delta of the sums of HBM and DDR over ranks, the most loaded rank's
     perf (the objective) and the critical path."""
 
-    def entry(old: float, new: float) -> dict[str, float]:
-        return {"old": old, "new": new, "delta": new - old}
+    hbm_bytes: Total[int]
+    ddr_bytes: Total[int]
+    max_rank_perf_ms: Total[float]
+    critical_path_ms: Total[float]
 
+
+class DiffDocument(_Document):
+    """The stable JSON form of a diff (docs/reading-plans.md, "Comparing two plans"):
+    ranks are those whose estimates or moved bytes change."""
+
+    version: int
+    identical: bool
+    old: PlanHeader
+    new: PlanHeader
+    element_bytes: ElementBytes
+    moved_bytes: int
+    moved_elements: int
+    unchanged_tables: int
+    tables: list[TableEntry]
+    ranks: list[RankEntry]
+    totals: DiffTotals
+
+
+def diff_document(diff: PlanDiff) -> DiffDocument:
+    """The JSON form of ``diff`` (``DiffDocument``)."""
+    return DiffDocument(
+        version=DIFF_VERSION,
+        identical=diff.identical,
+        old=PlanHeader.of(diff.old),
+        new=PlanHeader.of(diff.new),
+        element_bytes=(
+            ElementBytes.REQUEST if diff.element_bytes_from_request else ElementBytes.ASSUMED_FP32
+        ),
+        moved_bytes=diff.moved_bytes,
+        moved_elements=diff.moved_elements,
+        unchanged_tables=diff.unchanged_tables,
+        tables=[TableEntry.of(table) for table in diff.tables],
+        ranks=[RankEntry.of(rank) for rank in diff.ranks if rank.changed],
+        totals=diff_totals(diff),
+    )
+
+
+def diff_totals(diff: PlanDiff) -> DiffTotals:
+    """The totals of both plans (``DiffTotals``)."""
     old, new = diff.old, diff.new
-    return {
-        "hbm_bytes": entry(_sum(old, "hbm_bytes"), _sum(new, "hbm_bytes")),
-        "ddr_bytes": entry(_sum(old, "ddr_bytes"), _sum(new, "ddr_bytes")),
-        "max_rank_perf_ms": entry(_max_perf(old), _max_perf(new)),
-        "critical_path_ms": entry(old.solver.critical_path, new.solver.critical_path),
-    }
+    return DiffTotals(
+        hbm_bytes=Total[int].of(_sum(old, "hbm_bytes"), _sum(new, "hbm_bytes")),
+        ddr_bytes=Total[int].of(_sum(old, "ddr_bytes"), _sum(new, "ddr_bytes")),
+        max_rank_perf_ms=Total[float].of(_max_perf(old), _max_perf(new)),
+        critical_path_ms=Total[float].of(old.solver.critical_path, new.solver.critical_path),
+    )
 
 
 def _sum(plan: ShardingPlan, field_name: str) -> int:

@@ -29,6 +29,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from planner_service.plan.types import (
@@ -40,6 +41,15 @@ from planner_service.plan.types import (
 )
 
 ASSUMED_ELEMENT_BYTES = 4  # fp32, the request format's default data type
+
+
+class ElementBytes(StrEnum):
+    """Where moved bytes' element sizes come from: the new plan's request (data types and
+    optimizers), or ``ASSUMED_ELEMENT_BYTES`` and no optimizer state."""
+
+    REQUEST = "request"
+    ASSUMED_FP32 = "assumed_fp32"
+
 
 # A shard as (row offset, column offset, rows, columns, rank).
 Box = tuple[int, int, int, int, int]
