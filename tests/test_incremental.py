@@ -9,7 +9,8 @@ import json
 import httpx
 import pytest
 
-from planner_service.plan.codec import canonical_bytes, parse_request, plan_bytes, request_hash
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request, plan_bytes, request_hash
 from planner_service.plan.diff import diff_plans
 from planner_service.plan.errors import InputError
 from planner_service.plan.transfers import Element, plan_moves

@@ -34,7 +34,8 @@ from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.api import SolveJob, SolveJobStatus
-from planner_service.plan.codec import canonical_bytes, parse_request
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request
 from planner_service.plan.types import PlanRequest, gap
 from planner_service.service.planning import no_plan, solve_and_store
 from planner_service.service.problems import ProblemError
