@@ -264,7 +264,7 @@ class _LongInteger:
 Loc = tuple[int | str, ...]
 
 
-def _long_integers(node: Any, loc: Loc) -> Iterator[tuple[Loc, _LongInteger]]:
+def _long_integers(node: object, loc: Loc) -> Iterator[tuple[Loc, _LongInteger]]:
     """Every stand-in in a decoded document (at most MAX_JSON_DEPTH deep), with its place."""
     if isinstance(node, _LongInteger):
         yield loc, node

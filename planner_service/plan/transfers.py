@@ -30,12 +30,13 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from planner_service.plan.types import (
+    Migration,
     OptimizerType,
     ParameterSharding,
     PlanRequest,
+    RankMoves,
     ShardingPlan,
     ShardingType,
 )
@@ -299,26 +300,27 @@ def sharding_transfers(
     )
 
 
-def migration_data(
+def migration_section(
     moves: PlanMoves,
     previous_plan_id: str,
     max_moved_bytes: int | None,
     move_cost_ms_per_gib: float | None,
-) -> dict[str, Any]:
-    """A plan's ``migration`` section (``types.Migration``) as JSON data."""
+) -> Migration:
+    """A re-planned plan's ``migration`` section: ``moves`` from the previous plan, per
+    rank that sends or receives, and the limits it was planned under."""
     ranks = sorted(moves.sent.keys() | moves.received.keys())
-    return {
-        "previous_plan_id": previous_plan_id,
-        "moved_bytes": moves.moved_bytes,
-        "tables_moved": moves.tables_moved,
-        "ranks": [
-            {
-                "rank": rank,
-                "sent_bytes": moves.sent.get(rank, 0),
-                "received_bytes": moves.received.get(rank, 0),
-            }
+    return Migration(
+        previous_plan_id=previous_plan_id,
+        moved_bytes=moves.moved_bytes,
+        tables_moved=moves.tables_moved,
+        ranks=[
+            RankMoves(
+                rank=rank,
+                sent_bytes=moves.sent.get(rank, 0),
+                received_bytes=moves.received.get(rank, 0),
+            )
             for rank in ranks
         ],
-        "max_moved_bytes": max_moved_bytes,
-        "move_cost_ms_per_gib": move_cost_ms_per_gib,
-    }
+        max_moved_bytes=max_moved_bytes,
+        move_cost_ms_per_gib=move_cost_ms_per_gib,
+    )
