@@ -39,7 +39,8 @@ import httpx
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.api import PlanSummary
-from planner_service.plan.codec import canonical_bytes, parse_request, request_hash
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request, request_hash
 from planner_service.service.store import open_store
 from tests import builders
 from tests.builders import request, table

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.workloads import criteo_tables, nvidia_tables, workload_request
-from planner_service.plan.codec import canonical_bytes
+from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.diff import diff_plans
 from planner_service.plan.types import PlanRequest, ShardingPlan
 from planner_service.plan.units import GiB

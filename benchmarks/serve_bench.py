@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.workloads import nvidia_tables, workload_request
-from planner_service.plan.codec import canonical_bytes
+from planner_service.plan.canonical import canonical_bytes
 from tests.servers import Service, free_port
 
 SHARDPLAN = Path(sys.executable).parent / "shardplan"

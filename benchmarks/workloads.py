@@ -14,7 +14,8 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from planner_service.plan.codec import canonical_bytes, parse_request
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request
 from planner_service.plan.types import PlanRequest
 from planner_service.plan.units import GiB
 

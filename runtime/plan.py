@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from planner_service.plan.codec import parse_plan, plan_id_of
+from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.codec import parse_plan
 from planner_service.plan.shards import COLUMN_ALIGNMENT, column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
     ComputeKernel,

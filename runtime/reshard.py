@@ -1,7 +1,7 @@
 """Resharding in place: a sharded module moved to another plan over the same process group,
 without a checkpoint on disk.
 
-Every rank works out from the two plans alone what moves (``planner_service.plan.diff``'s
+Every rank works out from the two plans alone what moves (``planner_service.plan.transfers``'
 ``table_transfers``, the regions ``shardplan migrate`` prints): for each shard of the new
 plan, the parts its rank already holds are copied locally and every other part comes from
 the rank the old plan put it on, data-parallel replicas spreading the sending. Each part
@@ -24,7 +24,7 @@ from typing import NamedTuple, cast
 import torch
 from torch import nn
 
-from planner_service.plan.diff import Element, Transfer, boxes, table_kept, table_transfers
+from planner_service.plan.transfers import Element, Transfer, boxes, table_kept, table_transfers
 from planner_service.plan.types import ShardingType
 from runtime.modules import (
     EmbeddingBagCollection,

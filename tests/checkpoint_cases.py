@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from planner_service.plan.codec import parse_request
-from planner_service.plan.diff import Element, boxes, table_transfers
+from planner_service.plan.transfers import Element, boxes, table_transfers
 from planner_service.plan.types import ShardingType
 from runtime import (
     EmbeddingBagCollection,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner_service.plan.codec import canonical_bytes
+from planner_service.plan.canonical import canonical_bytes
 from tests import builders
 from tests.builders import request, table
 

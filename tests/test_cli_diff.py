@@ -94,7 +94,7 @@ def test_added_and_removed_tables_are_listed_in_natural_order_and_move_nothing()
 def test_the_json_document_has_its_documented_fields(req):
     old = _plan(req, builders.table_wise(req, "a", 0))
     new = _plan(req, builders.column_wise(req, "a", [128, 128], [0, 1]))
-    document = diff_document(diff_plans(old, new))
+    document = diff_document(diff_plans(old, new)).model_dump(mode="json")
     assert list(document) == [
         "version",
         "identical",
@@ -122,6 +122,10 @@ def test_the_json_document_has_its_documented_fields(req):
     assert [r["rank"] for r in document["ranks"]] == [0, 1]
     hbm = document["totals"]["hbm_bytes"]
     assert hbm["delta"] == hbm["new"] - hbm["old"]
+    # byte counts stay integers in the JSON (no "1024.0"), times stay floats
+    assert {type(hbm[key]) for key in hbm} == {int}
+    assert {type(value) for value in document["totals"]["critical_path_ms"].values()} == {float}
+    assert {type(value) for value in document["ranks"][0]["delta"].values()} == {int, float}
     assert set(document["totals"]) == {
         "hbm_bytes",
         "ddr_bytes",

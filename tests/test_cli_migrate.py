@@ -1,5 +1,5 @@
 """``shardplan migrate``: the bytes that move between which ranks to go from one plan to
-another (the regions of ``plan.diff.plan_transfers``), for every resharding pair of issue
+another (the regions of ``plan.transfers.plan_transfers``), for every resharding pair of issue
 24, with the same totals as ``shardplan diff``, and its errors (exit 2, no traceback)."""
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ from clients.http import (
 )
 from clients.http.integrity import sealed_plan, verified_plan
 from clients.http.retry import retry_after_s
-from planner_service.plan.codec import canonical_bytes, parse_request, request_hash
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request, request_hash
 from planner_service.plan.errors import InputError
 from planner_service.plan.types import ShardingPlan
 from tests import builders

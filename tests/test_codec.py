@@ -8,24 +8,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner_service.plan.canonical import canonical_bytes, plan_id_of
 from planner_service.plan.codec import (
-    canonical_bytes,
     json_depth,
     parse_plan,
     parse_request,
     plan_bytes,
-    plan_id_of,
     request_hash,
 )
 from planner_service.plan.errors import InputError
+from planner_service.plan.schema_version import SCHEMA_VERSION, SCHEMA_VERSION_WITHOUT_MIGRATION
 from planner_service.plan.types import (
     MAX_EMBEDDING_DIM,
     MAX_JSON_DEPTH,
     MAX_MEMORY_BYTES,
     MAX_NUM_EMBEDDINGS,
     MAX_POOLING_FACTOR,
-    SCHEMA_VERSION,
-    SCHEMA_VERSION_WITHOUT_MIGRATION,
     ComputeKernel,
     ParameterSharding,
     Perf,

@@ -314,7 +314,7 @@ def test_no_plan_before_the_deadline_is_no_solution_in_time_not_infeasible():
 def test_a_report_without_stop_reason_keeps_its_canonical_form():
     """Plans of schema 1.0 predate stop_reason: their canonical bytes (and so their ids)
     must not change because the field now exists."""
-    from planner_service.plan.codec import canonical_bytes, plan_id_of
+    from planner_service.plan.canonical import canonical_bytes, plan_id_of
     from tests.builders import table_wise
 
     req = request([table("a")], world_size=2)

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from planner_service.plan import types
-from planner_service.plan.codec import parse_plan, parse_request, plan_id_of
+from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.codec import parse_plan, parse_request
 from planner_service.validate.validator import validate_plan
 from tests import doc_commands
 from tests.doc_commands import DOCUMENTED_HOST, Command

@@ -1,4 +1,4 @@
-"""Incremental re-planning: moved bytes (``plan.diff``), the re-planning solve
+"""Incremental re-planning: moved bytes (``plan.transfers``), the re-planning solve
 (``solve/incremental.py``), its options and their errors, and the service resolving
 ``options.previous_plan_id`` from its store."""
 
@@ -9,9 +9,11 @@ import json
 import httpx
 import pytest
 
-from planner_service.plan.codec import canonical_bytes, parse_request, plan_bytes, request_hash
-from planner_service.plan.diff import Element, diff_plans, plan_moves
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request, plan_bytes, request_hash
+from planner_service.plan.diff import diff_plans
 from planner_service.plan.errors import InputError
+from planner_service.plan.transfers import Element, plan_moves
 from planner_service.plan.types import (
     InfeasibilityCode,
     OptimizerType,

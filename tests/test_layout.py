@@ -3,8 +3,8 @@ it, so that a training worker needs neither solver nor service, and the vocabula
 nothing but pydantic and numpy.
 
 An AST scan of every module of ``planner_service``, ``runtime`` and ``clients``, imports
-inside functions included, against ``RULES``; then, in a fresh interpreter, what importing
-the vocabulary and the CLI actually loads.
+inside functions included, against ``RULES`` and for import cycles between them; then, in a
+fresh interpreter, what importing the vocabulary and the CLI actually loads.
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
         ("clients.torchrec", "def to_plan():\n    import torch", True),
         ("clients.cli.late", "def run():\n    import torchrec", True),
         ("clients.http.late", "import httpx", False),
-        ("clients.http.late", "from planner_service.plan.codec import plan_id_of", False),
+        ("clients.http.late", "from planner_service.plan.canonical import plan_id_of", False),
         ("clients.http.late", "from planner_service.validate import validator", True),
         ("clients.http.late", "from clients.cli import plan", True),
         ("clients.http.late", "def run():\n    from planner_service.solve import pipeline", True),
@@ -345,6 +345,133 @@ def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
 )
 def test_rules(module, source, broken):
     assert bool(violations(module, "late.py", source)) == broken
+
+
+# --------------------------------------------------------------------------- import cycles
+
+# Import cycles between first-party modules that other engineers are removing now, each as
+# the set of modules in it (e.g. frozenset({"pkg.a", "pkg.b"})); an entry fails the test
+# once its cycle is gone, so that the list only shrinks. Empty: issue 33 also names
+# runtime/kernels.py -> runtime/sharding/layout.py -> ... -> kernels.py and
+# service/routes/plans.py -> routes/solves.py (both being removed elsewhere), but neither is
+# a cycle of ``import_graph``: the first closes only through the ``runtime`` package's
+# __init__, which Python runs before any module of the package (a package's __init__
+# re-exporting its modules is not a cycle), and the second is one-way.
+ALLOWED_CYCLES: frozenset[frozenset[str]] = frozenset()
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, Import]]:
+    """For each module (name -> (source, is a package)), the first-party modules importing
+    it runs, each with the statement that does: those it names (inside functions and under
+    TYPE_CHECKING too), and the packages above them that it is not inside itself (their
+    __init__ runs first; its own packages' already ran)."""
+    graph: dict[str, dict[str, Import]] = {}
+    for module, (source, is_package) in sources.items():
+        edges = graph.setdefault(module, {})
+        for found in imports(module, source, is_package):
+            for target in (*_packages_above(found.name, module), found.name):
+                if target in sources and target != module:
+                    edges.setdefault(target, found)
+    return graph
+
+
+def _packages_above(name: str, importer: str) -> list[str]:
+    parts = name.split(".")
+    above = (".".join(parts[:end]) for end in range(1, len(parts)))
+    return [package for package in above if not under(importer, package)]
+
+
+def cycles(graph: dict[str, dict[str, Import]]) -> list[list[str]]:
+    """Every set of modules that import each other (directly or through others), each as
+    one cycle through its first module: the strongly connected components of more than
+    one module, found by comparing what each module reaches (the graph is small)."""
+    reach = {module: _reachable(graph, module) for module in graph}
+    components = {
+        frozenset(other for other in reach[module] if module in reach[other])
+        for module in graph
+        if module in reach[module]
+    }
+    return sorted(_cycle_through(graph, sorted(component)) for component in components)
+
+
+def _reachable(graph: dict[str, dict[str, Import]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph.get(todo.pop(), {}):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def _cycle_through(graph: dict[str, dict[str, Import]], component: list[str]) -> list[str]:
+    """A shortest cycle from the component's first module back to it, breadth first."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        module = todo.pop(0)
+        for target in graph[module]:
+            if target == start:
+                return [*paths[module], start]
+            if target in members and target not in paths:
+                paths[target] = [*paths[module], target]
+                todo.append(target)
+    raise AssertionError(f"{start} is in no cycle of {component}")
+
+
+def describe(graph: dict[str, dict[str, Import]], cycle: list[str]) -> str:
+    steps = [
+        f"  {module}:{graph[module][target].line} `{graph[module][target].text}`"
+        f"{' inside a function' if graph[module][target].in_function else ''}"
+        for module, target in zip(cycle, cycle[1:], strict=False)
+    ]
+    return " -> ".join(cycle) + "\n" + "\n".join(steps)
+
+
+def test_no_first_party_module_imports_itself_through_others():
+    """A cycle makes one of its modules run while another is half-imported (types.py
+    imported codec inside a validator until issue 33): share what both need in a module
+    that both import instead. Imports inside functions count."""
+    sources = {module: (path.read_text(), path.name == "__init__.py") for module, path in modules()}
+    graph = import_graph(sources)
+    found = cycles(graph)
+    unexpected = [cycle for cycle in found if frozenset(cycle) not in ALLOWED_CYCLES]
+    assert not unexpected, "import cycles:\n" + "\n".join(describe(graph, c) for c in unexpected)
+    gone = ALLOWED_CYCLES - {frozenset(cycle) for cycle in found}
+    assert not gone, (
+        f"no longer cycles: remove them from ALLOWED_CYCLES: {sorted(map(sorted, gone))}"
+    )
+
+
+def _graph(**sources: str) -> dict[str, dict[str, Import]]:
+    """A graph of made-up modules ``pkg.<name>`` (``pkg`` its package's __init__)."""
+    named = {("pkg" if name == "init" else f"pkg.{name}"): text for name, text in sources.items()}
+    return import_graph({module: (text, module == "pkg") for module, text in named.items()})
+
+
+def test_a_cycle_through_an_import_inside_a_function_is_found_and_described():
+    graph = _graph(
+        a="from pkg.b import x\n",
+        b="import pkg.c\n",
+        c="def late():\n    from pkg.a import y\n",
+    )
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+    assert describe(graph, cycles(graph)[0]).splitlines() == [
+        "pkg.a -> pkg.b -> pkg.c -> pkg.a",
+        "  pkg.a:1 `from pkg.b import x`",
+        "  pkg.b:1 `import pkg.c`",
+        "  pkg.c:2 `from pkg.a import y` inside a function",
+    ]
+
+
+def test_a_package_init_that_imports_its_modules_is_no_cycle_for_them():
+    graph = _graph(init="from pkg.a import x\n", a="from pkg.b import y\n", b="x = 1\n")
+    assert cycles(graph) == []
+    # ... but a module that names its package's __init__ explicitly closes one
+    looped = _graph(init="from pkg.a import x\n", a="import pkg\n")
+    assert cycles(looped) == [["pkg", "pkg.a", "pkg"]]
 
 
 def test_the_vocabulary_and_the_clients_load_no_solver_service_or_torch():

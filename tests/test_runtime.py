@@ -11,7 +11,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from planner_service.plan.codec import parse_plan, plan_bytes, plan_id_of
+from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.codec import parse_plan, plan_bytes
 from planner_service.plan.shards import row_wise_shards
 from planner_service.plan.types import (
     ParameterSharding,

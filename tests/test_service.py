@@ -14,7 +14,8 @@ import pytest
 import zstandard
 
 from planner_service import PLANNER_VERSION
-from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, plan_id_of
+from planner_service.plan.canonical import canonical_bytes, plan_id_of
+from planner_service.plan.codec import parse_plan, parse_request
 from planner_service.validate.validator import validate_plan
 from tests import builders
 from tests.builders import request, table

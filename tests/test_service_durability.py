@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from planner_service.plan.codec import parse_plan, plan_id_of
+from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.codec import parse_plan
 from tests.conftest import BACKENDS, database_url
 from tests.servers import Service
 

@@ -23,7 +23,8 @@ import pytest
 from fastapi import FastAPI
 
 from planner_service.plan.api import PlanSummary
-from planner_service.plan.codec import canonical_bytes, parse_request
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request
 from planner_service.plan.errors import InputError
 from planner_service.service.app import create_app
 from planner_service.service.cpu import CpuLane

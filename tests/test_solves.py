@@ -24,7 +24,8 @@ from clients.http import (
 )
 from clients.http.core import EventDecoder
 from planner_service.plan.api import SolveJob, SolveJobStatus
-from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.errors import InputError
 from planner_service.service.solver.jobs import job_id_for
 from planner_service.validate.validator import validate_plan

@@ -1,4 +1,4 @@
-"""The regions that move between two plans (``plan.diff.table_transfers``,
+"""The regions that move between two plans (``plan.transfers.table_transfers``,
 ``plan_transfers``) and those a rank keeps (``table_kept``): one rectangle per new shard
 and source shard that overlap, in a fixed order, summing to the moved bytes that
 ``shardplan diff`` and the planner's ``migration`` report count."""
@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_service.plan.diff import (
+from planner_service.plan.diff import diff_plans
+from planner_service.plan.transfers import (
     Box,
     Element,
     Transfer,
-    diff_plans,
     plan_moves,
     plan_transfers,
     table_kept,

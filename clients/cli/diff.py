@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     old, new, request = read_plan_pair(args.old, args.new, args.request, "diff")
     diff = diff_plans(old, new, request)
     if args.format == "json":
-        sys.stdout.write(json.dumps(diff_document(diff), indent=2) + "\n")
+        sys.stdout.write(json.dumps(diff_document(diff).model_dump(mode="json"), indent=2) + "\n")
     else:
         sys.stdout.write(diff_report(diff, top=args.top, markdown=args.format == "markdown"))
     return EXIT_OK if diff.identical else EXIT_DIFFERENT

@@ -7,7 +7,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from planner_service.plan.codec import parse_plan, parse_request, plan_id_of
+from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.codec import parse_plan, parse_request
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import PlanRequest, ShardingPlan
 

@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     optimizer = None if args.optimizer is None else OptimizerType(args.optimizer)
     migration = migrate(old, new, request, optimizer)
     if args.format == "json":
-        sys.stdout.write(json.dumps(migrate_document(migration), indent=2) + "\n")
+        sys.stdout.write(
+            json.dumps(migrate_document(migration).model_dump(mode="json"), indent=2) + "\n"
+        )
     else:
         sys.stdout.write(migrate_report(migration, top=args.top))
     return EXIT_OK

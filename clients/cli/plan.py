@@ -177,7 +177,8 @@ def _with_previous_plan(args: argparse.Namespace) -> PlanRequest:
 
     from clients.cli.files import read_input, read_verified_plan, source_name
     from clients.cli.request import merged_request
-    from planner_service.plan.codec import canonical_bytes, load_json, parse_request
+    from planner_service.plan.canonical import canonical_bytes
+    from planner_service.plan.codec import load_json, parse_request
     from planner_service.plan.errors import FieldProblem, InputError
 
     previous = read_verified_plan(args.previous_plan)

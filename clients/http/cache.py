@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from clients.http.integrity import PLAN_ID, content_address
-from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.types import PlanRequest, ShardingPlan
 
 log = logging.getLogger("shardplan.client")

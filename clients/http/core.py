@@ -41,7 +41,8 @@ from planner_service.plan.api import (
     SolveJobStatus,
     ValidateResult,
 )
-from planner_service.plan.codec import canonical_bytes, parse_plan, parse_request, request_hash
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.encodings import ENCODINGS, plan_etag
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import PlanRequest, ShardingPlan

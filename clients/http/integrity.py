@@ -20,8 +20,10 @@ from collections.abc import Iterator
 from pydantic import ValidationError
 
 from clients.http.errors import IntegrityError
-from planner_service.plan.codec import check_schema_version, parse_plan_document, plan_id_of
+from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.codec import parse_plan_document
 from planner_service.plan.errors import InputError
+from planner_service.plan.schema_version import check_schema_version
 from planner_service.plan.types import ShardingPlan
 
 PLAN_ID = re.compile(r"[0-9a-f]{64}")

@@ -1,8 +1,11 @@
 """The plan vocabulary: what a request, a plan and its shards are (``types``), their
-canonical JSON and content addresses (``codec``), input errors that name the field
-(``errors``), shard geometry (``shards``) and usable capacity per rank (``capacity``).
+canonical JSON and content addresses (``canonical``), the schema versions read and written
+(``schema_version``), request hashes, sealing and safe decoding (``codec``), input errors
+that name the field (``errors``), shard geometry (``shards``), usable capacity per rank
+(``capacity``), the bytes that move between ranks when a plan changes (``transfers``), the
+diff of two plans (``diff``) and the migration between them (``migrate``).
 
 Imported by every other stage, by the runtime on training workers and by the clients, so it
 depends on pydantic and numpy only: nothing from the rest of ``planner_service``, and no
-torch, OR-Tools or FastAPI.
+torch, OR-Tools or FastAPI. No two of its modules import each other (tests/test_layout.py).
 """

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner_service.plan.json_data import JsonObject
 from planner_service.plan.types import (
     Infeasibility,
     ShardingPlan,
@@ -264,6 +264,8 @@ class SolveJob(_Document):
     updated_at: str = Field(description="ISO 8601, UTC")
     plan_id: str | None = Field(None, description="when done: the stored plan")
     plan_url: str | None = Field(None, description="when done: /v1/plans/{plan_id}")
-    problem: dict[str, Any] | None = Field(
+    # The problem document as the service wrote it (its model, with extensions that vary by
+    # error, is the service's ``problems.Problem``): carried through as JSON.
+    problem: JsonObject | None = Field(
         None, description="when no_plan or failed: the RFC 9457 problem a sync POST answers"
     )

@@ -1,81 +1,45 @@
-"""Canonical JSON, content addresses, and safe decoding of requests and plans.
+"""Request hashes, sealed plans, and safe decoding of requests and plans.
 
-Canonical JSON is ``json.dumps`` of the model's JSON-mode dump with sorted keys, no
-whitespace, UTF-8, no NaN/inf and ``-0.0`` written as ``0.0``. Python writes every float
-as the shortest text that reads back to the same double, so the same value always gives
-the same bytes, and the same bytes always give the same value.
-
-- ``request_hash``: sha256 of the canonical request after normalisation: memory capacities
-  rounded to whole MiB (a few bytes of jitter in reported memory must not change it),
-  tables sorted by name, rank overrides by rank, constraint groups sorted.
-- ``plan_id``: sha256 of the canonical plan with every field except ``plan_id`` itself.
+- ``request_hash``: sha256 of the canonical request (``plan.canonical``) after
+  normalisation: memory capacities rounded to whole MiB (a few bytes of jitter in reported
+  memory must not change it), tables sorted by name, rank overrides by rank, constraint
+  groups sorted.
+- ``seal_plan_data``: a plan assembled from its parts and stamped with its ``plan_id``
+  (``canonical.plan_id_of``: sha256 of the canonical plan with every field except
+  ``plan_id`` itself); ``plan_bytes``: the canonical bytes it is stored and served as.
 
 Decoding never pickles, rejects duplicate JSON keys (which ``json`` would silently
-collapse), and checks ``schema_version`` before reading anything else.
+collapse), and checks ``schema_version`` (``plan.schema_version``) before reading anything
+else.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import re
 import weakref
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from planner_service.plan.canonical import canonical_bytes, sha256_hex
 from planner_service.plan.errors import (
     FieldProblem,
     InputError,
     json_path,
     problems_from_validation_error,
 )
-from planner_service.plan.types import (
-    MAX_JSON_DEPTH,
-    MAX_PLAN_BYTES,
+from planner_service.plan.json_data import JsonObject, JsonValue
+from planner_service.plan.schema_version import (
     SCHEMA_VERSION,
-    SCHEMA_VERSION_PATTERN,
     SCHEMA_VERSION_WITHOUT_MIGRATION,
-    PlanRequest,
-    ShardingPlan,
+    check_schema_version,
 )
+from planner_service.plan.types import MAX_JSON_DEPTH, MAX_PLAN_BYTES, PlanRequest, ShardingPlan
 from planner_service.plan.units import MiB
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def canonical_bytes(value: Any) -> bytes:
-    """Canonical JSON bytes of a model or of plain JSON data."""
-    data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-    text = _dumps(data)
-    # ``-0.0`` is the only float written differently from its canonical form, and it can
-    # only be in the text where it is a float or inside a string; so the document (a plan:
-    # up to millions of shards) is walked to normalise floats only when the text has it.
-    if "-0.0" in text:
-        text = _dumps(_normalise_floats(data))
-    return text.encode("utf-8")
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(
-        data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _normalise_floats(data: Any) -> Any:
-    if isinstance(data, float):
-        return 0.0 if data == 0.0 else data
-    if isinstance(data, dict):
-        return {key: _normalise_floats(value) for key, value in data.items()}
-    if isinstance(data, list):
-        return [_normalise_floats(value) for value in data]
-    return data
 
 
 # --------------------------------------------------------------------------- requests
@@ -88,7 +52,7 @@ def request_hash(request: PlanRequest) -> str:
     return sha256_hex(canonical_bytes(normalised_request(request)))
 
 
-def normalised_request(request: PlanRequest) -> dict[str, Any]:
+def normalised_request(request: PlanRequest) -> JsonObject:
     """The request as JSON data in the form that is hashed (see module docstring)."""
     data = request.model_dump(mode="json")
     topology = data["topology"]
@@ -107,7 +71,7 @@ def normalised_request(request: PlanRequest) -> dict[str, Any]:
     return data
 
 
-def _round_capacities(record: dict[str, Any]) -> None:
+def _round_capacities(record: JsonObject) -> None:
     for field in _CAPACITY_FIELDS:
         if record.get(field) is not None:
             record[field] = _round_to_mib(record[field])
@@ -120,19 +84,14 @@ def _round_to_mib(num_bytes: int) -> int:
 # --------------------------------------------------------------------------- plans
 
 
-def plan_id_of(body: dict[str, Any]) -> str:
-    """The content address of a plan body (its JSON data without ``plan_id``)."""
-    return sha256_hex(canonical_bytes({k: v for k, v in body.items() if k != "plan_id"}))
-
-
 def seal_plan_data(
     *,
     request: PlanRequest,
     planner_version: str,
-    tables: dict[str, dict[str, Any]],
-    rank_stats: list[dict[str, Any]],
-    solver: dict[str, Any],
-    migration: dict[str, Any] | None = None,
+    tables: dict[str, JsonObject],
+    rank_stats: list[JsonObject],
+    solver: JsonObject,
+    migration: JsonObject | None = None,
 ) -> ShardingPlan:
     """Assemble a plan for ``request`` from its parts as JSON data and stamp it with its
     content address: a plan of many shards is validated once, at the end, instead of once
@@ -191,7 +150,7 @@ def parse_plan(data: bytes | str, *, source: str = "plan") -> ShardingPlan:
 
 def parse_plan_document(
     data: bytes | str, *, source: str = "plan"
-) -> tuple[ShardingPlan, dict[str, Any]]:
+) -> tuple[ShardingPlan, JsonObject]:
     """``parse_plan``, and the JSON data the plan was read from: what ``plan_id_of``
     hashes to check a received plan without serializing the model again."""
     document = load_json(data, source)
@@ -202,41 +161,7 @@ def parse_plan_document(
     return plan, document
 
 
-def check_schema_version(version: Any, *, source: str = "plan") -> None:
-    """Accept our major version at a minor version no newer than ours."""
-    ours = _version_tuple(SCHEMA_VERSION)
-    assert ours is not None
-    ours_major, ours_minor = ours
-    parsed = _version_tuple(version) if isinstance(version, str) else None
-    if parsed is None:
-        raise InputError(
-            source,
-            [FieldProblem("schema_version", f'must be a string like "{SCHEMA_VERSION}"', version)],
-        )
-    major, minor = parsed
-    if major != ours_major or minor > ours_minor:
-        message = (
-            f"this shardplan reads plan schema {ours_major}.x up to {SCHEMA_VERSION}; "
-            f"{'upgrade shardplan' if (major, minor) > (ours_major, ours_minor) else 're-plan'}"
-            " to read it"
-        )
-        raise InputError(source, [FieldProblem("schema_version", message, version)])
-
-
-def _version_tuple(version: str) -> tuple[int, int] | None:
-    """(major, minor) of "1.0"; None for anything else. The pattern bounds both parts to
-    nine ASCII digits before int() sees them (str.isdigit accepts "²", and int() refuses
-    more than 4,300 digits)."""
-    if not _SCHEMA_VERSION.fullmatch(version):
-        return None
-    major, _, minor = version.partition(".")
-    return int(major), int(minor)
-
-
-_SCHEMA_VERSION = re.compile(SCHEMA_VERSION_PATTERN.strip("^$"))
-
-
-def load_json(data: bytes | str, source: str) -> Any:
+def load_json(data: bytes | str, source: str) -> JsonValue:
     """Decode JSON, refusing duplicate keys, nesting deeper than ``MAX_JSON_DEPTH`` and
     integers too long to convert; errors are InputErrors naming ``source``."""
     depth = json_depth(data)
@@ -290,8 +215,8 @@ class _DuplicateKeyError(ValueError):
     pass
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> JsonObject:
+    result: JsonObject = {}
     for key, value in pairs:
         if key in result:
             raise _DuplicateKeyError(f"key {key!r} appears twice in one JSON object")
@@ -339,7 +264,7 @@ class _LongInteger:
 Loc = tuple[int | str, ...]
 
 
-def _long_integers(node: Any, loc: Loc) -> Iterator[tuple[Loc, _LongInteger]]:
+def _long_integers(node: object, loc: Loc) -> Iterator[tuple[Loc, _LongInteger]]:
     """Every stand-in in a decoded document (at most MAX_JSON_DEPTH deep), with its place."""
     if isinstance(node, _LongInteger):
         yield loc, node

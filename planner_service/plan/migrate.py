@@ -1,5 +1,5 @@
 """Migrating from one plan to another: the regions that move between ranks
-(``plan.diff.plan_transfers``), summed per pair of ranks and per rank, for ``shardplan
+(``plan.transfers.plan_transfers``), summed per pair of ranks and per rank, for ``shardplan
 migrate`` and its JSON form (docs/reading-plans.md, "Bytes that move between ranks").
 
 What an element weighs: the new plan's request gives each table's data type and
@@ -12,13 +12,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from planner_service.plan.codec import request_hash
-from planner_service.plan.diff import ASSUMED_ELEMENT_BYTES, Element, Transfer, plan_transfers
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.order import natural_sorted
-from planner_service.plan.types import OptimizerType, PlanRequest, ShardingPlan
+from planner_service.plan.transfers import (
+    ASSUMED_ELEMENT_BYTES,
+    Element,
+    ElementBytes,
+    Transfer,
+    plan_transfers,
+)
+from planner_service.plan.types import OptimizerType, PlanRequest, RankMoves, ShardingPlan
 
 # The JSON form's version: it changes when a field changes meaning or goes away.
 MIGRATE_VERSION = 1
@@ -136,55 +144,110 @@ def elements_for(
 # --------------------------------------------------------------------------- JSON
 
 
-def migrate_document(migration: Migration) -> dict[str, Any]:
-    """The stable JSON form of a migration (docs/reading-plans.md)."""
+class _Document(BaseModel):
+    """Base of the migration document's parts: values, written in field order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PlanHeader(_Document):
+    """What the document shows of each plan."""
+
+    plan_id: str
+    world_size: int
+    tables: int
+
+    @classmethod
+    def of(cls, plan: ShardingPlan) -> PlanHeader:
+        return cls(plan_id=plan.plan_id, world_size=plan.world_size, tables=len(plan.tables))
+
+
+class Region(_Document):
+    """One ``Transfer``'s rectangle of its table (``[start, end)`` rows and columns)."""
+
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    bytes: int
+
+
+class PairTable(_Document):
+    """What one pair of ranks moves of one table."""
+
+    table: str
+    bytes: int
+    regions: list[Region]
+
+
+class PairEntry(_Document):
+    """What one rank sends one other rank (``Pair``), table by table in plan order."""
+
+    src: int
+    dst: int
+    bytes: int
+    tables: list[PairTable]
+
+    @classmethod
+    def of(cls, pair: Pair) -> PairEntry:
+        tables: dict[str, list[Transfer]] = defaultdict(list)
+        for transfer in pair.transfers:
+            tables[transfer.table].append(transfer)
+        return cls(
+            src=pair.src,
+            dst=pair.dst,
+            bytes=pair.bytes,
+            tables=[_pair_table(name, transfers) for name, transfers in tables.items()],
+        )
+
+
+def _pair_table(name: str, transfers: list[Transfer]) -> PairTable:
+    regions = [Region(rows=t.rows, cols=t.cols, bytes=t.bytes) for t in transfers]
+    return PairTable(table=name, bytes=sum(t.bytes for t in transfers), regions=regions)
+
+
+class MigrateDocument(_Document):
+    """The stable JSON form of a migration (docs/reading-plans.md, "Bytes that move
+    between ranks"): every pair of ranks with every region, and every rank's totals."""
+
+    version: int
+    old: PlanHeader
+    new: PlanHeader
+    element_bytes: ElementBytes
+    optimizer: OptimizerType | Literal["request"]
+    moved_bytes: int
+    moved_elements: int
+    tables_moved: list[str]
+    tables_added: list[str]
+    tables_removed: list[str]
+    pairs: list[PairEntry]
+    ranks: list[RankMoves]
+
+
+def migrate_document(migration: Migration) -> MigrateDocument:
+    """The JSON form of ``migration`` (``MigrateDocument``)."""
     sent, received = migration.sent(), migration.received()
-    return {
-        "version": MIGRATE_VERSION,
-        "old": _plan_summary(migration.old),
-        "new": _plan_summary(migration.new),
-        "element_bytes": "request" if migration.from_request else "assumed_fp32",
-        "optimizer": _optimizer_source(migration),
-        "moved_bytes": migration.moved_bytes,
-        "moved_elements": migration.moved_elements,
-        "tables_moved": migration.tables_moved,
-        "tables_added": migration.tables_added,
-        "tables_removed": migration.tables_removed,
-        "pairs": [_pair_document(pair) for pair in migration.pairs()],
-        "ranks": [
-            {"rank": rank, "sent_bytes": sent.get(rank, 0), "received_bytes": received.get(rank, 0)}
+    return MigrateDocument(
+        version=MIGRATE_VERSION,
+        old=PlanHeader.of(migration.old),
+        new=PlanHeader.of(migration.new),
+        element_bytes=(
+            ElementBytes.REQUEST if migration.from_request else ElementBytes.ASSUMED_FP32
+        ),
+        optimizer=_optimizer_source(migration),
+        moved_bytes=migration.moved_bytes,
+        moved_elements=migration.moved_elements,
+        tables_moved=migration.tables_moved,
+        tables_added=migration.tables_added,
+        tables_removed=migration.tables_removed,
+        pairs=[PairEntry.of(pair) for pair in migration.pairs()],
+        ranks=[
+            RankMoves(rank=rank, sent_bytes=sent.get(rank, 0), received_bytes=received.get(rank, 0))
             for rank in range(migration.world_size)
         ],
-    }
+    )
 
 
-def _optimizer_source(migration: Migration) -> str:
+def _optimizer_source(migration: Migration) -> OptimizerType | Literal["request"]:
+    """The override, else "request" where the request gives each table's, else sgd."""
     if migration.optimizer is not None:
-        return migration.optimizer.value
-    return "request" if migration.from_request else OptimizerType.SGD.value
-
-
-def _plan_summary(plan: ShardingPlan) -> dict[str, Any]:
-    return {"plan_id": plan.plan_id, "world_size": plan.world_size, "tables": len(plan.tables)}
-
-
-def _pair_document(pair: Pair) -> dict[str, Any]:
-    tables: dict[str, list[Transfer]] = defaultdict(list)
-    for transfer in pair.transfers:
-        tables[transfer.table].append(transfer)
-    return {
-        "src": pair.src,
-        "dst": pair.dst,
-        "bytes": pair.bytes,
-        "tables": [
-            {
-                "table": name,
-                "bytes": sum(t.bytes for t in transfers),
-                "regions": [
-                    {"rows": list(t.rows), "cols": list(t.cols), "bytes": t.bytes}
-                    for t in transfers
-                ],
-            }
-            for name, transfers in tables.items()
-        ],
-    }
+        return migration.optimizer
+    return "request" if migration.from_request else OptimizerType.SGD

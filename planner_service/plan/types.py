@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from enum import StrEnum
-from typing import Annotated, Any, Self
+from typing import Annotated, Self
 
 from pydantic import (
     AfterValidator,
@@ -32,6 +32,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.json_data import JsonObject
+from planner_service.plan.schema_version import (
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_PATTERN,
+    schema_version_problem,
+)
 from planner_service.plan.units import GiB, parse_byte_size
 
 # TorchRec's public defaults (torchrec/distributed/planner/constants.py), converted to bytes/s.
@@ -48,13 +55,6 @@ DEFAULT_CACHE_LOAD_FACTOR = 0.2
 DEFAULT_HBM_HEADROOM_FRACTION = 0.15
 DEFAULT_TIME_LIMIT_S = 10.0
 DEFAULT_GAP_LIMIT = 0.02
-
-SCHEMA_VERSION = "1.2"  # 1.1: solver.stop_reason; 1.2: migration
-# Plans are written at the oldest schema that has their fields: a plan without a
-# ``migration`` section stays 1.1, byte for byte what earlier versions wrote.
-SCHEMA_VERSION_WITHOUT_MIGRATION = "1.1"
-# "major.minor", each at most 9 ASCII digits: read without int() on unbounded text.
-SCHEMA_VERSION_PATTERN = r"^[0-9]{1,9}\.[0-9]{1,9}$"
 
 # The largest numbers the planner accepts (docs/plan-format.md, "Limits"). Everything it
 # loops over (ranks, column widths, features) stays small enough to finish, and every byte
@@ -252,7 +252,7 @@ class _Value(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-def _without_absent(data: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+def _without_absent(data: JsonObject, names: tuple[str, ...]) -> JsonObject:
     """A model's JSON data without the optional fields ``names`` where they are unset: a
     field added later stays out of the documents that do not use it, so their bytes (and
     content addresses) are what they were before it existed."""
@@ -558,20 +558,15 @@ class PlanOptions(_Value):
     def _check_previous(self) -> Self:
         previous = self.previous_plan
         if previous is not None:
-            # codec imports this module
-            from planner_service.plan.codec import check_schema_version, plan_id_of
-            from planner_service.plan.errors import InputError
-
-            try:
-                check_schema_version(previous.schema_version)
-            except InputError as error:
+            reason = schema_version_problem(previous.schema_version)
+            if reason is not None:
                 raise _error(
                     "schema_version",
                     "previous_plan: {reason}",
-                    reason=error.problems[0].message,
+                    reason=reason,
                     at="previous_plan.schema_version",
                     value=previous.schema_version,
-                ) from None
+                )
             actual = plan_id_of(previous.model_dump(mode="json"))
             if actual != previous.plan_id:
                 raise _error(
@@ -607,7 +602,7 @@ class PlanOptions(_Value):
         return self
 
     @model_serializer(mode="wrap")
-    def _omit_unset_incremental(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_unset_incremental(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
         return _without_absent(handler(self), INCREMENTAL_OPTIONS)
 
     @property
@@ -803,7 +798,7 @@ class SolverReport(_Value):
     stop_reason: StopReason | None = None
 
     @model_serializer(mode="wrap")
-    def _omit_absent_stop_reason(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_absent_stop_reason(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
         return _without_absent(handler(self), ("stop_reason",))
 
 
@@ -817,7 +812,7 @@ class RankMoves(_Value):
 
 class Migration(_Value):
     """How far a plan re-planned from a previous one is from it (schema 1.2): the bytes of
-    weights and optimizer state that move between ranks (``plan.diff.migration``), per rank
+    weights and optimizer state that move between ranks (``plan.transfers.plan_moves``), per rank
     (ranks that send or receive nothing are left out), and the limits it was planned under.
     ``moved_bytes`` is the sum of ``received_bytes`` (and of ``sent_bytes``)."""
 
@@ -833,7 +828,7 @@ class ShardingPlan(_Value):
     """A complete, content-addressed sharding plan.
 
     ``plan_id`` is the sha256 of the canonical JSON of every other field, so a plan's
-    identity is its content (see ``plan.codec``). ``migration`` is present only in plans
+    identity is its content (see ``plan.canonical``). ``migration`` is present only in plans
     re-planned from a previous plan (and absent from their JSON otherwise).
     """
 
@@ -848,7 +843,7 @@ class ShardingPlan(_Value):
     migration: Migration | None = None
 
     @model_serializer(mode="wrap")
-    def _omit_absent_migration(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_absent_migration(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
         return _without_absent(handler(self), ("migration",))
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from planner_service.plan.codec import canonical_bytes, parse_request
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request
 from planner_service.plan.types import PlanRequest
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from planner_service.plan.diff import PlanDiff, RankChange, TableChange, diff_totals
+from planner_service.plan.diff import PlanDiff, RankChange, TableChange, TableStatus, diff_totals
 from planner_service.plan.types import ParameterSharding, RankStats, ShardingPlan
 from planner_service.plan.units import gib_number
 from planner_service.reports.tables import markdown_table, rank_ranges, text_table
@@ -41,8 +41,8 @@ def _diff_summary(diff: PlanDiff, markdown: bool) -> list[str]:
     details = [
         f"old {_plan_line(diff.old)}",
         f"new {_plan_line(diff.new)}",
-        f"tables: {counts['changed']} changed, {counts['added']} added, "
-        f"{counts['removed']} removed, {diff.unchanged_tables} unchanged",
+        f"tables: {counts[TableStatus.CHANGED]} changed, {counts[TableStatus.ADDED]} added, "
+        f"{counts[TableStatus.REMOVED]} removed, {diff.unchanged_tables} unchanged",
         f"moved: {gib_number(diff.moved_bytes)} GiB of "
         f"{'weights and optimizer state' if diff.element_bytes_from_request else 'weights'} "
         f"to ranks that did not hold them{assumed}",
@@ -93,8 +93,8 @@ def _diff_totals(diff: PlanDiff) -> tuple[list[str], list[list[str]]]:
         ("critical path ms", "critical_path_ms"),
     ]:
         show, signed = (_gib, _signed_gib) if key.endswith("bytes") else (_ms, _signed_ms)
-        entry = totals[key]
-        rows.append([label, show(entry["old"]), show(entry["new"]), signed(entry["delta"])])
+        entry = getattr(totals, key)
+        rows.append([label, show(entry.old), show(entry.new), signed(entry.delta)])
     return ["total", "old", "new", "change"], rows
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from starlette.concurrency import run_in_threadpool
 
 from planner_service.plan.api import PlanSummary
-from planner_service.plan.codec import canonical_bytes, plan_bytes, plan_id_of, request_hash
+from planner_service.plan.canonical import canonical_bytes, plan_id_of
+from planner_service.plan.codec import plan_bytes, request_hash
 from planner_service.plan.types import Violation
 from planner_service.service.http.limits import decode_request_and_plan
 from planner_service.service.http.problems import ProblemError

@@ -13,6 +13,7 @@ from planner_service.costs.options import Placement
 from planner_service.plan.codec import seal_plan_data
 from planner_service.plan.types import (
     PERF_COMPONENTS,
+    Migration,
     PlanOptions,
     ShardingPlan,
     SolverReport,
@@ -30,7 +31,7 @@ def build_plan(
     loads: Loads,
     bound: LowerBound,
     deadline_reached: bool = False,
-    migration: dict[str, object] | None = None,
+    migration: Migration | None = None,
 ) -> ShardingPlan:
     """The sealed plan of ``choices``. Built as JSON data and validated once: a plan can
     hold hundreds of thousands of shards, and sealing happens after the deadline."""
@@ -101,7 +102,7 @@ def build_plan(
         tables=tables,
         rank_stats=rank_stats,
         solver=report.model_dump(mode="json"),
-        migration=migration,
+        migration=None if migration is None else migration.model_dump(mode="json"),
     )
 
 

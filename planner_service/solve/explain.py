@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from planner_service.costs.enumerate import FitResult, enumerate_options, fit_options
 from planner_service.costs.options import ShardingOption, TableOptions
-from planner_service.plan.codec import canonical_bytes, parse_request
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request
 from planner_service.plan.types import (
     ComputeDevice,
     ComputeKernel,

@@ -2,7 +2,7 @@
 (``options.previous_plan``), within ``options.max_moved_bytes`` and priced by
 ``options.move_cost_ms_per_gib``.
 
-Moved bytes are ``plan.diff.table_moves`` of each table, the definition ``shardplan diff``
+Moved bytes are ``plan.transfers.table_moves`` of each table, the definition ``shardplan diff``
 uses. The stage builds one candidate beside the usual ones (``pipeline.py``):
 
 - keep: every table whose previous sharding is still one of its options (same shard
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner_service.costs.options import Placement, ShardingOption
-from planner_service.plan.diff import (
+from planner_service.plan.transfers import (
     Box,
     Element,
     PlanMoves,
@@ -134,7 +134,7 @@ def sharding_of(option: ShardingOption, ranks: tuple[int, ...]) -> ParameterShar
 
 def moves_of_plan(problem: Problem, previous: ShardingPlan, choices: list[Choice]) -> PlanMoves:
     """The moves of a whole solution, computed from its tables as the plan will hold them
-    (``plan.diff.plan_moves``, the function ``shardplan diff`` uses)."""
+    (``plan.transfers.plan_moves``, the function ``shardplan diff`` uses)."""
     tables = {
         entry.table.name: sharding_of(entry.options[choice.option], choice.ranks)
         for entry, choice in zip(problem.tables, choices, strict=True)

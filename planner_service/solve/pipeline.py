@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
-from planner_service.plan.diff import migration_data
 from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.transfers import migration_section
 from planner_service.plan.types import (
     BoundSource,
     Infeasibility,
@@ -133,7 +133,7 @@ def solve(
             infeasibility = over_cap(moves.cap, picked.least_moved)
             return SolveOutcome(None, infeasibility, time.perf_counter() - start, search.details)
         choices, loads = picked.choices, picked.loads
-        migration = migration_data(
+        migration = migration_section(
             moves_of_plan(search.problem, moves.previous, choices),
             moves.previous.plan_id,
             moves.cap,

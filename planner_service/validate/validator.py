@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
+from planner_service.plan.canonical import plan_id_of
 from planner_service.plan.capacity import rank_capacities
-from planner_service.plan.codec import plan_id_of, request_hash
+from planner_service.plan.codec import request_hash
 from planner_service.plan.shards import COLUMN_ALIGNMENT, row_block_size, row_wise_shards
 from planner_service.plan.types import (
     COLUMN_SHARDING_TYPES,

@@ -37,7 +37,8 @@ from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.api import SolveJob, SolveJobStatus
-from planner_service.plan.codec import canonical_bytes, parse_request
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_request
 from planner_service.plan.types import PlanRequest, gap
 from planner_service.service.http.problems import ProblemError
 from planner_service.service.solver.pool import (

@@ -10,7 +10,8 @@ import json
 from collections.abc import Callable
 
 from planner_service import PLANNER_VERSION
-from planner_service.plan.codec import canonical_bytes, parse_plan
+from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.codec import parse_plan
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
 from planner_service.service.http import metrics
