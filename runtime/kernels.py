@@ -41,9 +41,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 from torch import nn
 
 from planner_service.plan.types import DataType, OptimizerType
+from runtime.kernel_key import KernelKey, Memory
 from runtime.modules import BaseEmbeddingConfig
 from runtime.plan import PlanMismatchError
-from runtime.sharding.layout import KernelKey, Memory
 
 OPTIMIZERS = {
     OptimizerType.SGD: EmbOptimType.EXACT_SGD,
