@@ -48,7 +48,7 @@ from torch.distributed._shard.sharded_tensor.metadata import (
     TensorProperties,
 )
 
-from runtime.sharding.module import _ShardedTables
+from runtime.sharding.module import ShardedTables, sharded_collections
 from runtime.sharding.state import Region, RowwiseParts, ShardState, overlap
 from runtime.sharding.weights import state_key
 
@@ -233,17 +233,11 @@ def _sharded_tensors_accepted() -> Iterator[None]:
         yield
 
 
-def _sharded_parts(module: nn.Module) -> list[tuple[str, _ShardedTables]]:
+def _sharded_parts(module: nn.Module) -> list[tuple[str, ShardedTables]]:
     """The sharded collections in ``module`` with their key prefixes (``""`` for itself)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("checkpoints need an initialised process group (one rank is fine)")
-    if isinstance(module, _ShardedTables):
-        return [("", module)]
-    found = [
-        (f"{path}.", child)
-        for path, child in module.named_modules()
-        if isinstance(child, _ShardedTables)
-    ]
+    found = [(f"{path}." if path else "", child) for path, child in sharded_collections(module)]
     if not found:
         raise TypeError(
             f"{type(module).__name__} holds no sharded collection; shard it with "
@@ -418,6 +412,6 @@ def _dense_tensors(module: nn.Module, prefixes: Sequence[str]) -> list[tuple[str
 
 
 def _dense_state(module: nn.Module, prefixes: Sequence[str]) -> dict[str, torch.Tensor]:
-    if isinstance(module, _ShardedTables):
+    if isinstance(module, ShardedTables):
         return {}
     return dict(_dense_tensors(module, prefixes))
