@@ -31,6 +31,7 @@ from planner_service.plan.types import ShardingPlan
 from runtime.comm import Group
 from runtime.kernels import (
     KERNEL_TYPES,
+    FusedParams,
     Kernel,
     build_kernel,
     check_trainable,
@@ -94,7 +95,7 @@ class ShardedTables(nn.Module):
         plan: ModulePlan,
         pg: dist.ProcessGroup | None,
         device: torch.device,
-        fused_params: Mapping[str, Any] | None,
+        fused_params: FusedParams | None,
         sequence: bool,
     ) -> None:
         super().__init__()
@@ -249,7 +250,7 @@ class ShardedEmbeddingBagCollection(ShardedTables):
         plan: ModulePlan,
         pg: dist.ProcessGroup | None,
         device: torch.device,
-        fused_params: Mapping[str, Any] | None = None,
+        fused_params: FusedParams | None = None,
     ) -> None:
         tables = module.embedding_bag_configs()
         super().__init__(module, tables, plan, pg, device, fused_params, sequence=False)
@@ -291,7 +292,7 @@ class ShardedEmbeddingCollection(ShardedTables):
         plan: ModulePlan,
         pg: dist.ProcessGroup | None,
         device: torch.device,
-        fused_params: Mapping[str, Any] | None = None,
+        fused_params: FusedParams | None = None,
     ) -> None:
         tables = module.embedding_configs()
         super().__init__(module, tables, plan, pg, device, fused_params, sequence=True)
@@ -321,7 +322,7 @@ def shard_modules(
     plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
-    fused_params: Mapping[str, Any] | None = None,
+    fused_params: FusedParams | None = None,
 ) -> ShardedEmbeddingBagCollection: ...
 
 
@@ -332,7 +333,7 @@ def shard_modules(
     plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
-    fused_params: Mapping[str, Any] | None = None,
+    fused_params: FusedParams | None = None,
 ) -> ShardedEmbeddingCollection: ...
 
 
@@ -343,7 +344,7 @@ def shard_modules(
     plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
-    fused_params: Mapping[str, Any] | None = None,
+    fused_params: FusedParams | None = None,
 ) -> nn.Module: ...
 
 
@@ -353,7 +354,7 @@ def shard_modules(
     plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
-    fused_params: Mapping[str, Any] | None = None,
+    fused_params: FusedParams | None = None,
 ) -> nn.Module:
     """Shard ``module`` by ``plan`` over ``pg`` (default: the default group if initialised,
     else a single rank).
@@ -425,7 +426,7 @@ def shard_collection(
     plan: ModulePlan,
     pg: dist.ProcessGroup | None,
     device: torch.device,
-    fused_params: Mapping[str, Any] | None,
+    fused_params: FusedParams | None,
 ) -> ShardedEmbeddingBagCollection | ShardedEmbeddingCollection:
     """The sharded form of one collection under its own (already split) plan: what
     ``shard_modules`` does for each collection, and what resharding builds the new module
