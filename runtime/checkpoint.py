@@ -31,15 +31,15 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Final, Literal, TypeAlias
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
@@ -48,43 +48,57 @@ from torch.distributed._shard.sharded_tensor.metadata import (
     TensorProperties,
 )
 
-from runtime.sharding.module import _ShardedTables
+from planner_service.plan.types import DataType, OptimizerType, ShardingType
+from runtime.comm import Group
+from runtime.sharding.module import ShardedTables, sharded_collections
 from runtime.sharding.state import Region, RowwiseParts, ShardState, overlap
 from runtime.sharding.weights import state_key
 
 MANIFEST = "shardplan.json"
-FORMAT = "shardplan-checkpoint"
-FORMAT_VERSION = 1
+FORMAT: Final = "shardplan-checkpoint"
+FORMAT_VERSION: Final = 1
 _ROWWISE = re.compile(r"\.momentum1\.columns_(\d+)_(\d+)$")
+
+# The state dict DCP saves and loads here (``dcp.save`` and ``dcp.load`` take any values):
+# each table's shards and optimizer state as ShardedTensors, a model's dense part as tensors.
+DcpState: TypeAlias = dict[str, ShardedTensor | torch.Tensor]
 
 
 class CheckpointError(ValueError):
     """The checkpoint cannot be loaded into this module (names what does not match)."""
 
 
-@dataclass(frozen=True)
-class TableEntry:
+class TableEntry(BaseModel):
+    """A table as the checkpoint holds it: its shape, data type and the saving plan's
+    sharding type."""
+
+    model_config = ConfigDict(frozen=True)
+
     name: str
     rows: int
     dim: int
-    data_type: str
-    sharding_type: str
+    data_type: DataType
+    sharding_type: ShardingType
 
 
-@dataclass(frozen=True)
-class CheckpointManifest:
+class CheckpointManifest(BaseModel):
     """What ``shardplan.json`` records: the plan the checkpoint was saved under, the
     optimizer and its step, every table (by weight key) and the dense keys."""
 
+    model_config = ConfigDict(frozen=True)
+
+    format: Literal["shardplan-checkpoint"] = FORMAT
+    version: Literal[1] = FORMAT_VERSION
     plan_id: str | None
     world_size: int
-    optimizer: str
+    optimizer: OptimizerType
     optimizer_step: int
-    tables: dict[str, TableEntry] = field(default_factory=dict)
-    dense: list[str] = field(default_factory=list)
+    tables: dict[str, TableEntry] = {}
+    dense: list[str] = []
 
-    def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self)}
+    def to_text(self) -> str:
+        """The manifest file's text: indented JSON, keys sorted."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
     @staticmethod
     def read(path: Path) -> CheckpointManifest:
@@ -103,15 +117,10 @@ class CheckpointManifest:
                 f"{file} is format {data.get('format')!r} version {data.get('version')!r}; "
                 f"this runtime reads {FORMAT!r} version {FORMAT_VERSION}"
             )
-        tables = {key: TableEntry(**entry) for key, entry in data["tables"].items()}
-        return CheckpointManifest(
-            data["plan_id"],
-            data["world_size"],
-            data["optimizer"],
-            data["optimizer_step"],
-            tables,
-            list(data["dense"]),
-        )
+        try:
+            return CheckpointManifest.model_validate(data)
+        except ValidationError as error:
+            raise CheckpointError(f"cannot read {file}: {error}") from error
 
 
 def save_checkpoint(module: nn.Module, path: str | os.PathLike[str]) -> CheckpointManifest:
@@ -121,19 +130,18 @@ def save_checkpoint(module: nn.Module, path: str | os.PathLike[str]) -> Checkpoi
     target = Path(path)
     parts = _sharded_parts(module)
     group = parts[0][1].group
-    state: dict[str, Any] = {}
+    state: DcpState = {}
     tables: dict[str, TableEntry] = {}
     for prefix, sharded in parts:
         shards = sharded.shard_states()
         for table in sharded.tables:
             key = prefix + state_key(table)
-            sharding = sharded.plan.tables[table.name].sharding_type.value
             tables[key] = TableEntry(
-                table.name,
-                table.num_embeddings,
-                table.embedding_dim,
-                table.data_type.value,
-                sharding,
+                name=table.name,
+                rows=table.num_embeddings,
+                dim=table.embedding_dim,
+                data_type=table.data_type,
+                sharding_type=sharded.plan.tables[table.name].sharding_type,
             )
             mine = [s for s in shards if s.table.name == table.name]
             size = (table.num_embeddings, table.embedding_dim)
@@ -146,16 +154,16 @@ def save_checkpoint(module: nn.Module, path: str | os.PathLike[str]) -> Checkpoi
         dcp.save(state, checkpoint_id=target, process_group=group.pg)
     steps = group.all_gather_object(max(s.optimizer_step for _, s in parts))
     manifest = CheckpointManifest(
-        parts[0][1].plan_id,
-        group.world_size,
-        parts[0][1].optimizer.value,
-        max(steps),
-        tables,
-        sorted(dense),
+        plan_id=parts[0][1].plan_id,
+        world_size=group.world_size,
+        optimizer=parts[0][1].optimizer,
+        optimizer_step=max(steps),
+        tables=tables,
+        dense=sorted(dense),
     )
     if group.rank == 0:
         staged = target / f"{MANIFEST}.tmp"
-        staged.write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
+        staged.write_text(manifest.to_text())
         staged.replace(target / MANIFEST)
     group.all_gather_object(None)  # the manifest exists when any rank returns
     return manifest
@@ -172,14 +180,15 @@ def load_checkpoint(
     manifest = CheckpointManifest.read(source)
     parts = _sharded_parts(module)
     group = parts[0][1].group
-    optimizer = parts[0][1].optimizer.value
-    if optimizer_state and manifest.optimizer != optimizer:
+    optimizer = parts[0][1].optimizer
+    if optimizer_state and manifest.optimizer is not optimizer:
         raise CheckpointError(
-            f"the checkpoint holds {manifest.optimizer} optimizer state and the module trains "
-            f"with {optimizer}; load with optimizer_state=False to take the weights only"
+            f"the checkpoint holds {manifest.optimizer.value} optimizer state and the module "
+            f"trains with {optimizer.value}; load with optimizer_state=False to take the "
+            "weights only"
         )
     stored = dcp.FileSystemReader(source).read_metadata().state_dict_metadata
-    state: dict[str, Any] = {}
+    state: DcpState = {}
     rowwise: list[tuple[ShardState, list[tuple[Region, torch.Tensor]]]] = []
     for prefix, sharded in parts:
         shards = sharded.shard_states()
@@ -233,17 +242,11 @@ def _sharded_tensors_accepted() -> Iterator[None]:
         yield
 
 
-def _sharded_parts(module: nn.Module) -> list[tuple[str, _ShardedTables]]:
+def _sharded_parts(module: nn.Module) -> list[tuple[str, ShardedTables]]:
     """The sharded collections in ``module`` with their key prefixes (``""`` for itself)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("checkpoints need an initialised process group (one rank is fine)")
-    if isinstance(module, _ShardedTables):
-        return [("", module)]
-    found = [
-        (f"{path}.", child)
-        for path, child in module.named_modules()
-        if isinstance(child, _ShardedTables)
-    ]
+    found = [(f"{path}." if path else "", child) for path, child in sharded_collections(module)]
     if not found:
         raise TypeError(
             f"{type(module).__name__} holds no sharded collection; shard it with "
@@ -265,7 +268,7 @@ def _check_entry(key: str, name: str, manifest: CheckpointManifest, size: tuple[
         )
 
 
-def _group_ranks(group: Any) -> list[int]:
+def _group_ranks(group: Group) -> list[int]:
     """The global rank of each rank of ``group`` (ShardedTensor placements are global)."""
     if group.pg is None:
         return [dist.get_rank()]
@@ -291,9 +294,8 @@ def _table_state(
     state: dict[str, ShardedTensor] = {}
 
     def put(name: str, size: tuple[int, ...], pieces: list[tuple[Region, torch.Tensor]]) -> None:
-        tensor = _sharded_tensor(size, pieces, ranks)
-        if tensor is not None:
-            state[name] = tensor
+        if pieces:
+            state[name] = _sharded_tensor(size, pieces, ranks)
 
     put(key, size, [(s.region, s.weight) for s in shards])
     if not optimizer:
@@ -311,12 +313,13 @@ def _table_state(
 def _rowwise_targets(
     key: str,
     shards: Sequence[ShardState],
-    stored: dict[str, Any],
-    state: dict[str, Any],
+    stored: Collection[str],
+    state: DcpState,
     ranks: list[int],
 ) -> list[tuple[ShardState, list[tuple[Region, torch.Tensor]]]]:
-    """Buffers to read each stored column range's accumulators into, for the rows of this
-    rank's shards that overlap it, and which part of which shard each buffer feeds."""
+    """Buffers to read each stored column range's accumulators into (added to ``state``),
+    for the rows of this rank's shards that overlap it, and which part of which shard each
+    buffer feeds; ``stored`` are the checkpoint's keys."""
     ranges = []
     for name in stored:
         match = _ROWWISE.search(name)
@@ -346,13 +349,11 @@ def _rowwise_targets(
 
 def _sharded_tensor(
     size: tuple[int, ...], pieces: Sequence[tuple[Region, torch.Tensor]], ranks: list[int]
-) -> ShardedTensor | None:
-    """This rank's ``pieces`` (region, tensor) of a tensor of ``size`` as a ShardedTensor,
-    or None without any. DCP reads and writes only local shards, but a ShardedTensor's
-    metadata must cover the whole tensor without overlaps: the rest is described as held by
-    another rank (per-rank metadata; data-parallel replicas are each their own whole)."""
-    if not pieces:
-        return None
+) -> ShardedTensor:
+    """This rank's ``pieces`` (region, tensor; at least one) of a tensor of ``size`` as a
+    ShardedTensor. DCP reads and writes only local shards, but a ShardedTensor's metadata
+    must cover the whole tensor without overlaps: the rest is described as held by another
+    rank (per-rank metadata; data-parallel replicas are each their own whole)."""
     me = dist.get_rank()
     other = ranks[(ranks.index(me) + 1) % len(ranks)] if me in ranks else me
     device = pieces[0][1].device
@@ -418,6 +419,6 @@ def _dense_tensors(module: nn.Module, prefixes: Sequence[str]) -> list[tuple[str
 
 
 def _dense_state(module: nn.Module, prefixes: Sequence[str]) -> dict[str, torch.Tensor]:
-    if isinstance(module, _ShardedTables):
+    if isinstance(module, ShardedTables):
         return {}
     return dict(_dense_tensors(module, prefixes))

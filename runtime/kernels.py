@@ -41,9 +41,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 from torch import nn
 
 from planner_service.plan.types import DataType, OptimizerType
+from runtime.kernel_key import KernelKey, Memory
 from runtime.modules import BaseEmbeddingConfig
 from runtime.plan import PlanMismatchError
-from runtime.sharding.layout import KernelKey, Memory
 
 OPTIMIZERS = {
     OptimizerType.SGD: EmbOptimType.EXACT_SGD,
@@ -52,7 +52,7 @@ OPTIMIZERS = {
     OptimizerType.ADAM: EmbOptimType.ADAM,
 }
 HYPERPARAMETERS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum")
-DEFAULT_FUSED_PARAMS: dict[str, Any] = {"optimizer": OptimizerType.SGD.value, "learning_rate": 0.01}
+DEFAULT_LEARNING_RATE = 0.01  # SGD's, when no fused_params are given
 ADAM_DEFAULTS = {"learning_rate": 0.01, "eps": 1e-8, "beta1": 0.9, "beta2": 0.999}
 ADAM_HYPERPARAMETERS = (*ADAM_DEFAULTS, "weight_decay")
 WEIGHT_PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
@@ -182,15 +182,23 @@ Kernel: TypeAlias = SplitTableBatchedEmbeddingBagsCodegen | CpuAdamEmbeddingBags
 KERNEL_TYPES = (SplitTableBatchedEmbeddingBagsCodegen, CpuAdamEmbeddingBags)
 
 
+# The optimizer settings a user passes, as TorchRec's sharders take them: ``"optimizer"``
+# (a name) and hyperparameters (numbers); ``fused_optimizer`` reads them into a
+# ``FusedOptimizer``.
+FusedParams: TypeAlias = Mapping[str, Any]
+
+
 class FusedOptimizer(NamedTuple):
     optimizer: OptimizerType
     hyperparameters: dict[str, float]
 
 
-def fused_optimizer(fused_params: Mapping[str, Any] | None) -> FusedOptimizer:
+def fused_optimizer(fused_params: FusedParams | None) -> FusedOptimizer:
     """The optimizer ``fused_params`` names and its hyperparameters (default: SGD at 0.01);
     unknown names and keys are refused, and keys adam does not use."""
-    params = dict(DEFAULT_FUSED_PARAMS if fused_params is None else fused_params)
+    if fused_params is None:
+        return FusedOptimizer(OptimizerType.SGD, {"learning_rate": DEFAULT_LEARNING_RATE})
+    params = dict(fused_params)
     name = str(params.pop("optimizer", OptimizerType.SGD.value))
     if name not in OPTIMIZERS:
         raise ValueError(

@@ -36,8 +36,9 @@ from runtime.plan import ModulePlan
 from runtime.sharding.module import (
     PlanSource,
     ShardedEmbeddingCollection,
-    _sharded,
-    _ShardedTables,
+    ShardedTables,
+    shard_collection,
+    sharded_collections,
     split_plan,
 )
 from runtime.sharding.state import Region, RowwiseParts, ShardState, block, overlap
@@ -57,12 +58,9 @@ def reshard(module: nn.Module, *, plan: PlanSource) -> Resharded:
     same process group, with its weights, fused optimizer state and step. Every rank calls
     it. A model's collections are replaced in place, in ``named_modules`` order."""
     whole = ModulePlan.of(plan)
-    if isinstance(module, _ShardedTables):
-        parts = [("", module)]
-    else:
-        parts = [(p, m) for p, m in module.named_modules() if isinstance(m, _ShardedTables)]
-        if not parts:
-            raise TypeError(f"{type(module).__name__} holds no sharded collection to reshard")
+    parts = sharded_collections(module)
+    if not parts:
+        raise TypeError(f"{type(module).__name__} holds no sharded collection to reshard")
     tables = [(path, old.tables) for path, old in parts]
     plans = split_plan(whole, tables, parts[0][1].group.world_size)
     sent: dict[int, int] = defaultdict(int)
@@ -83,14 +81,14 @@ def reshard(module: nn.Module, *, plan: PlanSource) -> Resharded:
 
 
 def _reshard_one(
-    old: _ShardedTables, plan: ModulePlan
-) -> tuple[_ShardedTables, dict[int, int], dict[int, int]]:
+    old: ShardedTables, plan: ModulePlan
+) -> tuple[ShardedTables, dict[int, int], dict[int, int]]:
     skeleton: EmbeddingBagCollection | EmbeddingCollection
     if isinstance(old, ShardedEmbeddingCollection):
         skeleton = EmbeddingCollection(cast(list[EmbeddingConfig], old.tables), device="meta")
     else:
         skeleton = EmbeddingBagCollection(cast(list[EmbeddingBagConfig], old.tables), device="meta")
-    new = _sharded(skeleton, plan, old.group.pg, old.device, old.fused_params)
+    new = shard_collection(skeleton, plan, old.group.pg, old.device, old.fused_params)
     me = old.group.rank
     before, after = old.shard_states(), new.shard_states()
     rowwise = {i: RowwiseParts(s) for i, s in enumerate(after) if s.rowwise is not None}

@@ -41,7 +41,7 @@ from runtime import (
 from runtime.checkpoint import MANIFEST, CheckpointError, load_checkpoint, save_checkpoint
 from runtime.comm import Group
 from runtime.reshard import Resharded, reshard
-from runtime.sharding.module import _ShardedTables
+from runtime.sharding.module import ShardedTables
 from tests.runtime_cases import SEED, _targets, fused_params, global_batch
 
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
@@ -96,15 +96,15 @@ def column_split(plan: ModulePlan) -> bool:
 # --------------------------------------------------------------------------- training
 
 
-def build(plan: ModulePlan, optimizer: str, sequence: bool, meta: bool) -> _ShardedTables:
+def build(plan: ModulePlan, optimizer: str, sequence: bool, meta: bool) -> ShardedTables:
     collection = EmbeddingCollection if sequence else EmbeddingBagCollection
     unsharded = collection(tables(sequence), device="meta" if meta else None, seed=SEED)
     sharded = shard_modules(unsharded, plan=plan, fused_params=fused_params(optimizer))
-    assert isinstance(sharded, _ShardedTables)
+    assert isinstance(sharded, ShardedTables)
     return sharded
 
 
-def train(module: _ShardedTables, rank: int, world: int, steps: range, sequence: bool) -> None:
+def train(module: ShardedTables, rank: int, world: int, steps: range, sequence: bool) -> None:
     batches = batches_of(world)
     start = sum(batches[:rank])
     rows = slice(start, start + batches[rank])
@@ -120,7 +120,7 @@ def train(module: _ShardedTables, rank: int, world: int, steps: range, sequence:
         loss.backward()
 
 
-def gather(module: _ShardedTables) -> dict[str, torch.Tensor]:
+def gather(module: ShardedTables) -> dict[str, torch.Tensor]:
     """Every table's weight, per-element state and row-wise state (spread over the columns
     each accumulator covers), assembled from all ranks; and the optimizer step."""
     mine = []
@@ -147,7 +147,7 @@ def gather(module: _ShardedTables) -> dict[str, torch.Tensor]:
 
 
 def check_carried(
-    before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], new: _ShardedTables, what: str
+    before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], new: ShardedTables, what: str
 ) -> None:
     """``after`` (gathered on the new plan) holds ``before`` (gathered on the old one)."""
     for key, want in before.items():
@@ -250,7 +250,7 @@ def model_round_trip(rank: int, world: int, directory: str, save: bool) -> None:
     gathered = {
         name: part.gather_state_dict()
         for name, part in sharded.named_modules()
-        if isinstance(part, _ShardedTables)
+        if isinstance(part, ShardedTables)
     }
     expected_file = Path(directory) / "model.expected.pt"
     if save:
@@ -261,7 +261,7 @@ def model_round_trip(rank: int, world: int, directory: str, save: bool) -> None:
     load_checkpoint(sharded, Path(directory) / "model")
     expected = torch.load(expected_file)
     for name, part in sharded.named_modules():
-        if isinstance(part, _ShardedTables):
+        if isinstance(part, ShardedTables):
             for key, want in expected["tables"][name].items():
                 assert torch.equal(part.gather_state_dict()[key], want), (name, key)
     for key, want in expected["dense"].items():
@@ -334,7 +334,7 @@ def in_place(rank: int, world: int, old: str, new: str, sequence: bool) -> None:
         train(module, rank, world, range(STEPS_BEFORE), sequence)
         saved = gather(module)
         moved = reshard(module, plan=after_plan)
-        assert isinstance(moved.module, _ShardedTables)
+        assert isinstance(moved.module, ShardedTables)
         what = f"{optimizer}: {old} -> {new} in place"
         check_carried(saved, gather(moved.module), moved.module, what)
         check_bytes(rank, module, after_plan, moved, what)
@@ -347,7 +347,7 @@ def in_place(rank: int, world: int, old: str, new: str, sequence: bool) -> None:
 
 
 def check_bytes(
-    rank: int, old: _ShardedTables, plan: ModulePlan, moved: Resharded, what: str
+    rank: int, old: ShardedTables, plan: ModulePlan, moved: Resharded, what: str
 ) -> None:
     """Sent and received bytes per peer are the planner's transfers; what one rank sent
     another received; and the weights moved are the elements of each new shard that its
@@ -415,7 +415,7 @@ def model_in_place(rank: int, world: int) -> None:
         configs, dict(zip(names, after, strict=True)), world_size=world
     )
     sharded = shard_modules(model, plan=plan, fused_params=fused_params("adagrad"))
-    parts = {n: m for n, m in sharded.named_modules() if isinstance(m, _ShardedTables)}
+    parts = {n: m for n, m in sharded.named_modules() if isinstance(m, ShardedTables)}
     want = {n: m.gather_state_dict() for n, m in parts.items()}
     stray = EmbeddingBagConfig("stray", 4, 4, ["f_stray"])
     wrong = construct_module_plan(
@@ -430,7 +430,7 @@ def model_in_place(rank: int, world: int) -> None:
     moved = reshard(sharded, plan=new_plan)
     assert moved.module is sharded
     for name, part in sharded.named_modules():
-        if isinstance(part, _ShardedTables):
+        if isinstance(part, ShardedTables):
             assert part is not parts[name] and part.plan.tables == {
                 n: s for n, s in new_plan.tables.items() if n in {t.name for t in part.tables}
             }
@@ -457,7 +457,7 @@ def as_migrate_prints(
     received = {p["src"]: p["bytes"] for p in document["pairs"] if p["dst"] == rank}
     assert {r: b for r, b in moved.sent.items() if b} == sent, (moved.sent, sent)
     assert moved.received == received, (moved.received, received)
-    assert isinstance(moved.module, _ShardedTables)
+    assert isinstance(moved.module, ShardedTables)
     assert moved.module.plan_id == document["new"]["plan_id"]
     got = moved.module.gather_state_dict()
     for key, value in want.items():

@@ -114,7 +114,9 @@ class RankPool:
                 continue
             done.add(rank)
             if error is not None:
-                failures.append(f"\n-- Process {rank} terminated with the following error:\n{error}")
+                failures.append(
+                    f"\n-- Process {rank} terminated with the following error:\n{error}"
+                )
         return failures
 
     def _dead_or_late(self, done: set[int], deadline: float, timeout_s: float) -> list[str]:

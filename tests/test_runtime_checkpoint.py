@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from planner_service.plan.codec import plan_bytes
+from planner_service.plan.types import DataType, OptimizerType, ShardingType
+from runtime.checkpoint import CheckpointError, CheckpointManifest, TableEntry
 from tests import builders
 from tests import checkpoint_cases as cases
 from tests.distributed import run_ranks
@@ -49,6 +51,44 @@ def test_model_checkpoint_carries_collections_and_dense_state(tmp_path: Path) ->
 
 def test_checkpoint_refuses_what_does_not_fit(tmp_path: Path) -> None:
     run_ranks(cases.refusals, 2, str(tmp_path))
+
+
+def test_manifest_is_sorted_json_with_enum_values_and_reads_back(tmp_path: Path) -> None:
+    """``shardplan.json`` as the checkpoints of issue 24 wrote it: enums as their values,
+    keys sorted, two-space indent."""
+    entry = TableEntry(
+        name="t",
+        rows=10,
+        dim=8,
+        data_type=DataType.FP16,
+        sharding_type=ShardingType.ROW_WISE,
+    )
+    manifest = CheckpointManifest(
+        plan_id="abc",
+        world_size=2,
+        optimizer=OptimizerType.ADAM,
+        optimizer_step=3,
+        tables={"embedding_bags.t.weight": entry},
+        dense=["dense.weight"],
+    )
+    table = {"data_type": "fp16", "dim": 8, "name": "t", "rows": 10, "sharding_type": "row_wise"}
+    document = {
+        "dense": ["dense.weight"],
+        "format": "shardplan-checkpoint",
+        "optimizer": "adam",
+        "optimizer_step": 3,
+        "plan_id": "abc",
+        "tables": {"embedding_bags.t.weight": table},
+        "version": 1,
+        "world_size": 2,
+    }
+    assert manifest.to_text() == json.dumps(document, indent=2, sort_keys=True) + "\n"
+    (tmp_path / "shardplan.json").write_text(manifest.to_text())
+    assert CheckpointManifest.read(tmp_path) == manifest
+    table["rows"] = "ten"
+    (tmp_path / "shardplan.json").write_text(json.dumps(document))
+    with pytest.raises(CheckpointError, match=r"embedding_bags\.t\.weight`?\.rows"):
+        CheckpointManifest.read(tmp_path)
 
 
 # (old plan, new plan, world size): resharding in place keeps the process group.

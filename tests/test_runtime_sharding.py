@@ -16,14 +16,13 @@ from runtime import (
     table_row_wise,
     table_wise,
 )
+from runtime.kernel_key import KernelKey, Memory
 from runtime.sharding.exchange import input_exchange, output_exchange, sequence_exchange
 from runtime.sharding.layout import (
     Column,
     Feature,
     Hosts,
-    KernelKey,
     LocalShard,
-    Memory,
     build_layouts,
     features_of,
     hosts_of,

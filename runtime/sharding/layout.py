@@ -9,28 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import NamedTuple
 
 from planner_service.plan.types import (
     DEFAULT_CACHE_LOAD_FACTOR,
     ComputeKernel,
-    DataType,
     ParameterSharding,
     ShardingType,
 )
+from runtime.kernel_key import KernelKey, Memory
 from runtime.modules import BaseEmbeddingConfig
 from runtime.plan import ROW_SPLIT, ModulePlan, host_size
-
-
-class Memory(StrEnum):
-    """Where a kernel's weights live (FBGEMM's ``EmbeddingLocation`` of the same name)."""
-
-    DEVICE = "DEVICE"
-    MANAGED = "MANAGED"
-    MANAGED_CACHING = "MANAGED_CACHING"
-    HOST = "HOST"
-
 
 CUDA_MEMORY = {
     ComputeKernel.DENSE: Memory.DEVICE,
@@ -38,16 +27,6 @@ CUDA_MEMORY = {
     ComputeKernel.FUSED_UVM: Memory.MANAGED,
     ComputeKernel.FUSED_UVM_CACHING: Memory.MANAGED_CACHING,
 }
-
-
-class KernelKey(NamedTuple):
-    """What shards on one rank share to be tables of one kernel."""
-
-    memory: Memory
-    data_type: DataType
-    cache_load_factor: float  # 0 unless the memory is MANAGED_CACHING
-    width: int = 0  # sequence kernels: the shards' columns (FBGEMM's unpooled kernels take
-    # tables of one width); 0 for pooled kernels, which mix widths
 
 
 class Feature(NamedTuple):

@@ -31,6 +31,7 @@ from planner_service.plan.types import ShardingPlan
 from runtime.comm import Group
 from runtime.kernels import (
     KERNEL_TYPES,
+    FusedParams,
     Kernel,
     build_kernel,
     check_trainable,
@@ -78,9 +79,14 @@ class InputContext(NamedTuple):
     sent: Sent | None
 
 
-class _ShardedTables(nn.Module):
+class ShardedTables(nn.Module):
     """What both sharded modules hold: this rank's ``layout``, the ``inputs`` distribution
-    built for this rank and one FBGEMM kernel per kernel group (``kernels``)."""
+    built for this rank and one FBGEMM kernel per kernel group (``kernels``).
+
+    It is also what checkpoints (``runtime.checkpoint``) and resharding (``runtime.reshard``)
+    work with, whichever the collection: its ``plan``, ``tables``, ``group``, ``device``,
+    ``fused_params`` and ``optimizer``, the ``shard_states`` they read and write, and the
+    ``optimizer_step`` they carry over (``sharded_collections`` finds them in a model)."""
 
     def __init__(
         self,
@@ -89,7 +95,7 @@ class _ShardedTables(nn.Module):
         plan: ModulePlan,
         pg: dist.ProcessGroup | None,
         device: torch.device,
-        fused_params: Mapping[str, Any] | None,
+        fused_params: FusedParams | None,
         sequence: bool,
     ) -> None:
         super().__init__()
@@ -233,7 +239,7 @@ class _ShardedTables(nn.Module):
         return gather_full(self.tables, self._shard_views(), self.group)
 
 
-class ShardedEmbeddingBagCollection(_ShardedTables):
+class ShardedEmbeddingBagCollection(ShardedTables):
     """An ``EmbeddingBagCollection`` sharded by a plan over a process group (build it with
     ``shard_modules``); ``outputs`` turns the pooled columns into this rank's
     ``KeyedTensor``."""
@@ -244,7 +250,7 @@ class ShardedEmbeddingBagCollection(_ShardedTables):
         plan: ModulePlan,
         pg: dist.ProcessGroup | None,
         device: torch.device,
-        fused_params: Mapping[str, Any] | None = None,
+        fused_params: FusedParams | None = None,
     ) -> None:
         tables = module.embedding_bag_configs()
         super().__init__(module, tables, plan, pg, device, fused_params, sequence=False)
@@ -275,7 +281,7 @@ class ShardedEmbeddingBagCollection(_ShardedTables):
         return self.outputs(concat(pooled, dim=1), received.batches, context.local.lengths)
 
 
-class ShardedEmbeddingCollection(_ShardedTables):
+class ShardedEmbeddingCollection(ShardedTables):
     """An ``EmbeddingCollection`` sharded by a plan over a process group (build it with
     ``shard_modules``); ``forward`` gives, per feature, a ``JaggedTensor`` of this rank's
     ids' rows, as the unsharded module does."""
@@ -286,7 +292,7 @@ class ShardedEmbeddingCollection(_ShardedTables):
         plan: ModulePlan,
         pg: dist.ProcessGroup | None,
         device: torch.device,
-        fused_params: Mapping[str, Any] | None = None,
+        fused_params: FusedParams | None = None,
     ) -> None:
         tables = module.embedding_configs()
         super().__init__(module, tables, plan, pg, device, fused_params, sequence=True)
@@ -316,7 +322,7 @@ def shard_modules(
     plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
-    fused_params: Mapping[str, Any] | None = None,
+    fused_params: FusedParams | None = None,
 ) -> ShardedEmbeddingBagCollection: ...
 
 
@@ -327,7 +333,7 @@ def shard_modules(
     plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
-    fused_params: Mapping[str, Any] | None = None,
+    fused_params: FusedParams | None = None,
 ) -> ShardedEmbeddingCollection: ...
 
 
@@ -338,7 +344,7 @@ def shard_modules(
     plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
-    fused_params: Mapping[str, Any] | None = None,
+    fused_params: FusedParams | None = None,
 ) -> nn.Module: ...
 
 
@@ -348,7 +354,7 @@ def shard_modules(
     plan: PlanSource,
     pg: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
-    fused_params: Mapping[str, Any] | None = None,
+    fused_params: FusedParams | None = None,
 ) -> nn.Module:
     """Shard ``module`` by ``plan`` over ``pg`` (default: the default group if initialised,
     else a single rank).
@@ -363,7 +369,7 @@ def shard_modules(
     target = torch.device(device) if device is not None else torch.device("cpu")
     whole = ModulePlan.of(plan)
     if isinstance(module, Collection):
-        return _sharded(module, whole, pg, target, fused_params)
+        return shard_collection(module, whole, pg, target, fused_params)
     found = _collections(module)
     if not found:
         raise TypeError(
@@ -374,7 +380,7 @@ def shard_modules(
     parts = split_plan(whole, tables, Group(pg).world_size)
     for (path, collection), part in zip(found, parts, strict=True):
         parent, _, name = path.rpartition(".")
-        sharded = _sharded(collection, part, pg, target, fused_params)
+        sharded = shard_collection(collection, part, pg, target, fused_params)
         setattr(module.get_submodule(parent), name, sharded)
     return module
 
@@ -415,16 +421,27 @@ def split_plan(
     return parts
 
 
-def _sharded(
+def shard_collection(
     module: Collection,
     plan: ModulePlan,
     pg: dist.ProcessGroup | None,
     device: torch.device,
-    fused_params: Mapping[str, Any] | None,
+    fused_params: FusedParams | None,
 ) -> ShardedEmbeddingBagCollection | ShardedEmbeddingCollection:
+    """The sharded form of one collection under its own (already split) plan: what
+    ``shard_modules`` does for each collection, and what resharding builds the new module
+    with."""
     if isinstance(module, EmbeddingBagCollection):
         return ShardedEmbeddingBagCollection(module, plan, pg, device, fused_params)
     return ShardedEmbeddingCollection(module, plan, pg, device, fused_params)
+
+
+def sharded_collections(module: nn.Module) -> list[tuple[str, ShardedTables]]:
+    """The sharded collections in ``module`` with their paths (``""``: ``module`` itself),
+    in ``named_modules`` order: what checkpoints save and load and resharding moves."""
+    return [
+        (path, child) for path, child in module.named_modules() if isinstance(child, ShardedTables)
+    ]
 
 
 def _collections(module: nn.Module) -> list[tuple[str, Collection]]:
