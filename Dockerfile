@@ -3,7 +3,7 @@
 #   docker build --target training -t shardplan-training .  training jobs under torchrun
 # Each builder stage installs into a venv at $VIRTUAL_ENV; its runtime stage copies that venv
 # alone onto a fresh slim Python (no pip cache, no build tools, no sources). The builders'
-# RUN lines are run as written, in a fresh venv, by tests/test_image.py: keep them plain
+# RUN lines are run as written, in a fresh venv, by tests/deploy/test_image.py: keep them plain
 # shell commands.
 
 ARG PYTHON_IMAGE=python:3.11-slim

@@ -49,16 +49,16 @@ lint: $(VENV)/.installed-all
 	$(BIN)/mypy planner_service clients runtime
 
 # examples/plan.json is what `shardplan plan` makes for examples/request.json, indented.
-# Run this whenever the planner's output changes: tests/test_cli.py checks it byte for byte.
+# Run this whenever the planner's output changes: tests/clients/cli/test_commands.py checks it byte for byte.
 examples: $(VENV)/.installed-planner
 	$(BIN)/shardplan plan examples/request.json --output examples/plan.json.tmp > /dev/null
 	$(BIN)/python -m json.tool --indent 2 --no-ensure-ascii examples/plan.json.tmp examples/plan.json
 	rm examples/plan.json.tmp
 
-# tests/golden_plans.json: the plan ids of public workloads under this planner version.
+# tests/solve/golden_plans.json: the plan ids of public workloads under this planner version.
 # After a deliberate change to plans: bump `version` in pyproject.toml, then run this.
 golden: $(VENV)/.installed-planner
-	$(BIN)/python -m tests.golden --write
+	$(BIN)/python -m tests.solve.golden --write
 
 clean:
 	rm -rf $(VENV) .venv-torchrec var .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -43,8 +43,8 @@ from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.codec import parse_request, request_hash
 from planner_service.service.store import open_store
 from tests import builders
-from tests.builders import request, table
-from tests.servers import Service
+from tests.support.builders import request, table
+from tests.support.servers import Service
 
 SHARDPLAN = Path(sys.executable).parent / "shardplan"
 PROBE_INTERVAL_S = 0.02

@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--optimizer", default="rowwise_adagrad")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 
 from planner_service.plan.api import SolveJob, SolveJobStatus
-from tests.servers import Service
-from tests.test_solves import timed_request
+from tests.service.test_solves import timed_request
+from tests.support.servers import Service
 
 ASYNC = {"Prefer": "respond-async"}
 

@@ -39,7 +39,7 @@ import httpx
 
 from benchmarks.workloads import nvidia_tables, workload_request
 from planner_service.plan.canonical import canonical_bytes
-from tests.servers import Service, free_port
+from tests.support.servers import Service, free_port
 
 SHARDPLAN = Path(sys.executable).parent / "shardplan"
 GRANIAN = Path(sys.executable).parent / "granian"

@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from benchmarks.serve_bench import SHARDPLAN, machine, plan_request
-from tests.servers import Service
+from tests.support.servers import Service
 
 
 def child(

@@ -3,9 +3,9 @@
 #
 # TorchRec is never a dependency of shardplan: this venv exists so that the benchmarks
 # (benchmarks/torchrec_reference.py, runtime_vs_torchrec.py) and the interop tests
-# (tests/test_torchrec_interop.py) can run TorchRec 1.8.0 beside our code. It also holds
+# (tests/clients/test_torchrec.py) can run TorchRec 1.8.0 beside our code. It also holds
 # shardplan's core dependencies (pyproject.toml's `dependencies`), so that our packages
-# import there with PYTHONPATH=$REPO. tests/test_torchrec_interop.py runs this script itself.
+# import there with PYTHONPATH=$REPO. tests/clients/test_torchrec.py runs this script itself.
 #
 #   bash benchmarks/torchrec_env.sh          # idempotent; last stdout line = venv python
 #   PY=$(bash benchmarks/torchrec_env.sh)    # pip chatter goes to stderr

@@ -13,7 +13,7 @@
 - ``reports``: documents and tables rendered from results, for the CLI and the service.
 - ``service``: the HTTP API (``shardplan[service]``).
 
-Each stage imports only those before it (tests/test_layout.py checks): plan <- costs <-
+Each stage imports only those before it (tests/project/test_imports.py checks): plan <- costs <-
 validate; plan, costs <- solve; plan, costs <- check <- reports; all of them <- service
 and the CLI.
 """

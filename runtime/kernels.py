@@ -59,7 +59,7 @@ WEIGHT_PRECISION = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP
 
 # The CPU dense lookup is differentiable through the ops it calls, but the op itself has no
 # autograd kernel registered, so torch warns on every backward. Its gradient is checked
-# against the unsharded module by the equivalence tests (tests/runtime_cases.py, adam).
+# against the unsharded module by the equivalence tests (tests/runtime/cases.py, adam).
 warnings.filterwarnings(
     "ignore",
     message=r"fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_runner import run_in_process, run_process
+from tests.support.cli_runner import run_in_process, run_process
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +21,7 @@ def shardplan_exe() -> Path:
 
 @pytest.fixture
 def run_cli():
-    """``shardplan ARGS`` in this process (tests/cli_runner.py): what it prints and returns."""
+    """``shardplan ARGS`` in this process (tests/support/cli_runner.py): what it prints and returns."""
     return run_in_process
 
 
@@ -38,7 +38,7 @@ def run_cli_process(shardplan_exe):
 @pytest.fixture(scope="session")
 def postgres():
     """One real PostgreSQL server for the session; each test takes a fresh database."""
-    from tests.servers import PostgresServer
+    from tests.support.servers import PostgresServer
 
     server = PostgresServer().start()
     yield server

@@ -16,7 +16,7 @@ too, so a command module imports only the standard library and ``clients.cli``'s
 modules (exits, extras, remote) at its top; what the command runs with (pydantic, the cost model,
 OR-Tools, the service) it imports inside ``run``. ``shardplan --version`` then loads no
 third-party library at all, and ``diff``, ``migrate``, ``validate`` and ``fetch`` only what
-they use (docs/benchmarks.md, "Start-up"; tests/test_layout.py checks).
+they use (docs/benchmarks.md, "Start-up"; tests/project/test_imports.py checks).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from clients.cli.diff import DEFAULT_TOP, whole_number
 from clients.cli.exits import EXIT_OK
 
 # OptimizerType's values, spelled here so that building the parser imports no pydantic
-# (tests/test_cli_migrate.py checks they are the same).
+# (tests/clients/cli/test_migrate.py checks they are the same).
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
 
 

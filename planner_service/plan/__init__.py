@@ -7,5 +7,5 @@ diff of two plans (``diff``) and the migration between them (``migrate``).
 
 Imported by every other stage, by the runtime on training workers and by the clients, so it
 depends on pydantic and numpy only: nothing from the rest of ``planner_service``, and no
-torch, OR-Tools or FastAPI. No two of its modules import each other (tests/test_layout.py).
+torch, OR-Tools or FastAPI. No two of its modules import each other (tests/project/test_imports.py).
 """

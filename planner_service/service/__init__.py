@@ -7,7 +7,7 @@ The layout, from the edge in:
   plan-fetch fast path in front of it (``create_served_app``, uvicorn's factory).
 - ``routes/<resource>.py``: thin handlers, one router per resource (``plans``, ``solves``,
   ``aliases``, ``check``, ``validate``, ``health``): parse, call one function, render. A
-  route module never imports another (``tests/test_layout.py``); what two share lives in
+  route module never imports another (``tests/project/test_imports.py``); what two share lives in
   the module that owns it.
 - ``deps.py``: every dependency a route declares, as ``Annotated`` aliases (state, jobs,
   the caller's identity, path parameters, ``Prefer: respond-async``).

@@ -7,6 +7,6 @@
 - ``module``: ``ShardedEmbeddingBagCollection`` and ``shard_modules``.
 
 The layouts and exchange plans take the plan, the tables and a rank, and need no process
-group: every rank computes them for itself and all agree (tests/test_runtime_sharding.py
+group: every rank computes them for itself and all agree (tests/runtime/test_sharding.py
 checks them by hand).
 """

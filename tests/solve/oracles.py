@@ -17,7 +17,7 @@ from planner_service.plan.types import (
 from planner_service.solve.pipeline import solve
 from planner_service.solve.problem import Choice, Problem, loads_of, without_equivalents
 from planner_service.validate.validator import validate_plan
-from tests.builders import request, table
+from tests.support.builders import request, table
 
 GIB = 2**30
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.pipeline import solve
 from planner_service.validate.validator import validate_plan
-from tests.builders import request, table
 from tests.solve.oracles import (
     GIB,
     solved,
 )
+from tests.support.builders import request, table
 
 
 def test_colocate_separate_and_pins_are_honoured():

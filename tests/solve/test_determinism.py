@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.builders import table
+from tests.support.builders import table
 
 
 def test_same_request_same_bytes_in_two_processes(run_cli_process, tmp_path):

@@ -17,7 +17,6 @@ from planner_service.solve.bounds.lp import LinearRelaxation, RelaxationInfeasib
 from planner_service.solve.bounds.option_mix import option_mix_bound
 from planner_service.solve.pipeline import solve
 from planner_service.validate.validator import validate_plan
-from tests.builders import request, table
 from tests.solve.oracles import (
     GIB,
     brute_force_finds_a_plan,
@@ -25,6 +24,7 @@ from tests.solve.oracles import (
     problem_of,
     solved,
 )
+from tests.support.builders import request, table
 
 
 def test_table_too_big_for_any_rank_is_named():

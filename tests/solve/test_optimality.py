@@ -7,12 +7,12 @@ import pytest
 from planner_service.plan.types import (
     SolverStatus,
 )
-from tests.builders import request, table
 from tests.solve.oracles import (
     GIB,
     brute_force_optimum,
     solved,
 )
+from tests.support.builders import request, table
 
 
 @pytest.mark.parametrize(

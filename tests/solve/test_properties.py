@@ -11,12 +11,12 @@ from planner_service.plan.types import (
 )
 from planner_service.solve.pipeline import solve
 from planner_service.validate.validator import validate_plan
-from tests.builders import request
 from tests.solve.oracles import (
     GIB,
     brute_force_finds_a_plan,
     table_strategy,
 )
+from tests.support.builders import request
 
 
 @st.composite

@@ -8,12 +8,12 @@ import pytest
 from planner_service.costs.enumerate import enumerate_options
 from planner_service.costs.options import Placement
 from planner_service.solve.pipeline import solve
-from tests.builders import request, table
 from tests.solve.oracles import (
     brute_force_optimum,
     problem_of,
     solved,
 )
+from tests.support.builders import request, table
 
 
 def _loaded_state(problem, seed):

@@ -3,7 +3,7 @@ their names and entity tags, are ``planner_service.plan.encodings``, shared with
 client): made once, when the plan is stored, the same bytes on every replica.
 
 They live with the store, not the vocabulary: the vocabulary imports only pydantic and
-numpy (``tests/test_layout.py``), and only the service encodes.
+numpy (``tests/project/test_imports.py``), and only the service encodes.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.bounds.simple import simple_bounds
 from planner_service.solve.problem import loads_of
 from planner_service.validate.validator import validate_plan
-from tests.builders import request, table
 from tests.solve.oracles import (
     GIB,
     brute_force_optimum,
@@ -26,6 +25,7 @@ from tests.solve.oracles import (
     problem_of,
     table_strategy,
 )
+from tests.support.builders import request, table
 
 
 def test_packing_bound_sees_whole_tables_that_the_lp_spreads():

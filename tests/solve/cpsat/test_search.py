@@ -13,7 +13,6 @@ from planner_service.solve.deadline import Deadline
 from planner_service.solve.pipeline import solve
 from planner_service.solve.problem import loads_of
 from planner_service.validate.validator import validate_plan
-from tests.builders import request, table
 from tests.solve.oracles import (
     GIB,
     costing,
@@ -21,6 +20,7 @@ from tests.solve.oracles import (
     problem_of,
     solved,
 )
+from tests.support.builders import request, table
 
 
 def _cpsat_alone(req):

@@ -1,0 +1,190 @@
+"""What users of the service depend on beyond single routes: plans survive a killed
+server, the HTML view renders in a real browser, and no input produces a 5xx."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.codec import parse_plan
+from tests.conftest import BACKENDS, database_url
+from tests.support.servers import Service
+
+
+def tiny_request(index: int) -> dict:
+    return {
+        "topology": {"world_size": 2},
+        "tables": [
+            {"name": f"a{index}", "num_embeddings": 1000 + index, "embedding_dim": 16},
+            {"name": f"b{index}", "num_embeddings": 500 + index, "embedding_dim": 32},
+        ],
+        "options": {"time_limit_s": 0.01},  # warm start only: many solves per second
+    }
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkill_mid_burst_loses_no_acknowledged_plan(backend, request, shardplan_exe, tmp_path):
+    postgres = request.getfixturevalue("postgres") if backend == "postgres" else None
+    db = database_url(backend, postgres, tmp_path)
+    env = {"SHARDPLAN_SOLVE_WORKERS": "2", "SHARDPLAN_SOLVE_QUEUE": "64"}
+    server = Service(shardplan_exe, tmp_path / "log", db=db, env=env).start()
+    acknowledged: dict[int, tuple[str, bytes]] = {}
+    sent: set[int] = set()
+    lock = threading.Lock()
+    counter = iter(range(10**6))
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=server.base, timeout=30) as http:
+            while not stop.is_set():
+                with lock:
+                    index = next(counter)
+                    sent.add(index)
+                try:
+                    response = http.post("/v1/plans", json=tiny_request(index))
+                except httpx.TransportError:
+                    return  # the server is gone
+                if response.status_code == 201:
+                    with lock:
+                        acknowledged[index] = (
+                            response.headers["x-shardplan-plan-id"],
+                            response.content,
+                        )
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while len(acknowledged) < 40:
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.01)
+    server.kill()  # SIGKILL, mid-burst: requests are in flight
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(sent) > len(acknowledged)  # some POSTs were cut off
+
+    restarted = Service(shardplan_exe, tmp_path / "log2", db=db).start()
+    try:
+        with httpx.Client(base_url=restarted.base, timeout=30) as http:
+            for plan_id, body in acknowledged.values():
+                fetched = http.get(f"/v1/plans/{plan_id}")
+                assert fetched.status_code == 200, plan_id
+                assert fetched.content == body
+            # Whatever else was stored when the kill hit is whole: every request sent is
+            # either absent (solved again now: 201) or served intact (200).
+            for index in sorted(sent - set(acknowledged)):
+                again = http.post("/v1/plans", json=tiny_request(index))
+                assert again.status_code in (200, 201), again.text
+                assert plan_id_of(json.loads(again.content)) == again.headers["x-shardplan-plan-id"]
+                parse_plan(again.content)
+    finally:
+        restarted.stop()
+
+
+# --------------------------------------------------------------------------- browser
+
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+
+
+def chromium() -> str:
+    found = shutil.which("chromium")
+    assert found, "Debian's chromium package is missing (.ci/run installs it with apt-get)"
+    return found
+
+
+@pytest.fixture(scope="module")
+def view_service(shardplan_exe, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("view")
+    server = Service(shardplan_exe, directory / "log", db=str(directory / "plans.db")).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.browser
+def test_plan_view_renders_in_headless_chromium(view_service, tmp_path):
+    document = {
+        "topology": {"world_size": 4, "local_world_size": 2, "hbm_bytes": 2 * 2**30},
+        "tables": [
+            {"name": "user_id", "num_embeddings": 2_000_000, "embedding_dim": 128},
+            {"name": "item_id", "num_embeddings": 500_000, "embedding_dim": 64},
+            {"name": "category", "num_embeddings": 1000, "embedding_dim": 32},
+        ],
+    }
+    with httpx.Client(base_url=view_service.base, timeout=60) as http:
+        created = http.post("/v1/plans", json=document)
+        assert created.status_code == 201, created.text
+        plan = parse_plan(created.content)
+    url = f"{view_service.base}/v1/plans/{plan.plan_id}/view"
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+    try:
+        screenshot = Path(os.environ.get("SHARDPLAN_VIEW_SCREENSHOT", tmp_path / "view.png"))
+        subprocess.run(
+            [chromium(), *flags, f"--screenshot={screenshot}", "--window-size=1280,900", url],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+        dom = subprocess.run(
+            [chromium(), *flags, "--dump-dom", url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    image = screenshot.read_bytes()
+    assert image[:8] == b"\x89PNG\r\n\x1a\n" and len(image) > 10_000
+    assert plan.plan_id in dom and "Solver report" in dom
+    for name, sharding in plan.tables.items():
+        assert f"<td>{name}</td><td>{sharding.sharding_type.value}</td>" in dom
+    # HBM, DDR and perf bars per row; neighbouring ranks that hold the same share a row.
+    rows = itertools.groupby(plan.rank_stats, key=lambda s: (s.hbm_bytes, s.ddr_bytes, s.perf))
+    assert dom.count('class="bar"') == 3 * len(list(rows))
+    assert plan.solver.status.value in dom
+
+
+def test_several_http_workers_share_the_store_and_sum_their_metrics(shardplan_exe, tmp_path):
+    server = Service(shardplan_exe, tmp_path / "log", db=str(tmp_path / "p.db"), workers=2).start()
+    try:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            plan_ids = set()
+            for index in range(6):
+                created = http.post("/v1/plans", json=tiny_request(index))
+                assert created.status_code == 201
+                plan_ids.add(created.headers["x-shardplan-plan-id"])
+            for _ in range(5):  # new connections: both workers answer, from one store
+                for plan_id in plan_ids:
+                    with httpx.Client(base_url=server.base, timeout=60) as fresh:
+                        assert fresh.get(f"/v1/plans/{plan_id}").status_code == 200
+            text = http.get("/metrics").text
+        line = (
+            'shardplan_http_requests_total{method="GET",route="/v1/plans/{plan_id}",status="200"}'
+        )
+        assert f"{line} 30.0" in text, text
+    finally:
+        server.stop()

@@ -1,0 +1,341 @@
+"""``options.time_limit_s`` as a wall-clock limit: every stage stops at the deadline with its
+best result so far, and the solver report says what stopped the search.
+
+Time here is a virtual clock (``_Ticking``: every look at it advances it), so these tests
+assert what the solver does when time runs out, never how many seconds it took; the
+wall-clock figures on real workloads, idle and under load, are a benchmark
+(``benchmarks/time_limit_bench.py``, recorded in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import math
+
+from ortools.sat.python import cp_model
+
+from planner_service.plan.types import SolverStatus, StopReason
+from planner_service.solve.bounds.lp import LinearRelaxation
+from planner_service.solve.bounds.packing import packing_bound
+from planner_service.solve.construct import greedy_plan
+from planner_service.solve.cpsat.run import (
+    MIN_WALL_SAFETY_S,
+    WALL_SAFETY_FACTOR,
+    deterministic_solver,
+    solve_within,
+)
+from planner_service.solve.cpsat.search import solve_cpsat
+from planner_service.solve.deadline import Deadline, finish_slack_s
+from planner_service.solve.explain import explain
+from planner_service.solve.improve import improve
+from planner_service.solve.pipeline import solve
+from planner_service.solve.prepare import prepare, warm_start
+from planner_service.solve.problem import loads_of
+from planner_service.validate.validator import validate_plan
+from tests.support.builders import request, seal_plan, table
+
+
+class _Ticking:
+    """A clock that advances ``step`` seconds each time it is read."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.now += self.step
+        self.reads += 1
+        return self.now
+
+
+def _expired() -> Deadline:
+    deadline = Deadline(0.0)
+    assert deadline.expired()
+    return Deadline(0.0)
+
+
+def _request(num_tables: int = 40, world_size: int = 8, **options: object):
+    tables = [table(f"t{i}", rows=20_000 * (i % 7 + 1), dim=64) for i in range(num_tables)]
+    return request(
+        tables,
+        world_size=world_size,
+        topology={"local_world_size": 4, "hbm_bytes": 2**30},
+        options={"gap_limit": 0, **options},
+    )
+
+
+def _prepared(req):
+    prepared = prepare(req, Deadline.never())
+    assert prepared.problem is not None and prepared.groups is not None
+    return prepared
+
+
+# --------------------------------------------------------------------------- the clock
+
+
+def test_deadline_counts_down_and_records_when_it_cut_something():
+    clock = _Ticking(0.5)
+    deadline = Deadline(2.0, clock=clock)  # ends at 0.5 + 2.0
+    assert deadline.remaining_s() == 1.5 and not deadline.reached
+    assert deadline.cap_s(10.0, share=0.5) == 0.5  # half of the 1.0 s left at the next read
+    assert deadline.cap_s(0.1) == 0.1  # a budget under what is left stays
+    assert not deadline.reached
+    assert deadline.expired() and deadline.reached
+    assert deadline.remaining_s() == 0.0 and deadline.cap_s(5.0) == 0.0
+
+
+def test_a_stage_that_used_its_whole_wall_limit_was_cut_by_it():
+    deadline = Deadline(100.0)
+    deadline.note_stop(limit_s=2.0, wall_s=1.2)  # stopped by its own work budget
+    assert not deadline.reached
+    deadline.note_stop(limit_s=2.0, wall_s=2.0)
+    assert deadline.reached
+
+
+def test_never_caps_nothing():
+    deadline = Deadline.never()
+    assert not deadline.expired() and math.isinf(deadline.remaining_s())
+    assert deadline.cap_s(3.0, share=0.1) == 3.0
+
+
+def test_slack_is_five_percent_or_a_quarter_second():
+    assert finish_slack_s(1.0) == 0.25
+    assert finish_slack_s(10.0) == 0.5
+    assert finish_slack_s(60.0) == 3.0
+
+
+# --------------------------------------------------------------------------- every stage
+
+
+def test_the_lp_is_skipped_when_no_time_is_left():
+    deadline = _expired()
+    prepared = prepare(_request(), deadline)
+    assert prepared.problem is not None and prepared.relaxation is None
+    assert [b.source for b in prepared.bounds or []] == ["work/world_size", "largest_shard"]
+    assert deadline.reached
+
+
+def test_the_lp_gets_what_is_left_as_its_time_limit():
+    prepared = _prepared(_request())
+    assert prepared.problem is not None and prepared.groups is not None
+    linear = LinearRelaxation(prepared.problem, prepared.groups, Deadline(30.0))
+    assert linear.solve() is not None  # a 30 s limit does not stop this LP
+    assert not linear.deadline.reached
+
+
+def test_building_the_lp_stops_at_the_deadline():
+    # 300 distinct shapes: the build looks at the clock every 256 groups.
+    tables = [table(f"t{i}", rows=1_000 * (i + 1), dim=64) for i in range(300)]
+    req = request(tables, world_size=8, topology={"local_world_size": 4, "hbm_bytes": 2**30})
+    problem = _prepared(req).problem
+    assert problem is not None
+    # The clock reads 0.01 at the start (the deadline: 0.08), 0.02 before the LP, 0.03 and
+    # 0.04 to give the LP its 30% of what is left (until 0.055), 0.05 at group 0 and 0.06
+    # at group 256: past the LP's share, so the LP is given up, and the solve was cut.
+    clock = _Ticking(0.01)
+    deadline = Deadline(0.07, clock=clock)
+    prepared = prepare(req, deadline)
+    assert clock.reads == 6  # stopped at the look at group 256
+    assert deadline.reached
+    assert prepared.problem is not None and prepared.relaxation is None
+    assert [b.source for b in prepared.bounds or []] == ["work/world_size", "largest_shard"]
+    assert prepare(req, Deadline.never()).relaxation is not None
+
+
+def test_the_first_pass_is_guided_and_its_plan_is_kept_when_time_runs_out():
+    prepared = _prepared(_request())
+    problem = prepared.problem
+    assert problem is not None and prepared.relaxation is not None
+    guide = [[0]] * len(problem.tables)  # every table's first option first
+    # A clock that lets exactly one pass finish (40 tables: 3 reads a pass).
+    first = greedy_plan(problem, 0.0, [guide], Deadline(0.035, clock=_Ticking(0.01)))
+    assert first is not None
+    assert all(choice.option == 0 for choice in first)
+    # With time for every pass, the best of all passes wins, as listed (unguided first).
+    assert greedy_plan(problem, 0.0, [guide]) == min(
+        (greedy_plan(problem, 0.0, [guide]), greedy_plan(problem, 0.0, [])),
+        key=lambda plan: (loads_of(problem, plan).objective, loads_of(problem, plan).peak_hbm),
+    )
+
+
+def test_greedy_stops_at_the_deadline_but_keeps_a_finished_pass():
+    prepared = _prepared(_request())
+    problem = prepared.problem
+    assert problem is not None
+    assert greedy_plan(problem, prepared.lower_bound.value, [], _expired()) is None
+    # 40 tables: a pass reads the clock at tables 0, 16 and 32. With no target to meet
+    # (bound 0), passes go on until the clock stops the second; the first is kept.
+    clock = _Ticking(0.01)
+    deadline = Deadline(0.045, clock=clock)
+    plan = greedy_plan(problem, 0.0, [], deadline)
+    assert plan is not None and deadline.reached
+    assert plan == greedy_plan(problem, 0.0, [], Deadline(0.035, clock=_Ticking(0.01)))
+    assert len(plan) == len(problem.tables)
+
+
+def test_the_first_plan_may_use_the_grace_but_no_more():
+    prepared = _prepared(_request())
+    problem = prepared.problem
+    assert problem is not None
+    late = Deadline(0.0, grace_s=1.0)
+    assert late.expired()
+    assert greedy_plan(problem, 0.0, [], late) is not None
+    assert greedy_plan(problem, 0.0, [], Deadline(0.0, grace_s=0.0)) is None
+
+
+def test_local_search_stops_at_the_deadline_with_its_input():
+    prepared = _prepared(_request())
+    problem = prepared.problem
+    assert problem is not None
+    start = greedy_plan(problem, prepared.lower_bound.value, [])
+    assert start is not None
+    assert improve(problem, start, _expired()) == start
+    assert (
+        loads_of(problem, improve(problem, start)).objective <= loads_of(problem, start).objective
+    )
+
+
+def test_relaxation_and_search_run_nothing_without_time():
+    prepared = _prepared(_request())
+    problem, groups = prepared.problem, prepared.groups
+    assert problem is not None and groups is not None
+    warm = warm_start(prepared)
+    assert warm is not None
+    objective = loads_of(problem, warm).objective
+    packing = packing_bound(
+        problem, groups, objective, time_limit_s=10, seed=0, hint=warm, deadline=_expired()
+    )
+    assert packing is not None and packing.bound is None and packing.plan is None
+    assert packing.deterministic_time_s == 0.0
+    result = solve_cpsat(problem, groups, warm, time_limit_s=10, seed=0, deadline=_expired())
+    assert result.runs == 0 and result.choices is None and result.bound is None
+
+
+def test_cpsat_gets_what_is_left_of_the_deadline_as_its_wall_limit():
+    model = cp_model.CpModel()
+    x = model.new_int_var(0, 10, "x")
+    model.maximize(x)
+    solver = deterministic_solver(100.0, seed=0)
+    deadline = Deadline(3.0)
+    assert solve_within(solver, model, deadline, share=0.5) == cp_model.OPTIMAL
+    assert 1.0 < solver.parameters.max_time_in_seconds <= 1.5
+    assert solver.parameters.max_deterministic_time == 100.0
+    assert not deadline.reached  # it proved the optimum long before its limit
+    # Without a deadline, a run still stops at 20x its deterministic budget in wall time,
+    # and a short run no sooner than MIN_WALL_SAFETY_S.
+    solver = deterministic_solver(0.5, seed=0)
+    solve_within(solver, model, Deadline.never())
+    assert solver.parameters.max_time_in_seconds == 0.5 * WALL_SAFETY_FACTOR
+    solver = deterministic_solver(0.02, seed=0)
+    solve_within(solver, model, Deadline.never())
+    assert solver.parameters.max_time_in_seconds == MIN_WALL_SAFETY_S
+
+
+def test_the_fix_search_stops_at_the_deadline_and_says_how_far_it_got():
+    tables = [table(f"t{i}", rows=4_000_000, dim=128) for i in range(12)]
+    req = request(tables, world_size=2, topology={"hbm_bytes": 2**30, "ddr_bytes": 2**30})
+    searched = explain(req, [], SolverStatus.INFEASIBLE)
+    assert searched.fixes.min_world_size is not None
+    cut = explain(req, [], SolverStatus.INFEASIBLE, _expired())
+    assert cut.fixes.min_world_size is None
+    assert cut.fixes.min_world_size_searched_up_to == 2  # nothing beyond the request itself
+    assert cut.reasons == searched.reasons  # the reasons need no search
+
+
+# --------------------------------------------------------------------------- stop reasons
+
+
+def test_a_plan_proven_optimal_says_optimal():
+    req = request([table("a", rows=1000, dim=64)], world_size=2)
+    plan = solve(req, deadline=Deadline.never()).plan
+    assert plan is not None and plan.solver.stop_reason is StopReason.OPTIMAL
+
+
+def test_a_plan_proven_within_the_gap_limit_says_gap_limit():
+    # Three equal tables on two ranks: the work bound is 1.5 tables, the best plan 2.
+    tables = [table(f"t{i}", rows=1000, dim=64) for i in range(3)]
+    req = request(
+        tables,
+        world_size=2,
+        constraints={"tables": {f"t{i}": {"sharding_types": ["table_wise"]} for i in range(3)}},
+        options={"gap_limit": 0.5, "time_limit_s": 1},
+    )
+    plan = solve(req, deadline=Deadline.never()).plan
+    assert plan is not None
+    assert plan.solver.gap > 1e-4 and plan.solver.stop_reason is StopReason.GAP_LIMIT
+
+
+def test_a_plan_whose_search_spent_its_budget_says_work_budget():
+    req = _request(time_limit_s=0.2)
+    plan = solve(req, deadline=Deadline.never()).plan
+    assert plan is not None and validate_plan(req, plan) == []
+    if plan.solver.gap > max(1e-4, req.options.gap_limit):
+        assert plan.solver.stop_reason is StopReason.WORK_BUDGET
+    else:  # solved before its budget ran out on this request
+        assert plan.solver.stop_reason is StopReason.OPTIMAL
+
+
+def _criteo_like(num_tables: int = 60):
+    """Tables of very different sizes and pooling factors on two hosts of 8: a request whose
+    search runs its whole budget (the issue's reproducer took 29 s for a 10 s limit)."""
+    tables = [
+        table(
+            f"t{i}",
+            rows=[40_000_000, 10_000_000, 3_000_000, 500_000, 40_000, 3_000][i % 6] // (1 + i // 6),
+            dim=128,
+            pooling_factors=[float(1 + (7 * i) % 100)],
+            optimizer="rowwise_adagrad",
+        )
+        for i in range(num_tables)
+    ]
+    return request(
+        tables,
+        world_size=16,
+        topology={"local_world_size": 8, "hbm_bytes": 80 * 2**30},
+        batch_size=4096,
+        options={"time_limit_s": 10, "gap_limit": 0},
+    )
+
+
+def test_a_search_cut_by_the_clock_says_time_limit_and_is_still_valid():
+    req = _criteo_like()
+    outcome = solve(req, deadline=Deadline(0.2, clock=_Ticking(0.002)))
+    assert outcome.plan is not None, outcome.infeasibility
+    assert outcome.plan.solver.stop_reason is StopReason.TIME_LIMIT
+    assert validate_plan(req, outcome.plan) == []
+
+
+def test_no_plan_before_the_deadline_is_no_solution_in_time_not_infeasible():
+    req = _request(num_tables=60, world_size=16)
+    outcome = solve(req, deadline=_expired())
+    assert outcome.plan is None and outcome.infeasibility is not None
+    assert outcome.infeasibility.status is SolverStatus.NO_SOLUTION_IN_TIME
+
+
+def test_a_report_without_stop_reason_keeps_its_canonical_form():
+    """Plans of schema 1.0 predate stop_reason: their canonical bytes (and so their ids)
+    must not change because the field now exists."""
+    from planner_service.plan.canonical import canonical_bytes, plan_id_of
+    from tests.support.builders import table_wise
+
+    req = request([table("a")], world_size=2)
+    from planner_service.plan.types import RankStats, SolverReport
+
+    report = SolverReport(status=SolverStatus.FEASIBLE, objective=1.0, lower_bound=0.5, gap=0.5)
+    plan = seal_plan(
+        request=req,
+        planner_version="shardplan-0.1.0",  # any version: the form is what is tested,
+        tables={"a": table_wise(req, "a", 0)},
+        rank_stats=[RankStats(rank=r, hbm_bytes=0, ddr_bytes=0) for r in range(2)],
+        solver=report,
+    )
+    assert b"stop_reason" not in canonical_bytes(plan)
+    assert plan_id_of(plan.model_dump(mode="json")) == plan.plan_id
+    stopped = report.model_copy(update={"stop_reason": StopReason.WORK_BUDGET})
+    assert stopped.model_dump(mode="json")["stop_reason"] == "work_budget"
+
+
+def test_work_that_cannot_finish_in_time_is_not_started():
+    clock = _Ticking(0.0)
+    deadline = Deadline(1.0, clock=clock)
+    assert deadline.allows(0.5) and not deadline.reached
+    assert not deadline.allows(1.5) and deadline.reached
