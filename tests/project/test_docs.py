@@ -105,6 +105,9 @@ def page_runs(request, tmp_path_factory):
         yield futures
 
 
+# A page runs all of its commands (training.md trains the example job): 18 s on 2 cores.
+@pytest.mark.slow  # runs the page's commands as processes
+@pytest.mark.budget(60)
 @pytest.mark.timeout(PAGE_TIMEOUT_S * 3)
 @pytest.mark.parametrize("page", [p for p in PAGES if _page_commands(p)], ids=_page_id)
 def test_page_commands_run_as_written(page, page_runs):
@@ -369,6 +372,7 @@ def _pip_installed_shardplan(record: Path) -> None:
     assert (record / "pip.args").read_text().splitlines() == ["install", "shardplan[planner]"]
 
 
+@pytest.mark.slow  # runs the job's scripts as processes
 @pytest.mark.timeout(CI_TIMEOUT_S * 3)
 @pytest.mark.parametrize("case", list(CI_CASES))
 def test_github_actions_job_runs_as_written(tmp_path, case):
@@ -399,6 +403,7 @@ def test_github_actions_job_runs_as_written(tmp_path, case):
     _assert_comment((record / "gh.body").read_text(), case, heading)
 
 
+@pytest.mark.slow  # runs the page's commands as processes
 @pytest.mark.timeout(CI_TIMEOUT_S * 3)
 @pytest.mark.parametrize("case", list(CI_CASES))
 def test_gitlab_ci_job_runs_as_written(tmp_path, case):

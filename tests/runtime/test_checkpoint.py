@@ -15,6 +15,9 @@ from tests.runtime import checkpoint_cases as cases
 from tests.support import builders
 from tests.support.distributed import run_ranks
 
+# Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
+pytestmark = pytest.mark.slow
+
 # (old plan, old world size, new plan, new world size): the pairs issue 24 names, and two
 # mixed plans that change the world size both ways.
 # The mixed pairs run in every `make test`; the rest are marked slow (`make test-fast`

@@ -19,7 +19,8 @@ from tests.support.builders import request, table
 from tests.support.distributed import run_ranks
 from tests.support.servers import free_port, started_service
 
-pytestmark = pytest.mark.timeout(180)
+# Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 TOKEN = "trainer-token-0123456789"
 DEADLINE_S = 6.0

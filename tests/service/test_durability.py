@@ -21,6 +21,9 @@ from planner_service.plan.codec import parse_plan
 from tests.conftest import BACKENDS, database_url
 from tests.support.servers import Service
 
+# Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
+pytestmark = pytest.mark.slow
+
 
 def tiny_request(index: int) -> dict:
     return {

@@ -21,6 +21,9 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.support.servers import Service
 
+# Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
+pytestmark = pytest.mark.slow
+
 EXAMPLES_PER_OPERATION = 50
 CHECKS = [
     not_a_server_error,

@@ -222,6 +222,7 @@ def test_cpu_lane_replaces_a_dead_worker_and_answers_503_meanwhile():
         lane.shutdown()
 
 
+@pytest.mark.slow  # signals a server
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
 def test_lane_workers_do_not_outlive_the_server(signal_number, shardplan_exe, tmp_path):
     """The processes that validate and render die with the server, as solver processes do

@@ -23,6 +23,9 @@ from planner_service.service.solver import pool
 from planner_service.service.solver.pool import SolveProgress, SolveStage
 from tests.support.servers import Service
 
+# Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
+pytestmark = pytest.mark.slow
+
 LONG_SOLVE_S = 30.0
 
 
@@ -158,8 +161,16 @@ def kill_what_is_left(server: Service) -> None:
 def test_no_process_outlives_the_server_killed_mid_solve(
     signal_number, http_workers, shardplan_exe, tmp_path
 ):
+    # A grace shorter than the solve, so that it is still running when the grace ends on
+    # any machine (the solve stops at its deterministic work budget: about 9 s on an idle
+    # 2-core machine, inside the default 10 s grace).
+    short_grace = {"SHARDPLAN_SHUTDOWN_GRACE_S": "1"}
     server = Service(
-        shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db"), workers=http_workers
+        shardplan_exe,
+        tmp_path / "log",
+        db=str(tmp_path / "plans.db"),
+        workers=http_workers,
+        env=short_grace,
     ).start()
     assert server.process is not None
     try:
@@ -202,8 +213,8 @@ def test_a_stopping_server_lets_a_solve_in_flight_finish_within_its_shutdown_gra
     shardplan_exe, tmp_path
 ):
     """SHARDPLAN_SHUTDOWN_GRACE_S above the solve's length: SIGTERM mid-solve still gets the
-    plan (201), then the server exits. With the default 10 s the same solve would get 503
-    (the test above)."""
+    plan (201), then the server exits. With a grace shorter than the solve, the same solve
+    gets 503 (the test above)."""
     grace = {"SHARDPLAN_SHUTDOWN_GRACE_S": str(LONG_SOLVE_S + 30)}
     server = Service(
         shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db"), env=grace

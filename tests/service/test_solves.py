@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from clients.cli.progress import ProgressLine
 from clients.http import (
     AsyncPlannerClient,
     NoPlanFound,
@@ -34,7 +35,8 @@ from tests.service.test_api import infeasible_request, slow_request, small_reque
 from tests.service.test_solver_pool import solver_pids
 from tests.support.servers import Service
 
-pytestmark = pytest.mark.timeout(240)
+# Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 SOLVER_STAGES = {"enumerate", "warm start", "packing bound", "cp-sat"}
 LEASE_ENV = {"SHARDPLAN_JOB_LEASE_S": "2", "SHARDPLAN_MAX_EVENT_STREAMS": "1"}
@@ -401,7 +403,10 @@ def test_the_clients_submit_poll_and_stream(service):
     assert {job.stage for job in heard} & SOLVER_STAGES
 
 
-def test_plan_on_the_server_shows_the_solvers_progress(service, run_cli, tmp_path):
+def test_plan_on_the_server_shows_the_solvers_progress(service, run_cli, tmp_path, monkeypatch):
+    # A line every 0.25 s instead of 2 s: the solve stops at its deterministic work budget,
+    # which an idle machine reaches in under 2 s (the CLI runs in this process).
+    monkeypatch.setattr(ProgressLine, "INTERVAL_S", 0.25)
     request_file = tmp_path / "request.json"
     request_file.write_text(json.dumps(timed_request(17, 5.0)))
     result = run_cli("plan", request_file, "--server", service.base, timeout=120)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.support.builders import table
+
+# Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
+pytestmark = pytest.mark.slow
 
 
 def test_same_request_same_bytes_in_two_processes(run_cli_process, tmp_path):

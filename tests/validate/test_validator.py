@@ -434,6 +434,7 @@ def _wide_request(world: int, overrides: list[dict], tables: str = "abc") -> obj
     )
 
 
+@pytest.mark.slow  # 65,536 ranks: a scale test
 def test_a_plan_on_65536_ranks_with_every_rank_overridden_validates():
     """Each rank's capacity and device class come from its override, looked up once: the
     validator took seconds here, and quadratic time in the overrides."""

@@ -372,6 +372,7 @@ def _slow_request(tmp_path) -> str:
     "marker",
     ["planning:", "best "],  # the first progress line; the search (CP-SAT's C++) has begun
 )
+@pytest.mark.slow  # its subject is the process
 def test_ctrl_c_stops_a_solve_with_exit_130(shardplan_exe, tmp_path, marker):
     out = tmp_path / "stdout"
     with (
@@ -422,6 +423,7 @@ def test_serve_refuses_protected_reads_without_tokens(shardplan_exe, tmp_path):
     assert "Traceback" not in err and "serving on" not in err
 
 
+@pytest.mark.slow  # its subject is the process
 def test_serve_takes_host_port_and_workers_from_the_environment(shardplan_exe, tmp_path):
     """A container is configured by its environment alone (the image passes no flags)."""
     port = free_port()
@@ -443,6 +445,7 @@ def test_serve_takes_host_port_and_workers_from_the_environment(shardplan_exe, t
     assert f"serving on http://127.0.0.1:{port} with 2 HTTP worker(s) x 1 solver" in log.read_text()
 
 
+@pytest.mark.slow  # its subject is the process
 def test_serve_raises_its_open_files_limit_so_a_storm_of_connections_is_accepted(
     shardplan_exe, tmp_path
 ):

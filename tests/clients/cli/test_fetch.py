@@ -123,6 +123,7 @@ def test_unknown_plan_alias_and_bad_ids_exit_2(cli, service):
     assert no_server.returncode == 2 and "--server: is required" in no_server.stderr
 
 
+@pytest.mark.slow  # stops and restarts a server
 def test_a_restart_while_the_service_is_down_uses_the_cache(cli, service, stored, tmp_path):
     plan_id, alias, served = stored
     cache = tmp_path / "cache"
