@@ -96,6 +96,30 @@ MUTATIONS = (
         "if False:",
         ("tests/clients/test_http_client.py",),
     ),
+    Mutation(
+        "service",
+        "a body that declares its size over the limit is read anyway",
+        "planner_service/service/http/limits.py",
+        "if declared > self.max_bytes:",
+        "if declared > 2 * self.max_bytes:",
+        ("tests/service/test_api.py",),
+    ),
+    Mutation(
+        "runtime",
+        "row-wise ids all look up the first row of their block",
+        "runtime/sharding/inputs.py",
+        "return bucketed[0].to(torch.int64), bucketed[1], bucketed[2], positions",
+        "return bucketed[0].to(torch.int64), bucketed[1] * 0, bucketed[2], positions",
+        ("tests/runtime/test_distributed.py",),
+    ),
+    Mutation(
+        "clients",
+        "`shardplan plan` exits 0 when no plan exists",
+        "clients/cli/exits.py",
+        "EXIT_NO_PLAN = 3",
+        "EXIT_NO_PLAN = 0",
+        ("tests/clients/cli",),
+    ),
 )
 
 

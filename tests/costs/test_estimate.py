@@ -283,3 +283,23 @@ def test_heterogeneous_ranks_price_shards_per_device_class():
     slow, fast = tw.shards[0].perf[1], tw.shards[0].perf[0]
     assert slow.fwd_compute == pytest.approx(2 * fast.fwd_compute, rel=1e-12)
     assert slow.fwd_comms == fast.fwd_comms
+
+
+@pytest.mark.parametrize("cost_model", ["torchrec-1.8", "shardplan"])
+def test_the_dense_kernel_streams_at_half_the_fused_kernels_bandwidth_on_cpu_too(cost_model):
+    """TorchRec's kernel_bw_lookup prices the dense kernel at half the fused kernel's
+    bandwidth on either device (HBM on cuda, DDR on cpu), so data-parallel's forward compute
+    relative to table-wise fused is the same on both."""
+
+    def data_parallel_over_table_wise(device: str) -> float:
+        options = _options(
+            [table("t", rows=1000, dim=64)],
+            topology={"compute_device": device, "local_world_size": 2},
+            cost_model=cost_model,
+        )
+        dense = _perf(_pick(options, DP, DENSE)).fwd_compute
+        return dense / _perf(_pick(options, TW, FUSED)).fwd_compute
+
+    assert data_parallel_over_table_wise("cpu") == pytest.approx(
+        data_parallel_over_table_wise("cuda"), rel=EXACT
+    )
