@@ -69,7 +69,7 @@ def store_plan(database: str, world_size: int) -> tuple[bytes, str]:
     req_bytes, plan_bytes, plan_id = wide_documents(world_size)
     store = open_store(database)
     req = json.loads(req_bytes)
-    store.put_plan(
+    store.plans.put(
         plan_id=plan_id,
         request_hash=request_hash(parse_request(req_bytes)),
         planner_version=PLANNER_VERSION,

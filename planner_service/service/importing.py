@@ -82,7 +82,7 @@ async def import_plan(
     store = state.store()
     bodies = await run_in_threadpool(PlanBodies.of, checked.plan)
     inserted = await run_in_threadpool(
-        lambda: store.put_plan(
+        lambda: store.plans.put(
             plan_id=checked.plan_id,
             request_hash=checked.request_hash,
             planner_version=checked.planner_version,

@@ -112,7 +112,7 @@ class ServiceState:
         if responses is not None:
             metrics.cache_counter(CacheLookup.MEMORY).inc()
             return responses
-        bodies = await run_in_threadpool(lambda: self.store().plan_bodies(plan_id))
+        bodies = await run_in_threadpool(lambda: self.store().plans.bodies(plan_id))
         if bodies is None:
             return None
         metrics.cache_counter(CacheLookup.STORE).inc()
@@ -121,7 +121,7 @@ class ServiceState:
     async def plan_for_request(self, request_hash: str) -> tuple[str, bytes] | None:
         """(plan_id, bytes) of the plan this planner version already stored for a request."""
         plan_id = await run_in_threadpool(
-            self.store().plan_for_request, request_hash, PLANNER_VERSION
+            self.store().plans.for_request, request_hash, PLANNER_VERSION
         )
         data = None if plan_id is None else await self.plan_bytes(plan_id)
         if plan_id is None or data is None:
@@ -130,7 +130,7 @@ class ServiceState:
         return plan_id, data
 
     async def stored(self, plan_id: str) -> StoredPlan | None:
-        return await run_in_threadpool(lambda: self.store().get_plan(plan_id))
+        return await run_in_threadpool(lambda: self.store().plans.get(plan_id))
 
 
 def _die_with_supervisor() -> None:

@@ -142,7 +142,7 @@ def _stored_plan(in_process_app: FastAPI, world_size: int) -> str:
         {"a": builders.table_wise(req, "a", 0), "b": builders.row_wise(req, "b")},
         hbm_bytes=[7 * 2**20 if rank == 3 else 2**20 for rank in range(world_size)],
     )
-    in_process_app.state.service.store().put_plan(
+    in_process_app.state.service.store().plans.put(
         plan_id=plan.plan_id,
         request_hash=plan.request_hash,
         planner_version=plan.planner_version,

@@ -38,7 +38,7 @@ def _put(
     data: bytes = b"{}",
     summary: PlanSummary = SUMMARY,
 ) -> bool:
-    return store.put_plan(
+    return store.plans.put(
         plan_id=plan_id,
         request_hash=request_hash,
         planner_version="v1",
@@ -77,44 +77,44 @@ def store(store_url):
 def test_plans_are_inserted_once_and_never_changed(store, store_url):
     assert _put(store, "a" * 64, data=b'{"x":1}') is True
     assert _put(store, "a" * 64, data=b'{"x":2}') is False  # same id: the first stays
-    stored = store.get_plan("a" * 64)
+    stored = store.plans.get("a" * 64)
     assert stored.plan == b'{"x":1}' and stored.request == b'{"req":1}'
-    assert store.get_plan("b" * 64) is None
+    assert store.plans.get("b" * 64) is None
     assert _count_plans(store_url) == 1
 
 
 def test_plan_for_request_matches_hash_and_planner_version(store):
     _put(store, "a" * 64, request_hash="1" * 64)
-    assert store.plan_for_request("1" * 64, "v1") == "a" * 64
-    assert store.plan_for_request("1" * 64, "v2") is None
-    assert store.plan_for_request("2" * 64, "v1") is None
+    assert store.plans.for_request("1" * 64, "v1") == "a" * 64
+    assert store.plans.for_request("1" * 64, "v2") is None
+    assert store.plans.for_request("2" * 64, "v1") is None
 
 
 def test_alias_history_records_every_change(store):
     _put(store, "a" * 64)
     _put(store, "b" * 64)
-    first = store.set_alias("prod", "a" * 64, actor="ci")
-    second = store.set_alias("prod", "b" * 64, actor="alice", comment="new model")
-    third = store.set_alias("prod", "a" * 64, actor="bob", comment="roll back")
+    first = store.aliases.set("prod", "a" * 64, actor="ci")
+    second = store.aliases.set("prod", "b" * 64, actor="alice", comment="new model")
+    third = store.aliases.set("prod", "a" * 64, actor="bob", comment="roll back")
     assert (first.version, second.version, third.version) == (1, 2, 3)
-    assert store.get_alias("prod").plan_id == "a" * 64
-    history = store.alias_history("prod")
+    assert store.aliases.get("prod").plan_id == "a" * 64
+    history = store.aliases.history("prod")
     assert [(c.version, c.plan_id, c.previous_plan_id, c.actor) for c in history] == [
         (3, "a" * 64, "b" * 64, "bob"),
         (2, "b" * 64, "a" * 64, "alice"),
         (1, "a" * 64, None, "ci"),
     ]
     assert history[0].comment == "roll back"
-    assert store.get_alias("nope") is None and store.alias_history("nope") == []
+    assert store.aliases.get("nope") is None and store.aliases.history("nope") == []
 
 
 def test_alias_to_unknown_plan_is_refused_and_changes_nothing(store):
     _put(store, "a" * 64)
-    store.set_alias("prod", "a" * 64, actor="ci")
+    store.aliases.set("prod", "a" * 64, actor="ci")
     with pytest.raises(UnknownPlanError):
-        store.set_alias("prod", "f" * 64, actor="ci")
-    assert store.get_alias("prod").plan_id == "a" * 64
-    assert len(store.alias_history("prod")) == 1
+        store.aliases.set("prod", "f" * 64, actor="ci")
+    assert store.aliases.get("prod").plan_id == "a" * 64
+    assert len(store.aliases.history("prod")) == 1
 
 
 def test_concurrent_alias_changes_get_consecutive_versions(store):
@@ -125,7 +125,7 @@ def test_concurrent_alias_changes_get_consecutive_versions(store):
     def flip(worker: int) -> None:
         try:
             for step in range(10):
-                store.set_alias("hot", str((worker + step) % 4) * 64, actor=f"w{worker}")
+                store.aliases.set("hot", str((worker + step) % 4) * 64, actor=f"w{worker}")
         except Exception as error:  # surfaced by the assert below
             errors.append(error)
 
@@ -135,9 +135,9 @@ def test_concurrent_alias_changes_get_consecutive_versions(store):
     for thread in threads:
         thread.join(timeout=60)
     assert errors == []
-    versions = [change.version for change in store.alias_history("hot")]
+    versions = [change.version for change in store.aliases.history("hot")]
     assert versions == list(range(40, 0, -1))
-    assert store.get_alias("hot").version == 40
+    assert store.aliases.get("hot").version == 40
 
 
 def test_data_survives_reopening(store_url):
@@ -145,7 +145,7 @@ def test_data_survives_reopening(store_url):
     _put(first, "c" * 64, data=b"[1]")
     first.close()
     second = open_store(store_url)
-    assert second.get_plan("c" * 64).plan == b"[1]"
+    assert second.plans.get("c" * 64).plan == b"[1]"
     second.close()
 
 
@@ -161,17 +161,17 @@ def test_plans_are_listed_newest_first_in_pages_that_do_not_shift(store):
     ids = [f"{index:x}" * 64 for index in range(1, 6)]
     for index, plan_id in enumerate(ids):
         _put(store, plan_id, summary=SUMMARY.model_copy(update={"world_size": index + 1}))
-    first = store.list_plans(limit=2)
+    first = store.plans.page(limit=2)
     assert [row.plan_id for row in first] == ids[:-3:-1]  # the two newest
     assert first[0].summary == SUMMARY.model_copy(update={"world_size": 5})
     assert first[0].planner_version == "v1" and first[0].created_at >= first[1].created_at
     _put(store, "f" * 64)  # stored meanwhile: ahead of the cursor, so not in later pages
     cursor = (first[-1].created_at, first[-1].plan_id)
-    second = store.list_plans(limit=2, before=cursor)
+    second = store.plans.page(limit=2, before=cursor)
     assert [row.plan_id for row in second] == [ids[2], ids[1]]
-    last = store.list_plans(limit=2, before=(second[-1].created_at, second[-1].plan_id))
+    last = store.plans.page(limit=2, before=(second[-1].created_at, second[-1].plan_id))
     assert [row.plan_id for row in last] == [ids[0]]
-    assert store.list_plans(limit=10)[0].plan_id == "f" * 64
+    assert store.plans.page(limit=10)[0].plan_id == "f" * 64
 
 
 def test_plans_stored_in_the_same_microsecond_are_ordered_by_id(store):
@@ -179,9 +179,9 @@ def test_plans_stored_in_the_same_microsecond_are_ordered_by_id(store):
         _put(store, plan_id)
     with store.database.transaction(write=True) as cursor:  # one timestamp for all three
         cursor.execute("UPDATE plans SET created_at = '2026-01-01T00:00:00.000000+00:00'")
-    first = store.list_plans(limit=1)
+    first = store.plans.page(limit=1)
     assert first[0].plan_id == "c" * 64
-    rest = store.list_plans(limit=5, before=(first[0].created_at, first[0].plan_id))
+    rest = store.plans.page(limit=5, before=(first[0].created_at, first[0].plan_id))
     assert [row.plan_id for row in rest] == ["b" * 64, "a" * 64]
 
 
@@ -189,9 +189,9 @@ def test_aliases_are_listed_by_name_bytewise_with_their_last_change(store):
     _put(store, "a" * 64)
     _put(store, "b" * 64)
     for name in ("b.x", "B-1", "a_1", "a-1"):
-        store.set_alias(name, "a" * 64, actor="ci")
-    store.set_alias("b.x", "b" * 64, actor="alice", comment="moved")
-    listed = store.list_aliases(limit=10)
+        store.aliases.set(name, "a" * 64, actor="ci")
+    store.aliases.set("b.x", "b" * 64, actor="alice", comment="moved")
+    listed = store.aliases.page(limit=10)
     assert [alias.name for alias in listed] == ["B-1", "a-1", "a_1", "b.x"]  # bytewise
     moved = listed[-1]
     assert (moved.plan_id, moved.version, moved.actor, moved.comment) == (
@@ -201,8 +201,8 @@ def test_aliases_are_listed_by_name_bytewise_with_their_last_change(store):
         "moved",
     )
     assert moved.previous_plan_id == "a" * 64
-    assert [alias.name for alias in store.list_aliases(limit=2, after="a-1")] == ["a_1", "b.x"]
-    assert store.list_aliases(limit=2, after="b.x") == []
+    assert [alias.name for alias in store.aliases.page(limit=2, after="a-1")] == ["a_1", "b.x"]
+    assert store.aliases.page(limit=2, after="b.x") == []
 
 
 _OLD_PLANS_TABLE = (
@@ -229,24 +229,24 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
             connection.execute("INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)", row)
     opened = open_store(store_url)
     try:
-        [listed] = opened.list_plans(limit=5)
+        [listed] = opened.plans.page(limit=5)
         assert listed.summary == PlanSummary(
             world_size=4, num_tables=2, objective=2.5, status="feasible"
         )
         assert listed.planner_version == "v0"
-        assert opened.get_plan("d" * 64).plan == plan
+        assert opened.plans.get("d" * 64).plan == plan
         # ... gzip and zstd columns, NULL for this plan until its first fetch encodes and
         # stores it,
         assert _stored(store_url, "d" * 64, "gzip") is None
         assert _stored(store_url, "d" * 64, "zstd") is None
         expected = PlanBodies(plan, gzip_plan(plan), zstd_plan(plan))
-        assert opened.plan_bodies("d" * 64) == expected
+        assert opened.plans.bodies("d" * 64) == expected
         assert _stored(store_url, "d" * 64, "gzip") == gzip_plan(plan)
         assert _stored(store_url, "d" * 64, "zstd") == zstd_plan(plan)
-        assert opened.plan_bodies("d" * 64) == expected
+        assert opened.plans.bodies("d" * 64) == expected
         # ... and the solves table that async jobs need.
-        assert opened.get_solve("j" * 64) is None
-        assert opened.claim_solve(
+        assert opened.jobs.get("j" * 64) is None
+        assert opened.jobs.claim(
             "j" * 64, owner="a", now="1", stale_before="0", max_attempts=3, new=_new_solve()
         )[1]
     finally:
@@ -263,7 +263,7 @@ def test_a_store_with_gzip_but_not_zstd_keeps_its_gzip_and_gains_zstd(store, sto
     assert older_gzip != gzip_plan(plan)
     _execute(store_url, "UPDATE plans SET plan_gzip = {0}, plan_zstd = NULL WHERE plan_id = {0}",
              older_gzip, "c" * 64)  # fmt: skip
-    assert store.plan_bodies("c" * 64) == PlanBodies(plan, older_gzip, zstd_plan(plan))
+    assert store.plans.bodies("c" * 64) == PlanBodies(plan, older_gzip, zstd_plan(plan))
     assert _stored(store_url, "c" * 64, "zstd") == zstd_plan(plan)
     assert _stored(store_url, "c" * 64, "gzip") == older_gzip
 
@@ -295,8 +295,8 @@ def test_a_plan_is_stored_with_its_gzip_and_zstd_encodings(store, store_url):
     zstd = _stored(store_url, "e" * 64, "zstd")
     assert zstd is not None and zstandard.ZstdDecompressor().decompress(zstd) == plan
     assert len(zstd) < len(plan) // 4
-    assert store.plan_bodies("e" * 64) == PlanBodies(plan, gzipped, zstd)
-    assert store.plan_bodies("f" * 64) is None
+    assert store.plans.bodies("e" * 64) == PlanBodies(plan, gzipped, zstd)
+    assert store.plans.bodies("f" * 64) is None
 
 
 def test_gzip_encoding_is_the_same_bytes_every_time():
@@ -327,7 +327,7 @@ def _new_solve(job_id: str = "j" * 64) -> NewSolve:
 
 
 def _claim(store, owner: str, now: str, stale_before: str, new=None, max_attempts: int = 3):
-    return store.claim_solve(
+    return store.jobs.claim(
         "j" * 64, owner=owner, now=now, stale_before=stale_before, max_attempts=max_attempts,
         new=new,
     )  # fmt: skip
@@ -336,47 +336,47 @@ def _claim(store, owner: str, now: str, stale_before: str, new=None, max_attempt
 def test_a_solve_is_claimed_once_then_taken_over_when_its_lease_lapses(store):
     row, claimed = _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
     assert claimed and (row.status, row.owner, row.attempts) == (QUEUED, "a", 1)
-    assert store.solve_request("j" * 64) == b'{"req":1}'
+    assert store.jobs.request("j" * 64) == b'{"req":1}'
     # Asked again while its lease is live: not taken, wherever it is asked.
     row, claimed = _claim(store, "b", "2026-01-01T00:00:01", "2025", new=_new_solve())
     assert not claimed and row.owner == "a"
-    assert store.record_progress(
+    assert store.jobs.record_progress(
         "j" * 64, "a", running=True, stage="cp-sat", objective=2.0, bound=1.5,
         started_at="2026-01-01T00:00:01", now="2026-01-01T00:00:02",
     )  # fmt: skip
-    running = store.get_solve("j" * 64)
+    running = store.jobs.get("j" * 64)
     assert (running.status, running.stage, running.objective, running.lower_bound) == (
         RUNNING, "cp-sat", 2.0, 1.5,
     )  # fmt: skip
-    assert store.lapsed_solves("2026-01-01T00:00:02", 10) == []
-    assert store.lapsed_solves("2026-01-01T00:00:03", 10) == ["j" * 64]
+    assert store.jobs.lapsed("2026-01-01T00:00:02", 10) == []
+    assert store.jobs.lapsed("2026-01-01T00:00:03", 10) == ["j" * 64]
     # Lapsed: b takes it over; a can no longer record progress on it.
     row, claimed = _claim(store, "b", "2026-01-01T00:01:00", "2026-01-01T00:00:03")
     assert claimed and (row.status, row.owner, row.attempts, row.stage) == (QUEUED, "b", 2, None)
-    assert not store.record_progress(
+    assert not store.jobs.record_progress(
         "j" * 64, "a", running=True, stage="x", objective=None, bound=None, started_at=None,
         now="2026-01-01T00:01:01",
     )  # fmt: skip
-    store.end_solve(
+    store.jobs.end(
         "j" * 64, DONE, plan_id="p" * 64, problem=None, progress=("cp-sat", 1.9, 1.6),
         now="2026-01-01T00:01:05",
     )  # fmt: skip
-    done = store.get_solve("j" * 64)
+    done = store.jobs.get("j" * 64)
     assert (done.status, done.plan_id, done.objective, done.active) == (
         DONE,
         "p" * 64,
         1.9,
         False,
     )
-    assert store.lapsed_solves("9999", 10) == []
+    assert store.jobs.lapsed("9999", 10) == []
     row, claimed = _claim(store, "c", "2026-01-02", "9999", new=_new_solve())
     assert not claimed and row.status is DONE
 
 
 def test_a_failed_solve_is_claimed_again_and_a_lapsing_one_gives_up(store):
     _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
-    store.end_solve("j" * 64, FAILED, plan_id=None, problem=b'{"status": 503}', now="2026-01-01")
-    failed = store.get_solve("j" * 64)
+    store.jobs.end("j" * 64, FAILED, plan_id=None, problem=b'{"status": 503}', now="2026-01-01")
+    failed = store.jobs.get("j" * 64)
     assert failed.problem == b'{"status": 503}'
     row, claimed = _claim(store, "b", "2026-01-02", "2025", new=_new_solve())
     assert claimed and (row.status, row.attempts, row.problem) == (QUEUED, 1, None)
@@ -391,27 +391,27 @@ def test_a_failed_solve_is_claimed_again_and_a_lapsing_one_gives_up(store):
 
 def test_released_solves_lapse_at_once_and_done_solves_are_recorded_as_done(store):
     _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
-    store.renew_solves("a", "2026-01-01T00:05:00")
-    assert store.get_solve("j" * 64).heartbeat_at == "2026-01-01T00:05:00"
-    store.release_solves("a")
-    assert store.lapsed_solves("0", 10) == ["j" * 64]  # before any time at all
-    done = store.add_done_solve(_new_solve("k" * 64), "p" * 64, "2026-01-01")
+    store.jobs.renew("a", "2026-01-01T00:05:00")
+    assert store.jobs.get("j" * 64).heartbeat_at == "2026-01-01T00:05:00"
+    store.jobs.release("a")
+    assert store.jobs.lapsed("0", 10) == ["j" * 64]  # before any time at all
+    done = store.jobs.add_done(_new_solve("k" * 64), "p" * 64, "2026-01-01")
     assert (done.status, done.plan_id, done.attempts) == (DONE, "p" * 64, 0)
-    marked = store.add_done_solve(_new_solve(), "q" * 64, "2026-01-02")
+    marked = store.jobs.add_done(_new_solve(), "q" * 64, "2026-01-02")
     assert (marked.status, marked.plan_id) == (DONE, "q" * 64)
-    again = store.add_done_solve(_new_solve(), "z" * 64, "2026-01-03")  # done already: kept
+    again = store.jobs.add_done(_new_solve(), "z" * 64, "2026-01-03")  # done already: kept
     assert (again.plan_id, again.updated_at) == ("q" * 64, "2026-01-02")
 
 
 def test_a_job_row_holds_its_status_value_and_reads_back_by_column_name(store, store_url):
     _claim(store, "a", "2026-01-01T00:00:00", "2025", new=_new_solve())
-    store.record_progress(
+    store.jobs.record_progress(
         "j" * 64, "a", running=True, stage="cp-sat", objective=2.0, bound=1.5,
         started_at="2026-01-01T00:00:01", now="2026-01-01T00:00:02",
     )  # fmt: skip
     row = _fetch_one(store_url, "SELECT status FROM solves WHERE job_id = {0}", "j" * 64)
     assert row == ("running",)  # the enum's value in SQL ...
-    stored = store.get_solve("j" * 64)
+    stored = store.jobs.get("j" * 64)
     assert stored.status is RUNNING and stored.active  # ... the enum in the code
     assert stored.model_dump() == {
         "job_id": "j" * 64, "request_hash": "r" * 64, "planner_version": "v1",

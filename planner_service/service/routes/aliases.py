@@ -75,7 +75,7 @@ async def list_aliases(
     """Every alias by name (bytewise order), each as the change that set it last: the plan
     it points at, who moved it, when and why. Follow ``next`` for the rest."""
     last = None if after is None else decode_cursor(after, 1)[0]
-    rows = await run_in_threadpool(lambda: state.store().list_aliases(limit=limit + 1, after=last))
+    rows = await run_in_threadpool(lambda: state.store().aliases.page(limit=limit + 1, after=last))
     changes, more = page(rows, limit)
     return AliasPage(
         aliases=[alias_record(change) for change in changes],
@@ -106,7 +106,7 @@ async def put_alias(
     store = state.store()
     try:
         change = await run_in_threadpool(
-            lambda: store.set_alias(name, update.plan_id, actor=actor, comment=update.comment)
+            lambda: store.aliases.set(name, update.plan_id, actor=actor, comment=update.comment)
         )
     except UnknownPlanError:
         raise ProblemError(
@@ -148,7 +148,7 @@ async def get_alias(name: AliasName, http_request: Request, state: State) -> Res
     cacheable without revalidation: an alias can move."""
     accept, if_none_match = fetch_headers(http_request.headers.raw)
     encoding = negotiated(accept)
-    current = await run_in_threadpool(state.store().get_alias, name)
+    current = await run_in_threadpool(state.store().aliases.get, name)
     if current is None:
         raise ProblemError(404, f"no alias named {name!r}")
     if encoding is None:
@@ -179,7 +179,7 @@ async def get_alias(name: AliasName, http_request: Request, state: State) -> Res
 async def alias_history(name: AliasName, state: State) -> AliasHistory:
     """Every change of the alias, newest first (up to 100): to see who moved it and to
     roll back, PUT an earlier plan_id."""
-    changes = await run_in_threadpool(lambda: state.store().alias_history(name, limit=100))
+    changes = await run_in_threadpool(lambda: state.store().aliases.history(name, limit=100))
     if not changes:
         raise ProblemError(404, f"no alias named {name!r}")
     return AliasHistory(name=name, changes=[alias_record(change) for change in changes])

@@ -149,7 +149,7 @@ async def list_plans(state: State, limit: Limit = DEFAULT_LIMIT, after: After = 
     summary (world size, tables, objective, solver status). Follow ``next`` for more."""
     before = None if after is None else decode_cursor(after, 2)
     store = state.store()
-    rows = await run_in_threadpool(lambda: store.list_plans(limit=limit + 1, before=before))
+    rows = await run_in_threadpool(lambda: store.plans.page(limit=limit + 1, before=before))
     plans, more = page(rows, limit)
     last = plans[-1] if more else None
     return PlanPage(

@@ -118,7 +118,7 @@ class SolveJobs:
         await asyncio.gather(*tasks, *self._writes, return_exceptions=True)
         if had_jobs:
             with contextlib.suppress(StoreUnavailableError):
-                await run_in_threadpool(self.state.store().release_solves, self.owner)
+                await run_in_threadpool(self.state.store().jobs.release, self.owner)
         self._running.clear()
         self._by_key.clear()
 
@@ -175,7 +175,7 @@ class SolveJobs:
         store = self.state.store()
         existing = await self.state.plan_for_request(request_hash)
         if existing is not None:
-            done = await run_in_threadpool(store.add_done_solve, new, existing[0], _stamp(_now()))
+            done = await run_in_threadpool(store.jobs.add_done, new, existing[0], _stamp(_now()))
             return self._resource(done)
         if job_id not in self._running:
             self.state.pool.admit("plan:" + request_hash)
@@ -189,7 +189,7 @@ class SolveJobs:
     async def _claim(self, job_id: str, new: NewSolve | None) -> tuple[StoredSolve | None, bool]:
         now = _now()
         return await run_in_threadpool(
-            lambda: self.state.store().claim_solve(
+            lambda: self.state.store().jobs.claim(
                 job_id,
                 owner=self.owner,
                 now=_stamp(now),
@@ -210,7 +210,7 @@ class SolveJobs:
         job_id = running.row.job_id
         try:
             if request is None:  # resumed: the request is in the store
-                document = await run_in_threadpool(self.state.store().solve_request, job_id)
+                document = await run_in_threadpool(self.state.store().jobs.request, job_id)
                 assert document is not None
                 request = await asyncio.to_thread(_parse_stored, document)
             result, _ = await solve_and_store(self.state, request, running.row.request_hash)
@@ -255,7 +255,7 @@ class SolveJobs:
         last = running.last
         objective, bound = final or ((last.objective, last.bound) if last else (None, None))
         await run_in_threadpool(
-            lambda: self.state.store().end_solve(
+            lambda: self.state.store().jobs.end(
                 job_id,
                 status,
                 plan_id=plan_id,
@@ -271,7 +271,7 @@ class SolveJobs:
             return
         progress = state.progress
         owned = await run_in_threadpool(
-            lambda: self.state.store().record_progress(
+            lambda: self.state.store().jobs.record_progress(
                 running.row.job_id,
                 self.owner,
                 running=state.running,
@@ -310,12 +310,12 @@ class SolveJobs:
         as the pool has room for."""
         store = self.state.store()
         if self._running:
-            await run_in_threadpool(store.renew_solves, self.owner, _stamp(_now()))
+            await run_in_threadpool(store.jobs.renew, self.owner, _stamp(_now()))
         room = self.state.pool.capacity - self.state.pool.depth
         if room <= 0:
             return
         stale_before = _stamp(_now() - timedelta(seconds=self.lease_s))
-        for job_id in await run_in_threadpool(store.lapsed_solves, stale_before, room):
+        for job_id in await run_in_threadpool(store.jobs.lapsed, stale_before, room):
             await self._take_over(job_id)
 
     async def _take_over(self, job_id: str) -> StoredSolve | None:
@@ -335,7 +335,7 @@ class SolveJobs:
         running = self._running.get(job_id)
         if running is not None:
             return self._live(running)
-        row = await run_in_threadpool(self.state.store().get_solve, job_id)
+        row = await run_in_threadpool(self.state.store().jobs.get, job_id)
         if row is not None and row.active and row.heartbeat_at < self._stale_before():
             row = await self._take_over(job_id) or row
             running = self._running.get(job_id)

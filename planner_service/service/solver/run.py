@@ -43,7 +43,7 @@ async def solve_and_store(
         if result.plan is None or result.plan_id is None or result.summary is None:
             return result, False
         bodies = PlanBodies.of(result.plan)
-        inserted = store.put_plan(
+        inserted = store.plans.put(
             plan_id=result.plan_id,
             request_hash=key,
             planner_version=PLANNER_VERSION,
