@@ -247,18 +247,6 @@ def test_progress_line_for_long_solves(monkeypatch, capsys):
     assert "planning: 0 s, cp-sat, best 1.25 ms, bound 1 ms" in err
 
 
-def _shardplan(exe, *args, stdin: str | None = None, env: dict[str, str] | None = None):
-    return subprocess.run(
-        [str(exe), *map(str, args)],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-        check=False,
-    )
-
-
 # --------------------------------------------------------------------------- output paths
 
 
@@ -279,10 +267,10 @@ def test_plan_refuses_an_unwritable_output_before_solving(run_cli, tmp_path, whe
     assert not out.is_file()
 
 
-def test_serve_refuses_a_sqlite_store_it_cannot_create(shardplan_exe, tmp_path):
+def test_serve_refuses_a_sqlite_store_it_cannot_create(run_cli_process, tmp_path):
     (tmp_path / "file").write_text("")
     db = tmp_path / "file" / "plans.db"
-    result = _shardplan(shardplan_exe, "serve", "--port", free_port(), "--db", db)
+    result = run_cli_process("serve", "--port", free_port(), "--db", db)
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         f"{db}: --db: cannot write: {db.parent} is not a directory (create it, or choose "
@@ -302,28 +290,28 @@ def test_plan_output_overwrites_an_existing_file(run_cli, tmp_path):
 # --------------------------------------------------------------------------- stdin
 
 
-def test_dash_reads_the_request_or_the_plan_from_stdin(shardplan_exe, files):
+def test_dash_reads_the_request_or_the_plan_from_stdin(run_cli, files):
     request_path, plan_path, plan = files
     request_text, plan_text = request_path.read_text(), plan_path.read_text()
-    from_file = _shardplan(shardplan_exe, "plan", request_path)
-    from_stdin = _shardplan(shardplan_exe, "plan", "-", stdin=request_text)
+    from_file = run_cli("plan", request_path)
+    from_stdin = run_cli("plan", "-", stdin=request_text)
     assert from_stdin.returncode == 0, from_stdin.stderr
     assert from_stdin.stdout == from_file.stdout
-    options = _shardplan(shardplan_exe, "options", "-", stdin=request_text)
+    options = run_cli("options", "-", stdin=request_text)
     assert options.returncode == 0, options.stderr
-    assert options.stdout == _shardplan(shardplan_exe, "options", request_path).stdout
+    assert options.stdout == run_cli("options", request_path).stdout
     valid = f"valid: plan {plan.plan_id[:12]} places 2 table(s) on 2 rank(s)\n"
     for args, text in [(("-", plan_path), request_text), ((request_path, "-"), plan_text)]:
-        result = _shardplan(shardplan_exe, "validate", *args, stdin=text)
+        result = run_cli("validate", *args, stdin=text)
         assert (result.returncode, result.stdout) == (0, valid), result.stderr
 
 
-def test_dash_stdin_errors_name_stdin(shardplan_exe, files):
+def test_dash_stdin_errors_name_stdin(run_cli, files):
     request_path, _, _ = files
-    both = _shardplan(shardplan_exe, "validate", "-", "-", stdin=request_path.read_text())
+    both = run_cli("validate", "-", "-", stdin=request_path.read_text())
     assert both.returncode == 2
     assert "only one of request and plan can be - (stdin)" in both.stderr
-    bad = _shardplan(shardplan_exe, "plan", "-", stdin="{not json")
+    bad = run_cli("plan", "-", stdin="{not json")
     assert bad.returncode == 2
     assert bad.stderr.startswith("<stdin>: (document): not valid JSON"), bad.stderr
     assert "Traceback" not in both.stderr + bad.stderr
@@ -495,15 +483,15 @@ def test_serve_raises_its_open_files_limit_so_a_storm_of_connections_is_accepted
         ),
     ],
 )
-def test_serve_refuses_a_bad_port_or_workers_variable(shardplan_exe, variable, value, message):
-    result = _shardplan(shardplan_exe, "serve", env={variable: value})
+def test_serve_refuses_a_bad_port_or_workers_variable(run_cli_process, variable, value, message):
+    result = run_cli_process("serve", env={variable: value})
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message + "\n")
 
 
-def test_serve_flags_win_over_their_variables(shardplan_exe):
+def test_serve_flags_win_over_their_variables(run_cli_process):
     """A bad variable is not read when its flag is given; the flag's value is checked."""
     env = {"SHARDPLAN_PORT": "eighty", "SHARDPLAN_HTTP_WORKERS": "eighty"}
-    result = _shardplan(shardplan_exe, "serve", "--port", "1", "--workers", "0", env=env)
+    result = run_cli_process("serve", "--port", "1", "--workers", "0", env=env)
     assert (result.returncode, result.stderr) == (
         2,
         "--workers: (document) = 0: must be at least 1\n",
