@@ -18,8 +18,8 @@ from ortools.sat.python import cp_model
 
 from benchmarks.workloads import nvidia_tables, workload_request
 from planner_service.solve.cpsat.model import PlacementModel
-from planner_service.solve.cpsat.run import COST_RESOLUTION
 from planner_service.solve.cpsat.search import makespan_upper
+from planner_service.solve.cpsat_runner import COST_RESOLUTION
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import loads_of

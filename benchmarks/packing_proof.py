@@ -21,7 +21,7 @@ import time
 from benchmarks.workloads import named_workload
 from planner_service.solve.bounds import packing
 from planner_service.solve.bounds.option_mix import option_mix_bound
-from planner_service.solve.cpsat.run import deterministic_solver
+from planner_service.solve.cpsat_runner import deterministic_solver
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import loads_of

@@ -10,7 +10,7 @@ Calls beyond ``workers + queue`` get 503 with ``Retry-After`` rather than piling
 in memory. A call cannot be stopped once it runs, so its slot is freed when its work ends,
 not when its client goes away. Functions and their arguments cross a pipe: module-level
 functions, picklable arguments. No worker outlives the service (as solver processes do
-not: ``solver.pool.die_with_parent``).
+not: ``processes.die_with_parent``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import ParamSpec, TypeVar
 
 from planner_service.service.http.problems import ProblemError
-from planner_service.service.solver.pool import die_with_parent
+from planner_service.service.processes import die_with_parent
 
 P = ParamSpec("P")
 T = TypeVar("T")

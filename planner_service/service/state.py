@@ -18,8 +18,9 @@ from planner_service.service.cpu import CpuLane
 from planner_service.service.http import metrics
 from planner_service.service.http.fetch import PlanResponses
 from planner_service.service.http.metrics import CacheLookup
+from planner_service.service.processes import die_with_parent
 from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
-from planner_service.service.solver.pool import SolvePool, die_with_parent
+from planner_service.service.solver.pool import SolvePool
 from planner_service.service.store import (
     PlanBodies,
     PlanStore,

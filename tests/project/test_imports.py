@@ -34,6 +34,7 @@ CHECK, REPORTS, SERVICE = (
 )
 ROUTES, SERVICE_HTTP, SOLVER = (f"{SERVICE}.{part}" for part in ("routes", "http", "solver"))
 STORE, SETTINGS, STATE = (f"{SERVICE}.{part}" for part in ("store", "settings", "state"))
+PROCESSES = f"{SERVICE}.processes"
 # planner_service/__init__.py holds the version only: every module may import it.
 VERSION = "planner_service"
 
@@ -116,10 +117,10 @@ RULES = (
     ),
     Rule(
         SOLVER,
-        (PLAN, SOLVE, SOLVER, SERVICE_HTTP, SETTINGS, STATE, STORE),
+        (PLAN, SOLVE, SOLVER, SERVICE_HTTP, SETTINGS, STATE, STORE, PROCESSES),
         None,
-        "service/solver imports plan, solve, itself, service/http, the settings, the state "
-        "and the store; never the routes, their dependencies or the app",
+        "service/solver imports plan, solve, itself, service/http, the settings, the state, "
+        "the store and processes.py; never the routes, their dependencies or the app",
     ),
     Rule(
         "runtime",
@@ -618,7 +619,20 @@ def test_private_names(module, source, taken):
 # taken whole (``runtime.kernels`` importing ``runtime.sharding.layout`` while
 # ``runtime.sharding.module`` imports ``runtime.kernels`` is a loop between runtime.kernels
 # and runtime.sharding, though no single module is on both ends).
-ACYCLIC = ("runtime",)
+# The planner's stages cannot loop between each other (RULES forbid every back-edge), so
+# each stage is checked inside. planner_service.service is not yet: solver/jobs.py takes the
+# whole ServiceState while state.py builds the SolvePool (solver <-> state); the jobs
+# should take the parts of the state they use.
+ACYCLIC = (
+    "runtime",
+    "clients",
+    "planner_service.plan",
+    "planner_service.costs",
+    "planner_service.solve",
+    "planner_service.validate",
+    "planner_service.check",
+    "planner_service.reports",
+)
 
 
 @dataclass(frozen=True)
@@ -695,7 +709,7 @@ def first_loop(graph: Mapping[str, Mapping[str, Edge]]) -> list[str]:
 @pytest.mark.parametrize("package", ACYCLIC)
 def test_no_import_loop(package):
     edges = import_edges(package)
-    assert len(edges) > 20  # the package was scanned
+    assert edges  # the package was scanned
     loops = import_loops(edges)
     assert not loops, "import loops:\n" + "\n".join(loops)
 

@@ -16,13 +16,13 @@ from planner_service.plan.types import SolverStatus, StopReason
 from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.construct import greedy_plan
-from planner_service.solve.cpsat.run import (
+from planner_service.solve.cpsat.search import solve_cpsat
+from planner_service.solve.cpsat_runner import (
     MIN_WALL_SAFETY_S,
     WALL_SAFETY_FACTOR,
     deterministic_solver,
     solve_within,
 )
-from planner_service.solve.cpsat.search import solve_cpsat
 from planner_service.solve.deadline import Deadline, finish_slack_s
 from planner_service.solve.explain import explain
 from planner_service.solve.improve import improve

@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import heapq
 import logging
 import math
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -48,12 +46,12 @@ from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
 from planner_service.plan.api import PlanSummary
+from planner_service.service.processes import die_with_parent
 
 T = TypeVar("T")
 log = logging.getLogger("shardplan.api")
 
 READY = "ready"  # a solver process's first message: warm, waiting for a job
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 RESPAWN_DELAY_S = 1.0  # before replacing a process that died before it was ready
 RECENT_SOLVES = 32
 PROGRESS_INTERVAL_S = 0.5  # a solver process reports progress at most this often
@@ -163,19 +161,6 @@ class SolverError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- solver process
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when the thread that started it ends (Linux),
-    then check that its parent had not ended already: the request is not retroactive."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
-    if os.getppid() != parent_pid:
-        os._exit(1)  # orphaned before the request took effect
 
 
 def run_solver_process(connection: Connection, service_pid: int) -> None:

@@ -23,7 +23,7 @@ from planner_service.solve.bounds.relaxed import (
     total,
 )
 from planner_service.solve.bounds.simple import LowerBound
-from planner_service.solve.cpsat.run import solve_within
+from planner_service.solve.cpsat_runner import solve_within
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.problem import Group, Problem
 

@@ -26,7 +26,7 @@ from ortools.sat.python import cp_model
 
 from planner_service.costs.options import Placement
 from planner_service.plan.types import ShardingType
-from planner_service.solve.cpsat.run import COST_RESOLUTION, deterministic_solver
+from planner_service.solve.cpsat_runner import COST_RESOLUTION, deterministic_solver
 from planner_service.solve.problem import Group, OptionCosts, Problem
 
 RESOLUTION = COST_RESOLUTION  # integer units per warm-start makespan, as in the main model

@@ -3,7 +3,7 @@ hint, in one run or in probes and a long run, stopped once a bound proves the pl
 enough (``bounds/simple.proven_within``) or at the deadline.
 
 Search is deterministic: interleaved workers and a deterministic time limit
-(``run.py``).
+(``solve/cpsat_runner.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from planner_service.costs.options import Placement
 from planner_service.plan.types import gap
 from planner_service.solve.bounds.simple import proven_within
 from planner_service.solve.cpsat.model import HBM_STEPS, PlacementModel
-from planner_service.solve.cpsat.run import (
+from planner_service.solve.cpsat_runner import (
     COST_RESOLUTION,
     RELATIVE_GAP_LIMIT,
     deterministic_solver,

@@ -3,8 +3,8 @@ deterministic budget, and stopped by the wall clock only as a last resort.
 
 Perf is scaled to integers rounding down (``COST_RESOLUTION`` units per reference
 makespan), so a scaled optimum never exceeds the true one and a proven bound divided by the
-scale is a valid lower bound. Used by the search (``search.py``) and by the option-mix and
-packing relaxations (``bounds/``).
+scale is a valid lower bound. Used by the search (``cpsat/search.py``) and by the
+option-mix and packing relaxations (``bounds/``).
 """
 
 from __future__ import annotations
