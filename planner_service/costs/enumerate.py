@@ -23,6 +23,7 @@ from planner_service.costs.estimate import (
     TableLoad,
     estimate_perf,
     estimate_storage,
+    perf_rows,
 )
 from planner_service.costs.options import (
     DeviceClasses,
@@ -107,6 +108,7 @@ class _OptionBuilder:
                     compute_kernel=kernel,
                     cache_load_factor=clf if kernel is ComputeKernel.FUSED_UVM_CACHING else None,
                     cost_model=self.request.options.cost_model,
+                    device_profile=self.request.options.device_profile,
                 )
                 for split in self._splits(table, kind, constraint):
                     yield self._option(ctx, split)
@@ -134,11 +136,11 @@ class _OptionBuilder:
     ) -> ShardingOption:
         estimates: list[tuple[ShardEstimate, int]] = []
         for sizes, count in runs:
-            cols = sizes[1]
-            key = (_perf_key(ctx), cols)
+            rows, cols = sizes
+            key = (_perf_key(ctx), perf_rows(ctx, rows), cols)
             perf = self._perf.get(key)
             if perf is None:
-                perf = tuple(estimate_perf(ctx, cols, spec) for spec in self.classes.specs)
+                perf = tuple(estimate_perf(ctx, rows, cols, spec) for spec in self.classes.specs)
                 self._perf[key] = perf
             estimates.append((ShardEstimate(sizes, perf, estimate_storage(ctx, *sizes)), count))
         return ShardingOption(

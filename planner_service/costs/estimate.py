@@ -19,11 +19,13 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from planner_service.costs import calibrated
 from planner_service.plan.types import (
     PERF_COMPONENTS,
     ComputeDevice,
     ComputeKernel,
     CostModel,
+    DeviceProfile,
     DeviceSpec,
     Perf,
     PoolingType,
@@ -89,6 +91,7 @@ class OptionContext:
     compute_kernel: ComputeKernel
     cache_load_factor: float | None
     cost_model: CostModel
+    device_profile: DeviceProfile | None = None  # the calibrated model's coefficients
     # Derived once per option, read many times by the formulas.
     is_pooled: bool = field(init=False)
     dtype_bytes: int = field(init=False)
@@ -155,8 +158,11 @@ def block_usage_penalty(dim: int) -> float:
 # --------------------------------------------------------------------------- perf
 
 
-def estimate_perf(ctx: OptionContext, cols: int, device: DeviceSpec) -> Perf:
-    """Milliseconds per iteration of one shard ``cols`` wide on ``device``."""
+def estimate_perf(ctx: OptionContext, rows: int, cols: int, device: DeviceSpec) -> Perf:
+    """Milliseconds per iteration of one shard of ``rows`` x ``cols`` on ``device`` (rows
+    matter to the calibrated model only)."""
+    if ctx.cost_model is CostModel.CALIBRATED:
+        return _calibrated_perf(ctx, rows, cols)
     kind = ctx.sharding_type
     if kind is ShardingType.DATA_PARALLEL:
         return _data_parallel_perf(ctx, cols, device)
@@ -165,6 +171,36 @@ def estimate_perf(ctx: OptionContext, cols: int, device: DeviceSpec) -> Perf:
     if kind is ShardingType.TABLE_ROW_WISE:
         return _row_wise_perf(ctx, cols, device, group=ctx.local_world_size)
     return _table_wise_perf(ctx, cols, device)
+
+
+def perf_rows(ctx: OptionContext, rows: int) -> int | None:
+    """What of a shard's rows its perf depends on, for caching estimates: nothing (only its
+    width matters, as in TorchRec) except under the calibrated model."""
+    return rows if ctx.cost_model is CostModel.CALIBRATED else None
+
+
+def _calibrated_perf(ctx: OptionContext, rows: int, cols: int) -> Perf:
+    """The shard under ``calibrated`` (``calibrated.py``); rank classes do not change it:
+    the profile measured one kind of device."""
+    profile = ctx.device_profile
+    assert profile is not None  # PlanOptions requires one with the calibrated model
+    table = ctx.table
+    return calibrated.shard_perf(
+        profile,
+        topology=ctx.topology,
+        sharding_type=ctx.sharding_type,
+        compute_kernel=ctx.compute_kernel,
+        cache_load_factor=ctx.cache_load_factor,
+        table_rows=table.num_embeddings,
+        rows=rows,
+        cols=cols,
+        batch_inputs=ctx.load.batch_inputs,
+        batch_outputs=ctx.load.batch_outputs,
+        pooled=ctx.is_pooled,
+        weighted=table.is_weighted,
+        element_bytes=ctx.dtype_bytes,
+        state_bytes_per_row=table.optimizer.state_bytes(1, cols),
+    )
 
 
 def _input_read_bytes(ctx: OptionContext, ids: float) -> int:
@@ -189,7 +225,7 @@ def _input_dist(ctx: OptionContext) -> float:
 def total_components(cost_model: CostModel) -> tuple[str, ...]:
     """The perf components ``cost_model`` sums into ``total`` (as ``_perf`` does): all of
     them in ours, all but ``input_dist`` in TorchRec's."""
-    if cost_model is CostModel.SHARDPLAN:
+    if cost_model is not CostModel.TORCHREC_1_8:
         return PERF_COMPONENTS
     return tuple(name for name in PERF_COMPONENTS if name != "input_dist")
 
@@ -200,7 +236,7 @@ def _perf(
     bwd_compute = _backward_compute(ctx, fwd_compute)
     prefetch = 0.0  # TorchRec prices prefetch only from measured cache statistics
     total = fwd_compute + bwd_compute + fwd_comms + bwd_comms + prefetch
-    if ctx.cost_model is CostModel.SHARDPLAN:
+    if ctx.cost_model is not CostModel.TORCHREC_1_8:
         total += input_dist
     return Perf(
         fwd_compute=fwd_compute,

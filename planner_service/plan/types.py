@@ -32,7 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from planner_service.plan.canonical import plan_id_of
+from planner_service.plan.canonical import canonical_bytes, plan_id_of, sha256_hex
 from planner_service.plan.json_data import JsonObject
 from planner_service.plan.schema_version import (
     SCHEMA_VERSION,
@@ -203,10 +203,12 @@ class Objective(StrEnum):
 
 
 class CostModel(StrEnum):
-    """Which estimator prices shards: ours (the default) or TorchRec 1.8's, reproduced."""
+    """Which estimator prices shards: ours (the default), TorchRec 1.8's reproduced, or ours
+    with the coefficients a device profile measured (``calibrated``)."""
 
     SHARDPLAN = "shardplan"
     TORCHREC_1_8 = "torchrec-1.8"
+    CALIBRATED = "calibrated"  # the coefficients of options.device_profile
 
 
 class SolverStatus(StrEnum):
@@ -530,6 +532,228 @@ class Constraints(_Value):
 _NO_CONSTRAINTS = ParameterConstraints()
 
 
+# --------------------------------------------------------------------------- device profiles
+#
+# A device profile (docs/cost-model.md, "Calibrating for your hardware") holds what
+# ``shardplan calibrate`` measured on one kind of machine: the cost of FBGEMM's kernels, of
+# the collectives the runtime issues and of the runtime's own work, as coefficients of the
+# ``calibrated`` cost model (``costs/calibrated.py``), each fit with its quality. Every
+# number has a bound: a profile can make the model slow or fast, never NaN, negative or
+# large enough to overflow the solver's arithmetic.
+
+PROFILE_SCHEMA_VERSION = "1.0"
+PROFILE_SCHEMA_VERSIONS = (PROFILE_SCHEMA_VERSION,)
+MAX_US_PER_ID = 1e3  # a millisecond per id looked up: slower than any kernel measured
+MAX_NS_PER_BYTE = 1e3  # a microsecond per byte (1 MB/s)
+MAX_FIXED_MS = 1e4  # ten seconds of fixed cost per call, collective or step
+MAX_PROFILE_ENTRIES = 256
+MAX_FIT_SAMPLES = 10**7
+MAX_PROFILE_RELATIVE_ERROR = 1e6
+
+# A coefficient of the calibrated model: finite, non-negative, bounded.
+UsPerId = Annotated[float, Field(ge=0.0, le=MAX_US_PER_ID, allow_inf_nan=False)]
+NsPerByte = Annotated[float, Field(ge=0.0, le=MAX_NS_PER_BYTE, allow_inf_nan=False)]
+FixedMs = Annotated[float, Field(ge=0.0, le=MAX_FIXED_MS, allow_inf_nan=False)]
+RelativeError = Annotated[float, Field(ge=0.0, le=MAX_PROFILE_RELATIVE_ERROR, allow_inf_nan=False)]
+Text = Annotated[str, Strict(), Field(max_length=1024)]
+
+
+class Collective(StrEnum):
+    """The collectives the runtime issues (``runtime.comm``)."""
+
+    ALL_TO_ALL = "all_to_all"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    ALL_REDUCE = "all_reduce"
+
+
+class FitQuality(_Value):
+    """How well a fitted group of coefficients reproduces its measurements: ``samples``
+    measurements, ``r2`` the coefficient of determination, the root-mean-square residual,
+    and the median and largest relative residual |predicted − measured| / measured."""
+
+    samples: Annotated[int, Strict(), Field(ge=1, le=MAX_FIT_SAMPLES)]
+    r2: Annotated[float, Field(ge=-MAX_PROFILE_RELATIVE_ERROR, le=1.0, allow_inf_nan=False)]
+    rms_residual_ms: FixedMs
+    median_relative_error: RelativeError
+    max_relative_error: RelativeError
+
+
+class KernelCoefficients(_Value):
+    """One FBGEMM kernel's forward and backward (with the fused optimizer) per step, for
+    ``ids`` ids looked up, ``bags`` bags produced, ``row bytes`` = columns × element bytes:
+
+    - ``fwd = call_fwd_ms + fwd_us_per_id · ids + fwd_ns_per_byte · ids · row bytes +
+      fwd_ns_per_out_byte · bags · columns · 4``
+    - ``bwd = call_bwd_ms + bwd_us_per_id · ids + bwd_ns_per_byte · ids · row bytes +
+      bwd_ns_per_row_byte · rows touched · (row bytes + optimizer state bytes per row)``
+
+    ``cache_hit_rate``: set on ``fused_uvm_caching`` entries only, the share of ids that hit
+    the cache when they were measured."""
+
+    compute_kernel: ComputeKernel
+    cache_hit_rate: Fraction | None = None
+    call_fwd_ms: FixedMs
+    call_bwd_ms: FixedMs
+    fwd_us_per_id: UsPerId
+    fwd_ns_per_byte: NsPerByte
+    fwd_ns_per_out_byte: NsPerByte
+    bwd_us_per_id: UsPerId
+    bwd_ns_per_byte: NsPerByte
+    bwd_ns_per_row_byte: NsPerByte
+    fit_fwd: FitQuality
+    fit_bwd: FitQuality
+
+    @model_validator(mode="after")
+    def _hit_rate_on_caching_only(self) -> Self:
+        caching = self.compute_kernel is ComputeKernel.FUSED_UVM_CACHING
+        if caching != (self.cache_hit_rate is not None):
+            raise _error(
+                "cache_hit_rate",
+                "cache_hit_rate is given with compute_kernel fused_uvm_caching, and only with "
+                "it (got {rate} for {kernel})",
+                rate=self.cache_hit_rate,
+                kernel=self.compute_kernel.value,
+                at="cache_hit_rate",
+                value=self.cache_hit_rate,
+            )
+        return self
+
+
+class CollectiveCoefficients(_Value):
+    """One collective over ``world_size`` ranks, ``ranks_per_host`` of them on each host,
+    as measured: ``latency_ms + ns_per_byte · bytes`` a rank sends."""
+
+    collective: Collective
+    world_size: WorldSize
+    ranks_per_host: WorldSize
+    latency_ms: FixedMs
+    ns_per_byte: NsPerByte
+    fit: FitQuality
+
+
+class RuntimeCoefficients(_Value):
+    """shardplan's runtime's own work around the kernels and collectives (bucketing ids,
+    permutes, copies), per step: ``step_ms`` whatever the plan, ``input_us_per_id`` per id a
+    rank receives, ``output_ns_per_byte`` per byte of output it stitches, and
+    ``sharding_type_ms`` for each sharding type a plan uses at all (its own exchanges)."""
+
+    step_ms: FixedMs
+    input_us_per_id: UsPerId
+    output_ns_per_byte: NsPerByte
+    sharding_type_ms: dict[ShardingType, FixedMs] = Field(default_factory=dict)
+    fit: FitQuality
+
+
+class MachineInfo(_Value):
+    """Where a profile was measured (for people; the planner reads only ``kind``)."""
+
+    hostname: Text = ""
+    device_name: Text = ""
+    cpu_count: Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+    threads_per_rank: Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+    shardplan_version: Text = ""
+    torch_version: Text = ""
+    fbgemm_gpu_version: Text = ""
+    python_version: Text = ""
+
+
+class DeviceProfile(_Value):
+    """A machine's calibrated costs (``shardplan calibrate``), read by the ``calibrated``
+    cost model. Its content address (``profile_id_of``) names it in the service."""
+
+    schema_version: Annotated[str, Strict(), Field(max_length=32)] = PROFILE_SCHEMA_VERSION
+    name: Name
+    compute_device: ComputeDevice
+    measured_at: Text = ""
+    machine: MachineInfo
+    budget_s: Annotated[float, Field(ge=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] = 0.0
+    wall_s: Annotated[float, Field(ge=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] = 0.0
+    kernels: list[KernelCoefficients] = Field(min_length=1, max_length=MAX_PROFILE_ENTRIES)
+    collectives: list[CollectiveCoefficients] = Field(max_length=MAX_PROFILE_ENTRIES)
+    runtime: RuntimeCoefficients
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_schema(cls, version: str) -> str:
+        if version not in PROFILE_SCHEMA_VERSIONS:
+            raise _error(
+                "schema_version",
+                "device profile schema_version {version!r} is not one this planner reads "
+                "({known}); calibrate again with this version's shardplan",
+                version=version,
+                known=", ".join(PROFILE_SCHEMA_VERSIONS),
+                at="",
+                value=version,
+            )
+        return version
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        needed = PROFILE_KERNELS[self.compute_device]
+        have = {k.compute_kernel for k in self.kernels}
+        missing = sorted(k.value for k in needed - have)
+        if missing:
+            raise _error(
+                "missing_kernel",
+                "a {device} profile needs coefficients for every kernel of the device "
+                "({needed}); it has none for {missing}",
+                device=self.compute_device.value,
+                needed=", ".join(sorted(k.value for k in needed)),
+                missing=", ".join(missing),
+                at="kernels",
+                value=missing[0],
+            )
+        wrong = sorted(k.value for k in have - needed)
+        if wrong:
+            raise _error(
+                "kernel_device",
+                "compute kernel {kernel} does not run on {device} (its kernels: {needed})",
+                kernel=wrong[0],
+                device=self.compute_device.value,
+                needed=", ".join(sorted(k.value for k in needed)),
+                at="kernels",
+                value=wrong[0],
+            )
+        keys: Counter[tuple[object, ...]] = Counter(
+            (k.compute_kernel, k.cache_hit_rate) for k in self.kernels
+        )
+        keys.update((c.collective, c.world_size, c.ranks_per_host) for c in self.collectives)
+        twice = [key for key, count in keys.items() if count > 1]
+        if twice:
+            raise _error(
+                "duplicate_entry",
+                "the profile has two entries for {key}; give each kernel (and hit rate) and "
+                "each collective (at a world size and ranks per host) once",
+                key=", ".join(str(getattr(part, "value", part)) for part in twice[0]),
+                at="kernels" if len(twice[0]) == 2 else "collectives",
+                value=str(twice[0]),
+            )
+        for i, entry in enumerate(self.collectives):
+            if entry.ranks_per_host > entry.world_size:
+                raise _error(
+                    "ranks_per_host",
+                    "collectives[{i}].ranks_per_host {local} is more than its world_size {world}",
+                    i=i,
+                    local=entry.ranks_per_host,
+                    world=entry.world_size,
+                    at=f"collectives[{i}].ranks_per_host",
+                    value=entry.ranks_per_host,
+                )
+        return self
+
+
+PROFILE_KERNELS = {
+    ComputeDevice.CPU: frozenset({ComputeKernel.FUSED, ComputeKernel.DENSE}),
+    ComputeDevice.CUDA: frozenset(ComputeKernel),
+}
+
+
+def profile_id_of(profile: DeviceProfile) -> str:
+    """A profile's content address: the sha256 of its canonical JSON."""
+    return sha256_hex(canonical_bytes(profile))
+
+
 class PlanOptions(_Value):
     """How to solve: time budget, random seed, objective, and the cost model that prices
     shards (``shardplan``, or ``torchrec-1.8`` to judge plans on TorchRec's own terms).
@@ -553,6 +777,47 @@ class PlanOptions(_Value):
     move_cost_ms_per_gib: (
         Annotated[float, Field(ge=0.0, le=MAX_MOVE_COST_MS_PER_GIB, allow_inf_nan=False)] | None
     ) = None
+    # The calibrated model's coefficients (docs/cost-model.md, "Calibrating for your
+    # hardware"): inline, or by id from the service, which fills in the profile. An inline
+    # profile's id is filled in, so both forms of one request hash alike.
+    device_profile_id: Sha256Hex | None = None
+    device_profile: DeviceProfile | None = None
+
+    @model_validator(mode="after")
+    def _check_profile(self) -> Self:
+        profile, given_id = self.device_profile, self.device_profile_id
+        calibrated = self.cost_model is CostModel.CALIBRATED
+        if not calibrated and (profile is not None or given_id is not None):
+            raise _error(
+                "profile_without_calibrated",
+                "a device profile prices shards only under cost_model 'calibrated' (this "
+                "request's is {model!r}); set cost_model to 'calibrated' or drop the profile",
+                model=self.cost_model.value,
+                at="device_profile" if profile is not None else "device_profile_id",
+                value=self.cost_model.value,
+            )
+        if calibrated and profile is None and given_id is None:
+            raise _error(
+                "calibrated_needs_profile",
+                "cost_model 'calibrated' needs a device profile: give device_profile (from "
+                "shardplan calibrate) or, to the service, device_profile_id",
+                at="cost_model",
+                value=self.cost_model.value,
+            )
+        if profile is not None:
+            actual = profile_id_of(profile)
+            if given_id is not None and given_id != actual:
+                raise _error(
+                    "profile_mismatch",
+                    "device_profile_id {given} is not the content address of device_profile "
+                    "({actual}); give one of them, or both naming the same profile",
+                    given=given_id,
+                    actual=actual,
+                    at="device_profile_id",
+                    value=given_id,
+                )
+            object.__setattr__(self, "device_profile_id", actual)
+        return self
 
     @model_validator(mode="after")
     def _check_previous(self) -> Self:
@@ -603,7 +868,7 @@ class PlanOptions(_Value):
 
     @model_serializer(mode="wrap")
     def _omit_unset_incremental(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
-        return _without_absent(handler(self), INCREMENTAL_OPTIONS)
+        return _without_absent(handler(self), INCREMENTAL_OPTIONS + PROFILE_OPTIONS)
 
     @property
     def incremental(self) -> bool:
@@ -617,6 +882,7 @@ INCREMENTAL_OPTIONS = (
     "max_moved_bytes",
     "move_cost_ms_per_gib",
 )
+PROFILE_OPTIONS = ("device_profile_id", "device_profile")
 
 
 class PlanRequest(_Value):
@@ -661,6 +927,22 @@ class PlanRequest(_Value):
                     )
                 first_feature[feature] = i
         return tables
+
+    @model_validator(mode="after")
+    def _check_profile_device(self) -> Self:
+        profile = self.options.device_profile
+        device = self.topology.compute_device
+        if profile is not None and profile.compute_device is not device:
+            raise _error(
+                "profile_device",
+                "options.device_profile describes a {profile} machine, but the topology's "
+                "compute_device is {device}; calibrate on a {device} machine",
+                profile=profile.compute_device.value,
+                device=device.value,
+                at="options.device_profile.compute_device",
+                value=profile.compute_device.value,
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_references(self) -> Self:

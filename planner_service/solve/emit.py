@@ -14,6 +14,7 @@ from planner_service.plan.codec import seal_plan_data
 from planner_service.plan.types import (
     PERF_COMPONENTS,
     Migration,
+    Perf,
     PlanOptions,
     ShardingPlan,
     SolverReport,
@@ -32,9 +33,12 @@ def build_plan(
     bound: LowerBound,
     deadline_reached: bool = False,
     migration: Migration | None = None,
+    fixed_costs: Perf | None = None,
 ) -> ShardingPlan:
     """The sealed plan of ``choices``. Built as JSON data and validated once: a plan can
-    hold hundreds of thousands of shards, and sealing happens after the deadline."""
+    hold hundreds of thousands of shards, and sealing happens after the deadline.
+    ``fixed_costs``: what every rank pays whatever it holds (the calibrated model's fixed costs;
+    ``bound`` then includes them too)."""
     tables: dict[str, dict[str, object]] = {}
     components = np.zeros((problem.world_size, len(PERF_COMPONENTS)))
     vectors: dict[int, np.ndarray] = {}  # shards of one size share one Perf object
@@ -72,6 +76,10 @@ def build_plan(
             "shards": shards,
             "cache_load_factor": option.cache_load_factor,
         }
+    fixed_total = 0.0
+    if fixed_costs is not None and fixed_costs.total:
+        components += np.array([getattr(fixed_costs, n) for n in PERF_COMPONENTS])
+        fixed_total = fixed_costs.total
     rank_stats = [
         {
             "rank": rank,
@@ -79,12 +87,12 @@ def build_plan(
             "ddr_bytes": int(loads.ddr[rank]),
             "perf": {
                 **dict(zip(PERF_COMPONENTS, map(float, components[rank]), strict=True)),
-                "total": float(loads.perf[rank]),
+                "total": float(loads.perf[rank]) + fixed_total,
             },
         }
         for rank in range(problem.world_size)
     ]
-    objective = loads.objective
+    objective = loads.objective + fixed_total
     lower = min(bound.value, objective)
     plan_gap = gap(objective, lower)
     report = SolverReport(

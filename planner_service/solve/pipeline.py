@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+from planner_service.costs.calibrated import fixed_perf
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.transfers import migration_section
 from planner_service.plan.types import (
@@ -27,6 +28,7 @@ from planner_service.plan.types import (
     PlanOptions,
     PlanRequest,
     ShardingPlan,
+    ShardingType,
     SolverStatus,
 )
 from planner_service.solve.bounds.option_mix import OPTION_MIX_SHARE, option_mix_bound
@@ -41,6 +43,12 @@ from planner_service.solve.cpsat.search import (
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.emit import build_plan, rank_io
 from planner_service.solve.explain import explain, memory_reasons
+from planner_service.solve.fixed_costs import (
+    Variant,
+    bound_with_fixed_costs,
+    fixed_cost_exclusions,
+    types_of,
+)
 from planner_service.solve.incremental import (
     Moves,
     best_within,
@@ -100,8 +108,16 @@ def solve(
             request, prepared.table_problems, SolverStatus.INFEASIBLE, deadline, prepared.fitted
         )
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
-    search = _Search(prepared, request.options, deadline)
-    moves = _moves(search.problem, request)
+    assert prepared.problem is not None
+    moves = _moves(prepared.problem, request)
+    exclusions = [frozenset()] if moves is not None else fixed_cost_exclusions(prepared.problem)
+    # Each variant of the calibrated model's fixed costs searches with its share of the
+    # time (and of the deterministic budget, so that equal requests give equal plans).
+    share = 1.0 / len(exclusions)
+    options = request.options
+    if len(exclusions) > 1:
+        options = options.model_copy(update={"time_limit_s": options.time_limit_s * share})
+    search = _Search(prepared, options, deadline.share(share) if share < 1 else deadline)
     incremental = incremental_plan(search.problem, moves, deadline) if moves else None
     after_search = copy.copy(deadline)  # the reverting stage's, past the search's
     if moves is not None:
@@ -116,8 +132,16 @@ def solve(
         infeasibility = explain(request, [], status, deadline, prepared.fitted)
         return SolveOutcome(None, infeasibility, time.perf_counter() - start, search.details)
     migration = None
+    problem = search.problem
+    variants = [Variant(frozenset(), problem, bound=best_bound(search.bounds))]
     if moves is None:
         choices, loads = _best(search.problem, candidates)
+        variants[0].choices = choices
+        variants += _restricted_variants(request, options, exclusions[1:], deadline)
+        best = min((v for v in variants if v.choices is not None), key=lambda v: v.total(request))
+        assert best.problem is not None and best.choices is not None
+        problem, choices = best.problem, best.choices
+        loads = loads_of(problem, choices)
     else:
         kept = kept_choices(search.problem, moves)
         fastest = _best(search.problem, candidates)[0]
@@ -142,16 +166,43 @@ def solve(
         search.details["incremental_objective"] = (
             loads_of(search.problem, incremental).objective if incremental else None
         )
+    fixed = fixed_perf(request, types_of(problem, choices))
     plan = build_plan(
-        search.problem,
+        problem,
         choices,
         loads,
-        best_bound(search.bounds),
+        bound_with_fixed_costs(request, variants),
         deadline.reached,
         migration=migration,
+        fixed_costs=fixed,
     )
-    io = rank_io(search.problem, choices)
+    io = rank_io(problem, choices)
     return SolveOutcome(plan, None, time.perf_counter() - start, search.details, io)
+
+
+def _restricted_variants(
+    request: PlanRequest,
+    options: PlanOptions,
+    exclusions: list[frozenset[ShardingType]],
+    deadline: Deadline,
+) -> list[Variant]:
+    """The calibrated model's plans without some sharding types (``fixed_costs.py``), each
+    searched in its share of what is left of the time."""
+    variants = []
+    for i, excluded in enumerate(exclusions):
+        own = deadline.share(1.0 / (len(exclusions) - i))
+        prepared = prepare(request, own, exclude=excluded)
+        if prepared.problem is None:  # some table has only excluded types
+            variants.append(Variant(excluded, None, None))
+            continue
+        search = _Search(prepared, options, own)
+        candidates = search.run(lambda stage, best, bound: None)
+        variant = Variant(excluded, search.problem, best_bound(search.bounds))
+        if candidates:
+            variant.choices = _best(search.problem, candidates)[0]
+        variants.append(variant)
+        deadline.reached |= own.reached
+    return variants
 
 
 class _Search:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner_service.costs.enumerate import FitResult, enumerate_options, fit_options
-from planner_service.costs.options import DeviceClasses
-from planner_service.plan.types import PlanRequest, TableProblem
+from planner_service.costs.options import DeviceClasses, TableOptions
+from planner_service.plan.types import PlanRequest, ShardingType, TableProblem
 from planner_service.solve.bounds.lp import LinearRelaxation, Relaxation, RelaxationInfeasible
 from planner_service.solve.bounds.simple import LowerBound, best_bound, simple_bounds
 from planner_service.solve.construct import greedy_plan
@@ -44,14 +44,28 @@ class Prepared:
         return best_bound(self.bounds)
 
 
-def prepare(request: PlanRequest, deadline: Deadline | None = None) -> Prepared:
+def prepare(
+    request: PlanRequest,
+    deadline: Deadline | None = None,
+    exclude: frozenset[ShardingType] = frozenset(),
+) -> Prepared:
     """Enumerate and fit the options, build the problem and bound it. Without time left
-    for the LP, the problem comes with the simple bounds only."""
+    for the LP, the problem comes with the simple bounds only. ``exclude``: sharding types
+    no table may take (the calibrated model's plans without a type's fixed cost); when
+    that leaves a table without options, there is no problem (and no table problem)."""
     deadline = deadline or Deadline.never()
     fitted = fit_options(request, enumerate_options(request))
     if fitted.problems:
         return Prepared(fitted.problems, fitted=fitted)
-    tables = without_equivalents(fitted.tables, request.topology)
+    tables = fitted.tables
+    if exclude:
+        tables = [
+            TableOptions(t.table, tuple(o for o in t.options if o.sharding_type not in exclude))
+            for t in tables
+        ]
+        if not all(t.options for t in tables):
+            return Prepared([], fitted=fitted)
+    tables = without_equivalents(tables, request.topology)
     problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
     groups = group_tables(problem)
     bounds = simple_bounds(problem)

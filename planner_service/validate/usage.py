@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner_service.costs.calibrated import fixed_perf
 from planner_service.costs.estimate import (
     OptionContext,
     Storage,
     TableLoad,
     estimate_perf,
     estimate_storage,
+    perf_rows,
     total_components,
 )
 from planner_service.costs.options import DeviceClasses
@@ -54,9 +56,17 @@ class RankUsage:
 
     loads: dict[int, RankLoad]
     cost_model: CostModel
+    # Per perf field, what every rank pays whatever it holds (the calibrated model's fixed
+    # costs of the sharding types the plan uses; zeros under the other models).
+    fixed: tuple[float, ...] = (0.0,) * len(PERF_FIELDS)
 
     def of(self, rank: int) -> RankLoad:
-        return self.loads.get(rank) or RankLoad()
+        """The rank's load, its share of the fixed costs included."""
+        load = self.loads.get(rank) or RankLoad()
+        if not any(self.fixed):
+            return load
+        perf = [a + b for a, b in zip(load.perf, self.fixed, strict=True)]
+        return RankLoad(load.hbm_bytes, load.ddr_bytes, load.io_bytes, perf)
 
     def io_bytes(self, world_size: int) -> list[tuple[int, int]]:
         """(input id bytes, output embedding bytes) per rank, as the solver reports them
@@ -66,14 +76,14 @@ class RankUsage:
     @property
     def objective(self) -> float:
         """The most loaded rank's perf total (ms)."""
-        return max((load.perf[-1] for load in self.loads.values()), default=0.0)
+        return max((load.perf[-1] for load in self.loads.values()), default=0.0) + self.fixed[-1]
 
     @property
     def critical_path(self) -> float:
         """Sum over the perf components in the total of their max over ranks."""
         counted = total_components(self.cost_model)
         return sum(
-            max((load.perf[i] for load in self.loads.values()), default=0.0)
+            max((load.perf[i] for load in self.loads.values()), default=0.0) + self.fixed[i]
             for i, name in enumerate(PERF_COMPONENTS)
             if name in counted
         )
@@ -98,7 +108,11 @@ def rank_usage(request: PlanRequest, tables: Mapping[str, ParameterSharding]) ->
             inputs, outputs = load.io_bytes
             load.io_bytes = (inputs + storage.input_bytes, outputs + storage.output_bytes)
             load.perf = [a + b for a, b in zip(load.perf, perf, strict=True)]
-    return RankUsage(loads, request.options.cost_model)
+    used = {tables[t.name].sharding_type for t in request.tables if t.name in tables}
+    fixed = fixed_perf(request, used)
+    return RankUsage(
+        loads, request.options.cost_model, tuple(getattr(fixed, f) for f in PERF_FIELDS)
+    )
 
 
 class _Pricer:
@@ -121,10 +135,10 @@ class _Pricer:
         if storage is None:
             storage = self.storages[storage_key] = estimate_storage(ctx, rows, cols)
         device_class = self.classes.class_of(shard.rank)
-        perf_key = (id(ctx), cols, device_class)
+        perf_key = (id(ctx), perf_rows(ctx, rows), cols, device_class)
         perf = self.perf.get(perf_key)
         if perf is None:
-            estimate = estimate_perf(ctx, cols, self.classes.specs[device_class])
+            estimate = estimate_perf(ctx, rows, cols, self.classes.specs[device_class])
             perf = self.perf[perf_key] = tuple(getattr(estimate, f) for f in PERF_FIELDS)
         return storage, perf
 
@@ -142,5 +156,6 @@ class _Pricer:
                 compute_kernel=sharding.compute_kernel,
                 cache_load_factor=clf,
                 cost_model=self.request.options.cost_model,
+                device_profile=self.request.options.device_profile,
             )
         return ctx

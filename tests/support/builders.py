@@ -153,3 +153,70 @@ def plan(
         rank_stats=stats,
         solver=report,
     )
+
+
+FIT = {
+    "samples": 12,
+    "r2": 0.99,
+    "rms_residual_ms": 0.01,
+    "median_relative_error": 0.03,
+    "max_relative_error": 0.1,
+}
+
+
+def kernel_coefficients(kernel: str, scale: float = 1.0, **fields: Any) -> dict[str, Any]:
+    """A kernel's coefficients in a profile, each ``scale`` times a plausible cpu value."""
+    coefficients = {
+        "call_fwd_ms": 0.05,
+        "call_bwd_ms": 0.08,
+        "fwd_us_per_id": 0.02,
+        "fwd_ns_per_byte": 0.3,
+        "fwd_ns_per_out_byte": 0.5,
+        "bwd_us_per_id": 0.04,
+        "bwd_ns_per_byte": 0.6,
+        "bwd_ns_per_row_byte": 1.0,
+    }
+    scaled = {name: value * scale for name, value in coefficients.items()}
+    return {"compute_kernel": kernel, **scaled, "fit_fwd": FIT, "fit_bwd": FIT, **fields}
+
+
+def device_profile(
+    device: str = "cpu", world_sizes: tuple[int, ...] = (2,), **fields: Any
+) -> dict[str, Any]:
+    """A device profile's JSON data with plausible cpu coefficients (as ``shardplan
+    calibrate`` writes it), for requests with ``cost_model: calibrated``."""
+    kernels = [kernel_coefficients("fused"), kernel_coefficients("dense")]
+    if device == "cuda":
+        kernels += [
+            kernel_coefficients("fused_uvm", 5.0),
+            kernel_coefficients("fused_uvm_caching", 3.0, cache_hit_rate=0.2),
+            kernel_coefficients("fused_uvm_caching", 1.5, cache_hit_rate=0.8),
+        ]
+    collectives = [
+        {
+            "collective": kind,
+            "world_size": world,
+            "ranks_per_host": world,
+            "latency_ms": 0.2,
+            "ns_per_byte": 1.0,
+            "fit": FIT,
+        }
+        for kind in ("all_to_all", "reduce_scatter", "all_gather")
+        for world in world_sizes
+    ]
+    runtime = {
+        "step_ms": 1.0,
+        "input_us_per_id": 0.05,
+        "output_ns_per_byte": 0.2,
+        "sharding_type_ms": {"row_wise": 0.3},
+        "fit": FIT,
+    }
+    profile = {
+        "name": f"test-{device}",
+        "compute_device": device,
+        "machine": {"cpu_count": 2, "threads_per_rank": 1},
+        "kernels": kernels,
+        "collectives": collectives,
+        "runtime": runtime,
+    }
+    return {**profile, **fields}
