@@ -57,15 +57,14 @@ def prepare(
     fitted = fit_options(request, enumerate_options(request))
     if fitted.problems:
         return Prepared(fitted.problems, fitted=fitted)
-    tables = fitted.tables
-    if exclude:
+    tables = without_equivalents(fitted.tables, request)
+    if exclude:  # after dropping equivalents: an excluded type's equal stays out with it
         tables = [
             TableOptions(t.table, tuple(o for o in t.options if o.sharding_type not in exclude))
             for t in tables
         ]
         if not all(t.options for t in tables):
             return Prepared([], fitted=fitted)
-    tables = without_equivalents(tables, request.topology)
     problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
     groups = group_tables(problem)
     bounds = simple_bounds(problem)

@@ -13,6 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
+from planner_service.costs.calibrated import fixed_perf
 from planner_service.costs.options import DeviceClasses, Placement, ShardingOption, TableOptions
 from planner_service.plan.capacity import Capacity
 from planner_service.plan.types import PlanRequest, ShardingType, Topology
@@ -216,25 +217,27 @@ _PREFERENCE = {
 }
 
 
-def without_equivalents(tables: list[TableOptions], topology: Topology) -> list[TableOptions]:
+def without_equivalents(tables: list[TableOptions], request: PlanRequest) -> list[TableOptions]:
     """Drop options that cost exactly what a freer option of the table costs (decided once
-    per distinct option tuple: tables of one shape share them)."""
+    per distinct option tuple: tables of one shape share them). Under the calibrated model
+    two sharding types are alike only if their fixed costs are too."""
     decided: dict[tuple[int, ...], tuple[ShardingOption, ...]] = {}
+    fixed = {kind: fixed_perf(request, (kind,)).total for kind in ShardingType}
     result = []
     for entry in tables:
         key = tuple(map(id, entry.options))
         if key not in decided:
-            decided[key] = _distinct_options(entry.options, topology)
+            decided[key] = _distinct_options(entry.options, request.topology, fixed)
         result.append(TableOptions(entry.table, decided[key]))
     return result
 
 
 def _distinct_options(
-    options: tuple[ShardingOption, ...], topology: Topology
+    options: tuple[ShardingOption, ...], topology: Topology, fixed: dict[ShardingType, float]
 ) -> tuple[ShardingOption, ...]:
     kept: dict[tuple[object, ...], ShardingOption] = {}
     for option in options:
-        key = _equivalence_key(option, topology)
+        key = (*_equivalence_key(option, topology), fixed[option.sharding_type])
         incumbent = kept.get(key)
         if (
             incumbent is None

@@ -33,7 +33,7 @@ def problem_of(req):
     from planner_service.solve.problem import group_tables
 
     fitted = fit_options(req, enumerate_options(req))
-    tables = without_equivalents(fitted.tables, req.topology)
+    tables = without_equivalents(fitted.tables, req)
     problem = Problem(req, tables, fitted.capacities, DeviceClasses.of(req.topology))
     return problem, group_tables(problem)
 
