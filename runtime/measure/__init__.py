@@ -9,7 +9,7 @@ beside the plan's predicted parts (docs/measure.md).
   joined from torchrun, the report gathered on rank 0.
 """
 
-from runtime.measure.launch import MeasureRefused, RankFailed, measure_plan
+from runtime.measure.launch import MeasureRefused, RankFailed, default_device, measure_plan
 from runtime.measure.report import (
     DeviceKind,
     MeasureReport,
@@ -28,5 +28,6 @@ __all__ = [
     "RankFailed",
     "RankMeasurement",
     "StepTimes",
+    "default_device",
     "measure_plan",
 ]

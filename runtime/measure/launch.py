@@ -105,6 +105,11 @@ def check_runnable(
         )
 
 
+def default_device() -> DeviceKind:
+    """cuda where this machine has a GPU torch can use, else cpu."""
+    return DeviceKind.CUDA if torch.cuda.is_available() else DeviceKind.CPU
+
+
 def check_here(plan: ShardingPlan, device: DeviceKind) -> None:
     """``check_runnable`` on this machine."""
     check_runnable(

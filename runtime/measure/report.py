@@ -21,15 +21,16 @@ class _Frozen(BaseModel):
 
 
 class Part(StrEnum):
-    """The parts of a measured step, in the order a step runs them; ``other`` is what is
-    left of the step (the loss and its gradient, handing over the batch)."""
+    """The parts of a measured step, the timed ones in the order a step runs them, then
+    ``other``: what is left of the step (the loss and its gradient, between the forward and
+    the backward, and the hand-over between parts)."""
 
     INPUT_DIST = "input_dist"
     LOOKUP_FWD = "lookup_fwd"
     OUTPUT_DIST_FWD = "output_dist_fwd"
-    OTHER = "other"
     OUTPUT_DIST_BWD = "output_dist_bwd"
     LOOKUP_BWD = "lookup_bwd"
+    OTHER = "other"
 
 
 TIMED_PARTS = tuple(part for part in Part if part is not Part.OTHER)
