@@ -112,15 +112,17 @@ class PredictedTimes(_Frozen):
 
 
 class RankMeasurement(_Frozen):
-    """One rank: the median of each part over the timed steps (``other`` is the median
-    step less the medians of the timed parts, so the parts add up to the median step), the
-    90th percentile step, the plan's prediction for the rank (``None`` when its rank_stats
-    does not list it), the predicted total's error relative to the measured median step,
-    and every timed step."""
+    """One rank: its step's median and 90th percentile; ``iqm``, the interquartile mean of
+    its steps by part (the mean of the middle half of the steps, ranked by step time: as
+    robust to a stray slow step as the median, and its parts add up to its step, which
+    medians of the parts do not); the plan's prediction for the rank (``None`` when its
+    rank_stats does not list it) and the predicted total's error relative to the median
+    step; and every timed step."""
 
     rank: int
-    median: StepTimes
+    step_median_ms: float
     step_p90_ms: float
+    iqm: StepTimes
     predicted: PredictedTimes | None
     relative_error: float | None
     samples: list[StepTimes]
@@ -175,14 +177,16 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def summarise(samples: Sequence[StepTimes]) -> tuple[StepTimes, float]:
-    """The median of each timed part and of the step (``other`` the remainder), and the
-    90th percentile step."""
-    steps = [sample.step_ms for sample in samples]
+def interquartile_mean(samples: Sequence[StepTimes]) -> StepTimes:
+    """The mean of each part over the middle half of the steps by step time (at least the
+    median step), so the parts add up to the step."""
+    ordered = sorted(samples, key=lambda sample: sample.step_ms)
+    quarter = len(ordered) // 4
+    middle = ordered[quarter : len(ordered) - quarter]
     timed: dict[Part, float] = {
-        part: statistics.median(s.part_ms(part) for s in samples) for part in TIMED_PARTS
+        part: math.fsum(s.part_ms(part) for s in middle) / len(middle) for part in TIMED_PARTS
     }
-    return StepTimes.of(statistics.median(steps), timed), percentile(steps, 0.9)
+    return StepTimes.of(math.fsum(s.step_ms for s in middle) / len(middle), timed)
 
 
 def relative_error(predicted_ms: float | None, measured_ms: float) -> float | None:
@@ -201,14 +205,16 @@ def predicted_of(plan: ShardingPlan) -> dict[int, PredictedTimes]:
 def rank_measurement(
     rank: int, samples: Sequence[StepTimes], predicted: PredictedTimes | None
 ) -> RankMeasurement:
-    median, p90 = summarise(samples)
+    steps = [sample.step_ms for sample in samples]
+    median = statistics.median(steps)
     total = None if predicted is None else predicted.total_ms
     return RankMeasurement(
         rank=rank,
-        median=median,
-        step_p90_ms=p90,
+        step_median_ms=median,
+        step_p90_ms=percentile(steps, 0.9),
+        iqm=interquartile_mean(samples),
         predicted=predicted,
-        relative_error=relative_error(total, median.step_ms),
+        relative_error=relative_error(total, median),
         samples=list(samples),
     )
 
@@ -225,7 +231,7 @@ def build_report(
         rank_measurement(rank, samples, predicted.get(rank))
         for rank, samples in enumerate(samples_by_rank)
     ]
-    slowest = max(ranks, key=lambda r: r.median.step_ms)
+    slowest = max(ranks, key=lambda r: r.step_median_ms)
     totals = [p.total_ms for p in predicted.values()]
     predicted_job = max(totals) if totals else None
     return MeasureReport(
@@ -236,8 +242,8 @@ def build_report(
         settings=settings,
         machine=machine,
         ranks=ranks,
-        job_step_ms=slowest.median.step_ms,
+        job_step_ms=slowest.step_median_ms,
         slowest_rank=slowest.rank,
         predicted_job_ms=predicted_job,
-        relative_error=relative_error(predicted_job, slowest.median.step_ms),
+        relative_error=relative_error(predicted_job, slowest.step_median_ms),
     )

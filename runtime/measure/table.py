@@ -1,12 +1,13 @@
 """A ``MeasureReport`` as the table ``shardplan measure`` prints: per rank a measured row
-(medians) and the plan's predicted row, then the job's step beside the plan's largest
+(the step's median and 90th percentile, then its interquartile mean by part) and the plan's
+predicted row, then the job's step beside the plan's largest
 predicted total."""
 
 from __future__ import annotations
 
 from runtime.measure.report import TIMED_PARTS, MeasureReport, Part, RankMeasurement
 
-COLUMNS = ("rank", "", "step ms", "p90 ms", *(part.value for part in Part), "error")
+COLUMNS = ("rank", "", "median", "p90", "step", *(part.value for part in Part), "error")
 NONE = "-"
 
 
@@ -26,14 +27,14 @@ def percent(value: float | None) -> str:
 
 def rank_rows(rank: RankMeasurement) -> list[list[str]]:
     """The measured row and the predicted row of one rank."""
-    median = rank.median
-    measured = [str(rank.rank), "measured", milliseconds(median.step_ms)]
-    measured += [milliseconds(rank.step_p90_ms)]
-    measured += [milliseconds(median.part_ms(part)) for part in Part] + [""]
+    iqm = rank.iqm
+    measured = [str(rank.rank), "measured", milliseconds(rank.step_median_ms)]
+    measured += [milliseconds(rank.step_p90_ms), milliseconds(iqm.step_ms)]
+    measured += [milliseconds(iqm.part_ms(part)) for part in Part] + [""]
     predicted = rank.predicted
     if predicted is None:
         return [measured, ["", "predicted", *[NONE] * (len(COLUMNS) - 2)]]
-    row = ["", "predicted", milliseconds(predicted.total_ms), NONE]
+    row = ["", "predicted", NONE, NONE, milliseconds(predicted.total_ms)]
     row += [milliseconds(predicted.part_ms(part)) if part in TIMED_PARTS else NONE for part in Part]
     return [measured, [*row, percent(rank.relative_error)]]
 
@@ -67,9 +68,9 @@ def render_table(report: MeasureReport) -> str:
         f"job step {milliseconds(report.job_step_ms)} ms (rank {report.slowest_rank}, the "
         f"slowest rank's median); predicted {milliseconds(report.predicted_job_ms)} ms "
         f"(error {percent(report.relative_error)})",
-        "milliseconds: medians over the timed steps (other: the median step less the timed "
-        "parts' medians);",
+        "milliseconds; step and its parts: the mean of the middle half of the steps (by step "
+        "time);",
         "predicted: the plan's rank_stats perf (step: its total); error: predicted step vs "
-        "measured",
+        "the median step",
     ]
     return "\n".join(head + aligned(rows) + tail) + "\n"

@@ -52,7 +52,7 @@ def test_measure_prints_the_table_and_writes_the_report(tmp_path):
     assert report.plan_id == plan.plan_id and report.world_size == 2
     assert report.settings.steps == 3 and len(report.ranks[1].samples) == 3
     header = result.stdout.splitlines()[3].split()
-    assert header[:3] == ["rank", "step", "ms"] and header[-2:] == ["other", "error"]
+    assert header[:4] == ["rank", "median", "p90", "step"] and header[-2:] == ["other", "error"]
     assert f"plan {plan.plan_id[:12]} on 2 rank(s): cpu, gloo" in result.stdout
     assert f"job step {report.job_step_ms:.2f} ms" in result.stdout
 
