@@ -1,15 +1,18 @@
 """The ``shardplan`` command line.
 
 Each command parses its arguments, calls one library function and renders the result; each
-lives in its own module here. Exit codes: 0 success, 1 the plan is invalid (``validate``)
-or the plans differ (``diff``), 2 bad input (usage, unreadable or invalid files, output
-paths that cannot be written, checked before solving, or a command whose extra is not
-installed; with ``--server``: what the service refused as input, an unknown plan id or
-alias, a missing or refused token), 3 no plan exists (a table fits nowhere, or the solver
-proves it; for ``check``: the model does not fit), 4 the service (``--server``) could not
-be reached, was overloaded after the retries, or failed (5xx), 5 a plan from the service
-failed its integrity check (its content does not hash to its id: nothing is written),
-130 interrupted (Ctrl-C, at once, even mid-solve). Bad input never shows a traceback.
+lives in its own module here. Exit codes: 0 success, 1 the plan is invalid (``validate``;
+``measure``, which then runs nothing) or the plans differ (``diff``), 2 bad input (usage,
+unreadable or invalid files, output paths that cannot be written, checked before solving, a
+command whose extra is not installed, or for ``measure`` a plan whose world size this
+machine cannot run, said before any rank starts; with ``--server``: what the service
+refused as input, an unknown plan id or alias, a missing or refused token), 3 no plan
+exists (a table fits nowhere, or the solver proves it; for ``check``: the model does not
+fit), 4 the service (``--server``) could not be reached, was overloaded after the retries,
+or failed (5xx), or for ``measure`` a rank raised, died or passed its deadline, 5 a plan
+from the service failed its integrity check (its content does not hash to its id: nothing
+is written), 130 interrupted (Ctrl-C, at once, even mid-solve). Bad input never shows a
+traceback.
 
 Start-up: the parser is built from every command module, for ``--version`` and ``--help``
 too, so a command module imports only the standard library and ``clients.cli``'s light
@@ -29,6 +32,7 @@ from clients.cli import (
     check,
     diff,
     fetch,
+    measure,
     migrate,
     options,
     plan,
@@ -75,6 +79,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (validate, plan, check, fetch, options, diff, migrate, request, schema, serve):
+    for command in (
+        validate,
+        plan,
+        check,
+        measure,
+        fetch,
+        options,
+        diff,
+        migrate,
+        request,
+        schema,
+        serve,
+    ):
         command.add_parser(sub)
     return parser

@@ -161,9 +161,10 @@ class ShardedTables(nn.Module):
             return staged
         return self.input_dist(features)
 
-    def _lookup(self, received: Received) -> list[torch.Tensor]:
-        """Each kernel's lookups of its features' ids, kernel by kernel: ``[sum of batches,
-        columns]`` pooled, or ``[ids, width]`` rows for a sequence kernel."""
+    def lookup(self, received: Received) -> list[torch.Tensor]:
+        """Step 2 of ``forward``: each kernel's lookups of its features' ids, kernel by
+        kernel: ``[sum of batches, columns]`` pooled, or ``[ids, width]`` rows for a sequence
+        kernel. Public so that a step can be timed part by part (``runtime.measure``)."""
         total = sum(received.batches)
         outputs = []
         start_bag = start_value = 0
@@ -273,8 +274,12 @@ class ShardedEmbeddingBagCollection(ShardedTables):
     def compute_and_output(self, context: InputContext) -> KeyedTensor:
         """Steps 2 and 3 of ``forward``: lookups of the received ids, then the pooled columns
         back to their samples' ranks."""
+        return self.output_dist(context, self.lookup(context.received))
+
+    def output_dist(self, context: InputContext, pooled: list[torch.Tensor]) -> KeyedTensor:
+        """Step 3 of ``forward``: the kernels' pooled columns (``lookup``'s) back to their
+        samples' ranks, as this rank's ``KeyedTensor``."""
         received = context.received
-        pooled = self._lookup(received)
         if not pooled:
             total = sum(received.batches)
             pooled = [torch.zeros(total, 0, device=self.device, requires_grad=True)]
@@ -306,9 +311,16 @@ class ShardedEmbeddingCollection(ShardedTables):
     def compute_and_output(self, context: InputContext) -> dict[str, JaggedTensor]:
         """Steps 2 and 3 of ``forward``: a row per received id, then the rows back to their
         ids' ranks."""
-        received, sent = context.received, context.sent
+        return self.output_dist(context, self.lookup(context.received))
+
+    def output_dist(
+        self, context: InputContext, rows: list[torch.Tensor]
+    ) -> dict[str, JaggedTensor]:
+        """Step 3 of ``forward``: the kernels' rows (``lookup``'s) back to their ids'
+        ranks, each where its id stands."""
+        sent = context.sent
         assert sent is not None
-        return self.outputs(self._lookup(received), received, sent, context.local)
+        return self.outputs(rows, context.received, sent, context.local)
 
 
 Collection = EmbeddingBagCollection | EmbeddingCollection

@@ -155,6 +155,15 @@ RULES = (
         "works on a core install (a training job's)",
     ),
     Rule(
+        "clients.cli.measure",
+        CLIENT_OURS,
+        CORE | {"httpx"},
+        CLIENTS_MAY
+        + "only the measure command imports the runtime (and with it torch and FBGEMM), "
+        "inside the command",
+        lazy=("runtime",),
+    ),
+    Rule(
         "clients.cli.serve",
         CLIENT_OURS,
         CORE | {"httpx"},

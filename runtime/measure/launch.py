@@ -1,0 +1,267 @@
+"""Running a measurement at the plan's world size: the check that this machine can hold it
+(before anything is started), the ranks spawned here (gloo on cpu, one process per GPU with
+NCCL on cuda) or joined from ``torchrun``'s environment, and the report put together on
+rank 0.
+
+Nothing waits forever: the process group has the settings' deadline for every collective,
+a rank that raises or dies ends the run at once with an error naming it (torch's spawn
+context stops the others), and the ranks die with this process.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import tempfile
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+
+import fbgemm_gpu
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from planner_service.plan.types import PlanRequest, ShardingPlan
+from runtime.measure.report import (
+    BACKEND_OF,
+    DeviceKind,
+    Machine,
+    MeasureReport,
+    MeasureSettings,
+    StepTimes,
+    build_report,
+)
+from runtime.measure.step import measure_rank
+
+RANKS_PER_CPU = 4
+# A rank's own memory besides its shards: about 300 MB resident after importing torch and
+# FBGEMM (measured on the 2-core machine), plus its batches and the process group's buffers.
+RANK_BASE_BYTES = 512 * 2**20
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+_JOIN_POLL_S = 0.5
+
+
+class MeasureRefused(Exception):
+    """This machine cannot run the plan's world size (said before starting anything)."""
+
+
+class RankFailed(Exception):
+    """A rank raised, died or timed out; the message names it and says how."""
+
+
+def in_torchrun(environ: Mapping[str, str]) -> bool:
+    """Whether this process is one rank of a job started by ``torchrun`` (or alike)."""
+    return all(name in environ for name in TORCHRUN_VARIABLES)
+
+
+def mem_available_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo; ``None`` where there is none (not Linux)."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name == "MemAvailable":
+            return int(value.split()[0]) * 1024
+    return None
+
+
+def check_runnable(
+    plan: ShardingPlan,
+    device: DeviceKind,
+    *,
+    cpu_count: int,
+    cuda_devices: int,
+    available_bytes: int | None,
+) -> None:
+    """Refuse a plan whose world size this machine cannot run, naming the numbers."""
+    world = plan.world_size
+    if device is DeviceKind.CUDA:
+        if world > cuda_devices:
+            raise MeasureRefused(
+                f"the plan is for world size {world} but this machine has {cuda_devices} "
+                f"CUDA device(s) (one rank per GPU); run it under torchrun across hosts, or "
+                "measure on cpu with --device cpu"
+            )
+        return
+    limit = RANKS_PER_CPU * cpu_count
+    if world > limit:
+        raise MeasureRefused(
+            f"the plan is for world size {world} but this machine runs at most {limit} cpu "
+            f"ranks ({RANKS_PER_CPU} per core × {cpu_count} cores: beyond that the ranks "
+            "time-share so much that the steps measure the scheduler); run it under torchrun "
+            "across hosts"
+        )
+    needed = sum(s.hbm_bytes + s.ddr_bytes for s in plan.rank_stats) + world * RANK_BASE_BYTES
+    if available_bytes is not None and needed > available_bytes:
+        raise MeasureRefused(
+            f"the plan's {world} ranks need about {needed / 2**30:.1f} GiB (their shards' "
+            f"bytes from rank_stats plus {RANK_BASE_BYTES // 2**20} MiB per rank) but this "
+            f"machine has {available_bytes / 2**30:.1f} GiB available; run it under torchrun "
+            "across hosts"
+        )
+
+
+def default_device() -> DeviceKind:
+    """cuda where this machine has a GPU torch can use, else cpu."""
+    return DeviceKind.CUDA if torch.cuda.is_available() else DeviceKind.CPU
+
+
+def check_here(plan: ShardingPlan, device: DeviceKind) -> None:
+    """``check_runnable`` on this machine."""
+    check_runnable(
+        plan,
+        device,
+        cpu_count=os.cpu_count() or 1,
+        cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        available_bytes=mem_available_bytes(),
+    )
+
+
+def this_machine(device: torch.device) -> Machine:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
+    return Machine(
+        hostname=socket.gethostname(),
+        cpu_count=os.cpu_count() or 1,
+        device_name=name or device.type,
+        torch_version=torch.__version__,
+        fbgemm_version=str(fbgemm_gpu.__version__),
+    )
+
+
+def rank_device(settings: MeasureSettings, local_rank: int) -> torch.device:
+    if settings.device is DeviceKind.CUDA:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def run_rank(
+    request: PlanRequest,
+    plan: ShardingPlan,
+    settings: MeasureSettings,
+    local_rank: int,
+) -> MeasureReport | None:
+    """This rank's steps in the initialised default group, gathered: rank 0 gets the
+    report, the others ``None``."""
+    torch.set_num_threads(settings.threads)
+    device = rank_device(settings, local_rank)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    samples = measure_rank(request, plan, settings, rank, dist.group.WORLD, device)
+    gathered: list[list[str] | None] = [None] * world
+    dist.all_gather_object(gathered, [s.model_dump_json() for s in samples])
+    if rank != 0:
+        return None
+    by_rank = [
+        [StepTimes.model_validate_json(s) for s in rank_samples or []] for rank_samples in gathered
+    ]
+    return build_report(plan, settings, this_machine(device), by_rank)
+
+
+def _spawned(
+    rank: int,
+    world: int,
+    port: int,
+    documents: tuple[str, str, str],
+    result: str,
+) -> None:
+    """A spawned rank: join the group on the loopback port, measure, rank 0 writes the
+    report to ``result``."""
+    request = PlanRequest.model_validate_json(documents[0])
+    plan = ShardingPlan.model_validate_json(documents[1])
+    settings = MeasureSettings.model_validate_json(documents[2])
+    dist.init_process_group(
+        BACKEND_OF[settings.device].value,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=settings.timeout_s),
+    )
+    try:
+        report = run_rank(request, plan, settings, rank)
+        if report is not None:
+            Path(result).write_text(report.model_dump_json())
+        dist.barrier()  # no rank tears its connections down while a peer still uses them
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def spawn(request: PlanRequest, plan: ShardingPlan, settings: MeasureSettings) -> MeasureReport:
+    """The plan's world size of ranks on this machine; the report rank 0 writes."""
+    documents = (request.model_dump_json(), plan.model_dump_json(), settings.model_dump_json())
+    with tempfile.TemporaryDirectory(prefix="shardplan-measure-") as folder:
+        result = Path(folder) / "report.json"
+        args = (plan.world_size, free_port(), documents, str(result))
+        context = mp.start_processes(
+            _spawned, args=args, nprocs=plan.world_size, join=False, start_method="spawn"
+        )
+        try:
+            while not context.join(timeout=_JOIN_POLL_S):
+                pass
+        except mp.ProcessRaisedException as error:
+            raise RankFailed(_raised(error)) from None
+        except mp.ProcessExitedException as error:
+            how = error.signal_name or f"exit code {error.exit_code}"
+            raise RankFailed(f"rank {error.error_index} died ({how})") from None
+        finally:
+            _stop(context)
+        return MeasureReport.model_validate_json(result.read_text())
+
+
+def _raised(error: mp.ProcessRaisedException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f"rank {error.error_index} failed: {lines[-1] if lines else 'no message'}"
+
+
+def _stop(context: mp.ProcessContext) -> None:
+    """End the ranks still running (an interrupted or failed run)."""
+    for process in context.processes:
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
+
+
+def join_environment(
+    request: PlanRequest, plan: ShardingPlan, settings: MeasureSettings
+) -> MeasureReport | None:
+    """Run as the rank ``torchrun`` started (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``):
+    rank 0 gets the report."""
+    world = int(os.environ["WORLD_SIZE"])
+    if world != plan.world_size:
+        raise MeasureRefused(
+            f"the plan is for world size {plan.world_size} but torchrun started {world} "
+            f"ranks; start {plan.world_size} (torchrun --nnodes × --nproc-per-node)"
+        )
+    dist.init_process_group(
+        BACKEND_OF[settings.device].value,
+        init_method="env://",
+        timeout=timedelta(seconds=settings.timeout_s),
+    )
+    try:
+        report = run_rank(request, plan, settings, int(os.environ.get("LOCAL_RANK", "0")))
+        dist.barrier()
+        return report
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_plan(
+    request: PlanRequest, plan: ShardingPlan, settings: MeasureSettings
+) -> MeasureReport | None:
+    """Measure ``plan`` (valid for ``request``): under torchrun as its rank (``None`` on
+    ranks other than 0), else spawned here once this machine is known to hold it."""
+    if in_torchrun(os.environ):
+        return join_environment(request, plan, settings)
+    check_here(plan, settings.device)
+    return spawn(request, plan, settings)
