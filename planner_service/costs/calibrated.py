@@ -38,9 +38,9 @@ INDEX_BYTES = 8  # ids are int64 on the wire
 OUTPUT_ELEMENT_BYTES = 4  # pooled outputs and their gradients are fp32
 NS_PER_MS = 1e6
 US_PER_MS = 1e3
-# The input distribution's all-to-alls: splits, lengths, ids (and weights, when any table
-# is weighted); the output's: one forward and its adjoint backward (runtime.sharding).
-INPUT_ALL_TO_ALLS = 3
+# The input distribution's all-to-alls: the counts, then lengths, ids and weights in one;
+# the output's: one forward and its adjoint backward (runtime.sharding).
+INPUT_ALL_TO_ALLS = 2
 ROW_SPLIT = frozenset({ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE})
 # Whole columns from every rank (``table_wise``, the column types, ``data_parallel``).
 WHOLE_COLUMNS = frozenset(ShardingType) - ROW_SPLIT
@@ -243,8 +243,7 @@ def fixed_perf(request: PlanRequest, sharding_types: Iterable[ShardingType]) -> 
         CollectiveKind.ALL_GATHER,
     )
     a2a_ms = collective_latency_ms(profile, a2a, world, local)
-    weighted = any(table.is_weighted for table in request.tables)
-    input_dist = (INPUT_ALL_TO_ALLS + (1 if weighted else 0)) * a2a_ms
+    input_dist = INPUT_ALL_TO_ALLS * a2a_ms
     calls = len({table.data_type for table in request.tables})
     kernel = kernel_entry(profile, ComputeKernel.FUSED, None)  # every device has it
     fwd_compute = profile.runtime.step_ms + calls * kernel.call_fwd_ms
