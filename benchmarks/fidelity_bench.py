@@ -142,7 +142,7 @@ def _table(
 class Candidate:
     label: str
     plan: ShardingPlan
-    model: CostModel | None = None  # the model whose own plan this is
+    models: list[CostModel] = field(default_factory=list)  # the models whose own plan it is
     predicted_ms: dict[CostModel, float] = field(default_factory=dict)
     predicted_ranks_ms: dict[CostModel, list[float]] = field(default_factory=dict)
     measured_ms: float = 0.0
@@ -226,22 +226,16 @@ def candidate_plans(
                 allowed = [k for k in allowed if k != "data_parallel"]
             mix[t["name"]] = [rng.choice(allowed)]
         shapes.append((f"random mix {i + 1}", constrained(document, mix, min_partition=8), None))
-    seen: set[str] = set()
-    candidates = []
+    candidates: dict[str, Candidate] = {}
     for label, request, model in shapes:
         outcome = solve(request)
         if outcome.plan is None:
             print(f"  {label}: no plan ({outcome.infeasibility})", file=sys.stderr)
             continue
-        key = _key(outcome.plan)
-        if key in seen:
-            for c in candidates:
-                if c.model is None and model is not None and _key(c.plan) == key:
-                    c.model = model
-            continue
-        seen.add(key)
-        candidates.append(Candidate(label, outcome.plan, model))
-    return candidates
+        found = candidates.setdefault(_key(outcome.plan), Candidate(label, outcome.plan))
+        if model is not None:
+            found.models.append(model)
+    return list(candidates.values())
 
 
 def _key(plan: ShardingPlan) -> str:
@@ -300,7 +294,7 @@ def scores(candidates: list[Candidate]) -> list[ModelScore]:
     result = []
     for model in MODELS:
         predicted = [c.predicted_ms[model] for c in candidates]
-        own = next((c for c in candidates if c.model is model), None)
+        own = next((c for c in candidates if model in c.models), None)
         errors = [
             abs(p - m) / m
             for c in candidates
@@ -375,7 +369,7 @@ def _print(name: str, world: int, candidates: list[Candidate]) -> None:
     print(header)
     print("|" + " --- |" * (2 + len(MODELS)))
     for c in sorted(candidates, key=lambda c: c.measured_ms):
-        own = f" ({c.model.value}'s)" if c.model else ""
+        own = "".join(f" ({m.value}'s)" for m in c.models)
         cells = " | ".join(f"{c.predicted_ms[m]:.2f}" for m in MODELS)
         print(f"| {c.label}{own} | {c.measured_ms:.2f} | {cells} |")
     print("\n| model | Spearman ρ | regret of its plan | median per-rank error |")
@@ -393,7 +387,7 @@ def _record(name: str, world: int, candidates: list[Candidate], wall_s: float) -
         "plans": [
             {
                 "label": c.label,
-                "own_plan_of": None if c.model is None else c.model.value,
+                "own_plan_of": [m.value for m in c.models],
                 "measured_ms": c.measured_ms,
                 "predicted_ms": {m.value: c.predicted_ms[m] for m in MODELS},
             }
