@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from clients.cli import (
+    calibrate,
     check,
     diff,
     fetch,
@@ -75,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (validate, plan, check, fetch, options, diff, migrate, request, schema, serve):
+    commands = (validate, plan, check, fetch, options, diff, migrate, request, schema, serve)
+    for command in (*commands, calibrate):
         command.add_parser(sub)
     return parser

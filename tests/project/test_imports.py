@@ -155,6 +155,14 @@ RULES = (
         "works on a core install (a training job's)",
     ),
     Rule(
+        "clients.cli.calibrate",
+        CLIENT_OURS,
+        CORE | {"httpx"},
+        CLIENTS_MAY
+        + "only the calibrate command imports the runtime (torch, FBGEMM), inside the command",
+        lazy=("runtime",),
+    ),
+    Rule(
         "clients.cli.serve",
         CLIENT_OURS,
         CORE | {"httpx"},
