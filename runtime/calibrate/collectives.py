@@ -58,7 +58,8 @@ def rows_of(buffer_bytes: int, world_size: int) -> int:
 
 def measure_rank(rank: int, world_size: int, deadline: float) -> list[tuple[int, str, int, float]]:
     """On one rank: (round, collective, buffer bytes, median ms) for each size, round
-    after round, until ``deadline`` (a ``time.monotonic`` time, which every process on the
+    after round (the first whatever the time: starting the ranks may have spent the share),
+    until ``deadline`` (a ``time.monotonic`` time, which every process on the
     machine shares)."""
     cuda = dist.get_backend() == "nccl"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -66,7 +67,7 @@ def measure_rank(rank: int, world_size: int, deadline: float) -> list[tuple[int,
     samples = []
     for i, buffer_bytes in enumerate(MESSAGE_BYTES * ROUNDS):
         round_ = i // len(MESSAGE_BYTES)
-        if _anyone_past(time.monotonic() > deadline, device):
+        if round_ > 0 and _anyone_past(time.monotonic() > deadline, device):
             break
         rows = rows_of(buffer_bytes, world_size)
         size = rows * world_size * ROW_BYTES

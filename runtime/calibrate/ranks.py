@@ -26,6 +26,8 @@ from typing import Any
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 POLL_S = 0.2
 TRACEBACK_LINES = 6  # of a failing rank's traceback, in the error
+ERROR_GRACE_S = 3.0
+PEER_GONE = "closed by peer"
 
 
 class RankFailedError(RuntimeError):
@@ -128,9 +130,32 @@ def _collect(processes: list[Any], results: Any, deadline: float, timeout_s: flo
             _check_alive(processes, values, deadline, timeout_s)
             continue
         if error is not None:
-            raise RankFailedError(f"rank {rank} of {len(processes)} failed:\n{error}")
+            errors = {rank: error, **_more_errors(results, len(processes) - len(values) - 1)}
+            raise RankFailedError(_failure_message(errors, len(processes)))
         values[rank] = value
     return [values[rank] for rank in range(len(processes))]
+
+
+def _more_errors(results: Any, pending: int) -> dict[int, str]:
+    """The other ranks' errors within ``ERROR_GRACE_S``: a rank's failure often reaches the
+    parent first from a peer, whose collective saw the connection close."""
+    errors: dict[int, str] = {}
+    end = time.monotonic() + ERROR_GRACE_S
+    while len(errors) < pending and time.monotonic() < end:
+        try:
+            rank, _, error = results.get(timeout=POLL_S)
+        except queue.Empty:
+            continue
+        if error is not None:
+            errors[rank] = error
+    return errors
+
+
+def _failure_message(errors: dict[int, str], world_size: int) -> str:
+    """Each failed rank's error, the ranks that failed on their own first and those whose
+    peer went away (gloo: "Connection closed by peer") after them."""
+    order = sorted(errors, key=lambda rank: (PEER_GONE in errors[rank], rank))
+    return "\n".join(f"rank {rank} of {world_size} failed:\n{errors[rank]}" for rank in order)
 
 
 def _check_alive(
