@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from clients.cli import (
+    calibrate,
     check,
     diff,
     fetch,
@@ -84,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         plan,
         check,
         measure,
+        calibrate,
         fetch,
         options,
         diff,

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 if TYPE_CHECKING:
     from planner_service.check.source import Answer, OnProgress, PlanSource
@@ -48,6 +48,54 @@ class ProgressLine:
             if bound is not None:
                 parts.append(f"bound {bound:.6g} ms")
             print(", ".join(parts), file=sys.stderr, flush=True)
+
+
+class StageProgress:
+    """A long-running command's stage on stderr (``shardplan calibrate``): one line each
+    time the stage changes, and every ``INTERVAL_S`` while it runs, with the clock against
+    the budget: ``calibrating: 12 s of 180 s, kernels: fused: 41 cases``."""
+
+    INTERVAL_S = 2.0
+
+    def __init__(
+        self, label: str, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self._clock = clock
+        self._stage = ""
+        self._printed = -self.INTERVAL_S
+
+    def __enter__(self) -> StageProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stream.flush()
+
+    def update(self, progress: StageReport) -> None:
+        now = self._clock()
+        if progress.stage == self._stage and now - self._printed < self.INTERVAL_S:
+            return
+        self._stage, self._printed = progress.stage, now
+        print(
+            f"{self.label}: {progress.elapsed_s:.0f} s of {progress.budget_s:.0f} s, "
+            f"{progress.stage}: {progress.detail}",
+            file=self.stream,
+            flush=True,
+        )
+
+
+class StageReport(Protocol):
+    """What a stage reports (``runtime.calibrate.profile.Progress``)."""
+
+    @property
+    def stage(self) -> str: ...
+    @property
+    def detail(self) -> str: ...
+    @property
+    def elapsed_s(self) -> float: ...
+    @property
+    def budget_s(self) -> float: ...
 
 
 def with_progress_line(source: PlanSource) -> PlanSource:

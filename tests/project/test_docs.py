@@ -34,6 +34,8 @@ BIN = Path(sys.executable).parent
 
 # Commands shown but not run, and why. Everything else in a console block runs.
 NOT_RUN = {
+    "shardplan calibrate --budget-s 180 -o profile.json": "measures for up to 3 minutes; "
+    "tests/runtime/test_calibrate.py runs a 10 s calibration",
     "make run": "serves until stopped; pages that talk to the service get their own server",
     "make test": "runs this suite",
     "shardplan serve --db var/shardplan.db": "serves until stopped, as make run",

@@ -164,6 +164,14 @@ RULES = (
         lazy=("runtime",),
     ),
     Rule(
+        "clients.cli.calibrate",
+        CLIENT_OURS,
+        CORE | {"httpx"},
+        CLIENTS_MAY
+        + "only the calibrate command imports the runtime (torch, FBGEMM), inside the command",
+        lazy=("runtime",),
+    ),
+    Rule(
         "clients.cli.serve",
         CLIENT_OURS,
         CORE | {"httpx"},

@@ -1,0 +1,254 @@
+"""The kernel stage: FBGEMM's table-batched kernel (``runtime.kernels.build_kernel``, as the
+sharded module builds it) timed forward and backward-with-the-fused-optimizer over a grid of
+dims, pooling factors, rows, batch sizes and tables per call, and fit to the calibrated
+model's kernel terms (``KernelCoefficients``).
+
+Each case is one kernel call over ``tables`` equal tables, ``batch`` bags each of exactly
+``pooling`` ids drawn uniformly (what ``rows_touched`` assumes); on ``fused_uvm_caching``, a
+``hit_rate`` share of the ids is drawn from rows the cache holds after a warm-up. Cases with
+one and with several tables per call separate the per-call terms from the per-id ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from planner_service.costs.calibrated import NS_PER_MS, OUTPUT_ELEMENT_BYTES, US_PER_MS
+from planner_service.costs.calibrated import rows_touched as expected_rows_touched
+from planner_service.plan.types import (
+    MAX_FIXED_MS,
+    MAX_NS_PER_BYTE,
+    MAX_US_PER_ID,
+    ComputeKernel,
+    DataType,
+    KernelCoefficients,
+    OptimizerType,
+)
+from runtime.calibrate.fit import fit_linear, in_profile_units
+from runtime.calibrate.timing import Budget, median_pair_ms
+from runtime.kernel_key import KernelKey, Memory
+from runtime.kernels import FusedOptimizer, Kernel, build_kernel
+
+DIMS = (16, 32, 64, 128, 256)
+POOLING_FACTORS = (1, 4, 16, 64)
+ROWS = (1_000, 10_000, 100_000, 1_000_000)
+BATCH_SIZES = (256, 1024, 4096)
+TABLES_PER_CALL = (1, 2, 8)
+MAX_WEIGHT_BYTES = 2**29  # a case's tables together: 512 MiB
+MAX_ID_COLUMNS = 2**25  # ids x dim of one call: about 50 ms of CPU backward
+CHEAP_ID_COLUMNS = 2**18  # the first cases, so a short budget still fits every term
+ROUNDS = 3
+MIN_SAMPLES = 10  # measured whatever the budget: 4 terms and a residual, twice over
+ADAGRAD_EVERY = 4  # one case in this many runs rowwise_adagrad (the optimizer state term)
+ELEMENT_BYTES = DataType.FP32.size_bytes
+CACHE_LOAD_FACTOR = 0.2  # of fused_uvm_caching cases: the cache holds a fifth of the rows
+HOT_SHARE_OF_CACHE = 0.5  # the rows ids hit are half of what the cache holds
+SGD = FusedOptimizer(OptimizerType.SGD, {"learning_rate": 0.01})
+ROWWISE_ADAGRAD = FusedOptimizer(OptimizerType.ROWWISE_ADAGRAD, {"learning_rate": 0.01})
+FWD_TERMS = ("call_fwd_ms", "fwd_us_per_id", "fwd_ns_per_byte", "fwd_ns_per_out_byte")
+BWD_TERMS = ("call_bwd_ms", "bwd_us_per_id", "bwd_ns_per_byte", "bwd_ns_per_row_byte")
+# Each term's coefficient is fit in ms per unit; these turn it into the profile's units.
+TERM_SCALES = (1.0, US_PER_MS, NS_PER_MS, NS_PER_MS)
+TERM_BOUNDS = (MAX_FIXED_MS, MAX_US_PER_ID, MAX_NS_PER_BYTE, MAX_NS_PER_BYTE)
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """One profile entry to measure: a kernel, and for ``fused_uvm_caching`` its hit rate."""
+
+    kernel: ComputeKernel
+    hit_rate: float | None = None
+
+    @property
+    def label(self) -> str:
+        rate = f" at {self.hit_rate:g} hits" if self.hit_rate is not None else ""
+        return f"{self.kernel.value}{rate}"
+
+
+def targets_of(device: torch.device, hit_rates: Sequence[float]) -> list[KernelTarget]:
+    """The kernels measured on ``device``: ``fused`` on cpu (``dense`` runs the same host
+    kernel there: see ``dense_as_fused``); on cuda also ``fused_uvm`` and
+    ``fused_uvm_caching`` at each hit rate."""
+    fused = [KernelTarget(ComputeKernel.FUSED)]
+    if device.type != "cuda":
+        return fused
+    caching = [KernelTarget(ComputeKernel.FUSED_UVM_CACHING, rate) for rate in hit_rates]
+    return [*fused, KernelTarget(ComputeKernel.FUSED_UVM), *caching]
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One kernel call: ``tables`` tables of ``rows`` x ``dim``, ``batch`` bags each of
+    ``pooling`` ids."""
+
+    rows: int
+    dim: int
+    tables: int
+    batch: int
+    pooling: int
+    optimizer: OptimizerType = OptimizerType.SGD
+
+    @property
+    def ids(self) -> int:
+        return self.tables * self.batch * self.pooling
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * ELEMENT_BYTES
+
+    def fwd_terms(self) -> tuple[float, ...]:
+        out_bytes = self.tables * self.batch * self.dim * OUTPUT_ELEMENT_BYTES
+        return (1.0, self.ids, self.ids * self.row_bytes, out_bytes)
+
+    def bwd_terms(self) -> tuple[float, ...]:
+        touched = self.tables * expected_rows_touched(self.rows, self.batch * self.pooling)
+        state = self.optimizer.state_bytes(1, self.dim)
+        return (1.0, self.ids, self.ids * self.row_bytes, touched * (self.row_bytes + state))
+
+
+def grid(seed: int) -> list[KernelCase]:
+    """Every case of the grid that fits the memory and time caps, in a seeded random order
+    whose first ``MIN_SAMPLES`` are cheap (and vary every term), so that a grid stopped early
+    by its budget is still a spread of the whole space."""
+    cases = [
+        KernelCase(rows, dim, tables, batch, pooling)
+        for rows, dim, tables, batch, pooling in itertools.product(
+            ROWS, DIMS, TABLES_PER_CALL, BATCH_SIZES, POOLING_FACTORS
+        )
+        if rows * dim * tables * ELEMENT_BYTES <= MAX_WEIGHT_BYTES
+        and tables * batch * pooling * dim <= MAX_ID_COLUMNS
+    ]
+    rng = random.Random(seed)
+    rng.shuffle(cases)
+    cheap = [c for c in cases if c.ids * c.dim <= CHEAP_ID_COLUMNS][:MIN_SAMPLES]
+    ordered = cheap + [c for c in cases if c not in cheap]
+    return [
+        KernelCase(c.rows, c.dim, c.tables, c.batch, c.pooling, OptimizerType.ROWWISE_ADAGRAD)
+        if i % ADAGRAD_EVERY == ADAGRAD_EVERY - 1
+        else c
+        for i, c in enumerate(ordered)
+    ]
+
+
+@dataclass(frozen=True)
+class KernelSample:
+    case: KernelCase
+    fwd_ms: float
+    bwd_ms: float
+
+
+def key_of(target: KernelTarget) -> KernelKey:
+    if target.kernel is ComputeKernel.FUSED_UVM_CACHING:
+        return KernelKey(Memory.MANAGED_CACHING, DataType.FP32, CACHE_LOAD_FACTOR)
+    memory = {ComputeKernel.FUSED_UVM: Memory.MANAGED}.get(target.kernel, Memory.DEVICE)
+    return KernelKey(memory, DataType.FP32, 0.0)
+
+
+def measure_case(
+    target: KernelTarget, case: KernelCase, device: torch.device, generator: torch.Generator
+) -> KernelSample:
+    """Forward and backward (the fused update) of one case, median of several calls."""
+    key = key_of(target) if device.type == "cuda" else KernelKey(Memory.HOST, DataType.FP32, 0.0)
+    optimizer = SGD if case.optimizer is OptimizerType.SGD else ROWWISE_ADAGRAD
+    sizes = [(case.rows, case.dim)] * case.tables
+    kernel = build_kernel(key, sizes, list(range(case.tables)), optimizer, device)
+    ids = draw_ids(case, target.hit_rate, generator).to(device)
+    offsets = torch.arange(0, case.ids + 1, case.pooling, dtype=torch.int64, device=device)
+    if target.hit_rate is not None:
+        warm_cache(kernel, case, device)
+    grad = torch.ones((case.batch, case.tables * case.dim), device=device)
+
+    def forward() -> torch.Tensor:
+        output: torch.Tensor = kernel(ids, offsets)
+        return output
+
+    fwd_ms, bwd_ms = median_pair_ms(forward, lambda out: out.backward(grad), device)
+    return KernelSample(case, fwd_ms, bwd_ms)
+
+
+def hot_rows(case: KernelCase) -> int:
+    return max(1, int(case.rows * CACHE_LOAD_FACTOR * HOT_SHARE_OF_CACHE))
+
+
+def draw_ids(case: KernelCase, hit_rate: float | None, generator: torch.Generator) -> torch.Tensor:
+    """Every table's ids: uniform over the rows, or a ``hit_rate`` share from the hot rows
+    and the rest from the others."""
+    if hit_rate is None:
+        return torch.randint(0, case.rows, (case.ids,), generator=generator)
+    hot = hot_rows(case)
+    hits = torch.rand((case.ids,), generator=generator) < hit_rate
+    hot_ids = torch.randint(0, hot, (case.ids,), generator=generator)
+    cold_ids = torch.randint(hot, max(hot + 1, case.rows), (case.ids,), generator=generator)
+    return torch.where(hits, hot_ids, cold_ids)
+
+
+def warm_cache(kernel: Kernel, case: KernelCase, device: torch.device) -> None:
+    """Look up every hot row of every table, so that the cache holds them when timed."""
+    hot = hot_rows(case)
+    ids = torch.arange(hot, device=device).repeat(case.tables)
+    offsets = torch.zeros(case.tables * case.batch + 1, dtype=torch.int64, device=device)
+    for table in range(case.tables):  # every bag of a table empty but the first
+        offsets[table * case.batch + 1 :] = (table + 1) * hot
+    for _ in range(2):
+        with torch.no_grad():
+            kernel(ids, offsets)
+
+
+def measure_kernel(
+    target: KernelTarget,
+    device: torch.device,
+    deadline: float,
+    budget: Budget,
+    seed: int,
+    on_case: Callable[[int], None],
+) -> list[KernelSample]:
+    """Cases of the grid until ``deadline`` (at least ``MIN_SAMPLES`` of them): the grid
+    again, in another order, while time is left, up to ``ROUNDS`` times (more samples of
+    each case average out a busy machine's noise)."""
+    generator = torch.Generator().manual_seed(seed)
+    samples: list[KernelSample] = []
+    cases = itertools.chain.from_iterable(grid(seed + r) for r in range(ROUNDS))
+    for case in cases:
+        if len(samples) >= MIN_SAMPLES and budget.now() >= deadline:
+            break
+        samples.append(measure_case(target, case, device, generator))
+        on_case(len(samples))
+    return samples
+
+
+def fit_kernel(target: KernelTarget, samples: Sequence[KernelSample]) -> KernelCoefficients:
+    """The kernel's coefficients, each direction fit by non-negative least squares."""
+    fwd = fit_linear(
+        FWD_TERMS,
+        np.array([s.case.fwd_terms() for s in samples], dtype=float),
+        np.array([s.fwd_ms for s in samples], dtype=float),
+    )
+    bwd = fit_linear(
+        BWD_TERMS,
+        np.array([s.case.bwd_terms() for s in samples], dtype=float),
+        np.array([s.bwd_ms for s in samples], dtype=float),
+    )
+    values = {
+        **in_profile_units(FWD_TERMS, fwd.coefficients, TERM_SCALES, TERM_BOUNDS),
+        **in_profile_units(BWD_TERMS, bwd.coefficients, TERM_SCALES, TERM_BOUNDS),
+    }
+    return KernelCoefficients(
+        compute_kernel=target.kernel,
+        cache_hit_rate=target.hit_rate,
+        fit_fwd=fwd.quality,
+        fit_bwd=bwd.quality,
+        **values,
+    )
+
+
+def dense_as_fused(fused: KernelCoefficients) -> KernelCoefficients:
+    """The ``dense`` entry: the runtime pools data-parallel replicas in the same kernel as
+    the fused shards (``runtime.sharding.layout.kernel_key``: host memory on cpu, device
+    memory on cuda, for both), so dense costs what fused costs, measured once."""
+    return fused.model_copy(update={"compute_kernel": ComputeKernel.DENSE})

@@ -1,0 +1,184 @@
+"""``runtime.calibrate``: the fits recover known coefficients from synthetic measurements,
+the NNLS never goes negative, degenerate grids are refused by name, a failing rank is named,
+and a real (short) calibration yields a profile the planner accepts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from planner_service.costs.calibrated import NS_PER_MS, US_PER_MS
+from planner_service.plan.types import (
+    Collective,
+    ComputeDevice,
+    ComputeKernel,
+    DeviceProfile,
+    ShardingType,
+)
+from runtime.calibrate import collectives, kernels, work
+from runtime.calibrate.fit import DegenerateFitError, fit_linear, nnls
+from runtime.calibrate.profile import CalibrateSettings, calibrate
+from runtime.calibrate.ranks import RankFailedError, run_ranks
+
+KERNEL_TRUTH = {
+    "call_fwd_ms": 0.05,
+    "call_bwd_ms": 0.03,
+    "fwd_us_per_id": 0.004,
+    "fwd_ns_per_byte": 0.006,
+    "fwd_ns_per_out_byte": 0.03,
+    "bwd_us_per_id": 0.008,
+    "bwd_ns_per_byte": 0.004,
+    "bwd_ns_per_row_byte": 0.06,
+}
+UNITS = (1.0, US_PER_MS, NS_PER_MS, NS_PER_MS)
+NOISE = 0.02  # multiplicative, as a quiet machine's medians
+
+
+def _truth_per_ms(terms: tuple[str, ...]) -> np.ndarray:
+    return np.array([KERNEL_TRUTH[t] / unit for t, unit in zip(terms, UNITS, strict=True)])
+
+
+def _synthetic_kernel_samples(seed: int, count: int) -> list[kernels.KernelSample]:
+    rng = np.random.default_rng(seed)
+    fwd, bwd = _truth_per_ms(kernels.FWD_TERMS), _truth_per_ms(kernels.BWD_TERMS)
+    samples = []
+    for case in kernels.grid(seed)[:count]:
+        noise = rng.normal(1.0, NOISE, size=2)
+        fwd_ms = float(np.dot(case.fwd_terms(), fwd)) * noise[0]
+        bwd_ms = float(np.dot(case.bwd_terms(), bwd)) * noise[1]
+        samples.append(kernels.KernelSample(case, fwd_ms, bwd_ms))
+    return samples
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kernel_fit_recovers_known_coefficients(seed: int) -> None:
+    target = kernels.KernelTarget(ComputeKernel.FUSED)
+    fitted = kernels.fit_kernel(target, _synthetic_kernel_samples(seed, 120))
+    for name, truth in KERNEL_TRUTH.items():
+        assert getattr(fitted, name) == pytest.approx(truth, rel=0.15), name
+    assert fitted.fit_fwd.samples == fitted.fit_bwd.samples == 120
+    assert fitted.fit_fwd.median_relative_error < 2 * NOISE
+    assert fitted.fit_bwd.r2 > 0.95
+
+
+def test_the_grids_first_cases_alone_determine_every_kernel_term() -> None:
+    """A budget that stops the grid at its minimum still fits (the first cases vary every
+    term), and recovers the per-call terms, which dominate those small cases."""
+    samples = _synthetic_kernel_samples(0, kernels.MIN_SAMPLES)
+    fitted = kernels.fit_kernel(kernels.KernelTarget(ComputeKernel.FUSED), samples)
+    assert fitted.call_fwd_ms == pytest.approx(KERNEL_TRUTH["call_fwd_ms"], rel=0.2)
+    assert fitted.call_bwd_ms == pytest.approx(KERNEL_TRUTH["call_bwd_ms"], rel=0.2)
+
+
+def test_collective_fit_recovers_latency_and_bandwidth() -> None:
+    rng = np.random.default_rng(3)
+    samples = [
+        collectives.CollectiveSample(
+            Collective.ALL_TO_ALL,
+            2,
+            size,
+            (0.12 + 0.8 * size / 2 / NS_PER_MS) * rng.normal(1, NOISE),
+        )
+        for size in collectives.MESSAGE_BYTES * 2
+    ]
+    (entry,) = collectives.fit_collectives(samples)
+    assert entry.latency_ms == pytest.approx(0.12, rel=0.1)
+    assert entry.ns_per_byte == pytest.approx(0.8, rel=0.1)
+    assert (entry.world_size, entry.ranks_per_host) == (2, 2)
+    assert entry.fit.samples == 16
+
+
+def test_runtime_fit_recovers_step_terms_and_sharding_type_costs() -> None:
+    """Steps made of the kernels' predicted time plus known runtime terms and a fixed cost
+    for row-wise: the fit recovers them, and a type that costs nothing gets 0."""
+    fused = kernels.fit_kernel(
+        kernels.KernelTarget(ComputeKernel.FUSED), _synthetic_kernel_samples(0, 60)
+    )
+    profile = work.kernel_only_profile(fused, ComputeDevice.CPU)
+    step_ms, per_id_us, per_byte_ns, row_wise_ms = 0.4, 0.01, 0.05, 1.5
+    samples = []
+    for config in work.configs(0):
+        for variant in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
+            sample = work.WorkSample(config, variant, 0.0)
+            terms = work.step_terms(profile, sample)
+            ms = terms.kernel_ms + step_ms + per_id_us * terms.ids / US_PER_MS
+            ms += per_byte_ns * terms.output_bytes / NS_PER_MS
+            ms += row_wise_ms if variant is ShardingType.ROW_WISE else 0.0
+            samples.append(work.WorkSample(config, variant, ms))
+    runtime = work.fit_work(fused, ComputeDevice.CPU, samples)
+    assert runtime.step_ms == pytest.approx(step_ms, rel=0.05)
+    assert runtime.input_us_per_id == pytest.approx(per_id_us, rel=0.05)
+    assert runtime.output_ns_per_byte == pytest.approx(per_byte_ns, rel=0.05)
+    assert runtime.sharding_type_ms[ShardingType.ROW_WISE] == pytest.approx(row_wise_ms, rel=0.05)
+    assert runtime.sharding_type_ms[ShardingType.DATA_PARALLEL] == pytest.approx(0.0, abs=1e-6)
+    assert runtime.fit.r2 > 0.999
+
+
+def test_a_degenerate_grid_is_refused_naming_the_terms() -> None:
+    one_dim = [
+        kernels.KernelSample(kernels.KernelCase(1000, 64, 1, batch, 4), 1.0 + batch, 2.0)
+        for batch in (256, 512, 1024, 2048, 4096, 8192)
+    ]  # ids, bytes read and bytes written all move together with the batch
+    with pytest.raises(DegenerateFitError, match="do not vary independently"):
+        kernels.fit_kernel(kernels.KernelTarget(ComputeKernel.FUSED), one_dim)
+    with pytest.raises(DegenerateFitError, match="3 measurements cannot fit the 4 terms"):
+        kernels.fit_kernel(kernels.KernelTarget(ComputeKernel.FUSED), one_dim[:3])
+    zero = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    with pytest.raises(DegenerateFitError, match="never vary the term.*ns_per_byte"):
+        fit_linear(("latency_ms", "ns_per_byte"), zero, np.ones(4))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_nnls_is_non_negative_and_optimal(seed: int) -> None:
+    """x >= 0, and the KKT conditions: no zero coefficient whose increase would lower the
+    residual, and a zero gradient on the positive ones."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(15, 5)) * rng.uniform(0.01, 100, size=5)
+    b = rng.normal(size=15)
+    x = nnls(a, b)
+    assert (x >= 0).all()
+    gradient = a.T @ (b - a @ x)
+    scale = np.abs(a).max() * np.abs(b).max() * 1e-8
+    assert (gradient <= scale).all()
+    assert np.abs(gradient[x > 0]).max(initial=0.0) <= scale
+
+
+def test_a_fit_of_times_that_fall_with_a_term_clamps_it_at_zero() -> None:
+    sizes = np.arange(1.0, 11.0)
+    features = np.stack([np.ones(10), sizes], axis=1)
+    fit = fit_linear(("latency_ms", "ns_per_byte"), features, 5.0 - 0.1 * sizes)
+    assert fit.coefficients[1] == 0.0
+    assert fit.coefficients[0] > 0
+
+
+def _fails_on_rank_one(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise ValueError("rank one refuses")
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_the_stage_naming_it() -> None:
+    with pytest.raises(RankFailedError, match=r"rank 1 of 2 failed:(.|\n)*rank one refuses"):
+        run_ranks(_fails_on_rank_one, 2, (), timeout_s=60)
+
+
+@pytest.mark.slow
+def test_a_short_real_calibration_is_a_profile_the_planner_accepts() -> None:
+    settings = CalibrateSettings(
+        budget_s=10.0, device=ComputeDevice.CPU, world_sizes=(2,), name="test-cpu"
+    )
+    stages: list[str] = []
+    profile = calibrate(settings, lambda progress: stages.append(progress.stage))
+    again = DeviceProfile.model_validate(json.loads(profile.model_dump_json()))
+    assert again == profile
+    assert {k.compute_kernel for k in profile.kernels} == {ComputeKernel.FUSED, ComputeKernel.DENSE}
+    assert {c.collective for c in profile.collectives} == set(collectives.MEASURED)
+    fits = [k.fit_fwd for k in profile.kernels] + [c.fit for c in profile.collectives]
+    assert all(math.isfinite(fit.r2) and fit.samples >= 2 for fit in fits)
+    assert profile.runtime.fit.samples >= work.MIN_CONFIGS * 6
+    assert profile.machine.threads_per_rank == 1 and profile.machine.torch_version
+    assert profile.wall_s <= settings.budget_s + 5  # the fits and the last case run over
+    assert stages[0] == "kernels" and {"collectives", "runtime"} <= set(stages)
