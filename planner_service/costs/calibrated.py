@@ -72,6 +72,8 @@ def kernel_entry(
 
 
 _KERNEL_COEFFICIENTS = (
+    "fwd_ns_per_miss_byte",
+    "bwd_ns_per_miss_byte",
     "call_fwd_ms",
     "call_bwd_ms",
     "fwd_us_per_id",
@@ -135,6 +137,14 @@ def collective_latency_ms(
     return 0.0 if entry is None else entry.latency_ms
 
 
+def miss_share(resident_bytes: int, shard_bytes: float) -> float:
+    """The share of reads from a shard of ``shard_bytes`` that miss what the processor
+    keeps close (``resident_bytes``), for uniform ids: 0 when the shard fits."""
+    if shard_bytes <= resident_bytes or shard_bytes <= 0:
+        return 0.0
+    return 1.0 - resident_bytes / shard_bytes
+
+
 def rows_touched(rows: int, ids: float) -> float:
     """Expected distinct rows among ``ids`` uniform draws from ``rows`` rows."""
     if rows <= 0 or ids <= 0:
@@ -170,16 +180,19 @@ def shard_perf(
     row_bytes = cols * element_bytes
     out_bytes = bags * cols * OUTPUT_ELEMENT_BYTES
     kernel = kernel_entry(profile, compute_kernel, cache_load_factor)
+    missed = ids * row_bytes * miss_share(kernel.resident_bytes, rows * row_bytes)
     fwd_compute = (
         kernel.fwd_us_per_id * ids / US_PER_MS
         + kernel.fwd_ns_per_byte * ids * row_bytes / NS_PER_MS
         + kernel.fwd_ns_per_out_byte * out_bytes / NS_PER_MS
+        + kernel.fwd_ns_per_miss_byte * missed / NS_PER_MS
     )
     touched = rows_touched(rows, ids)
     bwd_compute = (
         kernel.bwd_us_per_id * ids / US_PER_MS
         + kernel.bwd_ns_per_byte * ids * row_bytes / NS_PER_MS
         + kernel.bwd_ns_per_row_byte * touched * (row_bytes + state_bytes_per_row) / NS_PER_MS
+        + kernel.bwd_ns_per_miss_byte * missed / NS_PER_MS
     )
     fwd_comms, bwd_comms = _output_exchange_ms(profile, topology, sharding_type, out_bytes)
     stitch = profile.runtime.output_ns_per_byte * out_bytes / NS_PER_MS

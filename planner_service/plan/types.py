@@ -588,11 +588,19 @@ class KernelCoefficients(_Value):
     - ``bwd = call_bwd_ms + bwd_us_per_id · ids + bwd_ns_per_byte · ids · row bytes +
       bwd_ns_per_row_byte · rows touched · (row bytes + optimizer state bytes per row)``
 
+    Reads from a shard larger than the processor keeps close cost more:
+    ``miss = 1 − resident_bytes / shard bytes`` (0 for a shard that fits) of each id's row
+    bytes cost another ``fwd_ns_per_miss_byte`` forward and ``bwd_ns_per_miss_byte``
+    backward (``resident_bytes``: the last-level cache on cpu, L2 on cuda).
+
     ``cache_hit_rate``: set on ``fused_uvm_caching`` entries only, the share of ids that hit
     the cache when they were measured."""
 
     compute_kernel: ComputeKernel
     cache_hit_rate: Fraction | None = None
+    resident_bytes: MemoryBytes = 0
+    fwd_ns_per_miss_byte: NsPerByte = 0.0
+    bwd_ns_per_miss_byte: NsPerByte = 0.0
     call_fwd_ms: FixedMs
     call_bwd_ms: FixedMs
     fwd_us_per_id: UsPerId

@@ -15,11 +15,12 @@ import itertools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from planner_service.costs.calibrated import NS_PER_MS, OUTPUT_ELEMENT_BYTES, US_PER_MS
+from planner_service.costs.calibrated import NS_PER_MS, OUTPUT_ELEMENT_BYTES, US_PER_MS, miss_share
 from planner_service.costs.calibrated import rows_touched as expected_rows_touched
 from planner_service.plan.types import (
     MAX_FIXED_MS,
@@ -30,6 +31,7 @@ from planner_service.plan.types import (
     KernelCoefficients,
     OptimizerType,
 )
+from planner_service.plan.units import parse_byte_size
 from runtime.calibrate.fit import fit_linear, in_profile_units
 from runtime.calibrate.timing import Budget, median_pair_ms
 from runtime.kernel_key import KernelKey, Memory
@@ -51,11 +53,39 @@ CACHE_LOAD_FACTOR = 0.2  # of fused_uvm_caching cases: the cache holds a fifth o
 HOT_SHARE_OF_CACHE = 0.5  # the rows ids hit are half of what the cache holds
 SGD = FusedOptimizer(OptimizerType.SGD, {"learning_rate": 0.01})
 ROWWISE_ADAGRAD = FusedOptimizer(OptimizerType.ROWWISE_ADAGRAD, {"learning_rate": 0.01})
-FWD_TERMS = ("call_fwd_ms", "fwd_us_per_id", "fwd_ns_per_byte", "fwd_ns_per_out_byte")
-BWD_TERMS = ("call_bwd_ms", "bwd_us_per_id", "bwd_ns_per_byte", "bwd_ns_per_row_byte")
+FWD_TERMS = (
+    "call_fwd_ms",
+    "fwd_us_per_id",
+    "fwd_ns_per_byte",
+    "fwd_ns_per_out_byte",
+    "fwd_ns_per_miss_byte",
+)
+BWD_TERMS = (
+    "call_bwd_ms",
+    "bwd_us_per_id",
+    "bwd_ns_per_byte",
+    "bwd_ns_per_row_byte",
+    "bwd_ns_per_miss_byte",
+)
 # Each term's coefficient is fit in ms per unit; these turn it into the profile's units.
-TERM_SCALES = (1.0, US_PER_MS, NS_PER_MS, NS_PER_MS)
-TERM_BOUNDS = (MAX_FIXED_MS, MAX_US_PER_ID, MAX_NS_PER_BYTE, MAX_NS_PER_BYTE)
+TERM_SCALES = (1.0, US_PER_MS, NS_PER_MS, NS_PER_MS, NS_PER_MS)
+TERM_BOUNDS = (MAX_FIXED_MS, MAX_US_PER_ID, MAX_NS_PER_BYTE, MAX_NS_PER_BYTE, MAX_NS_PER_BYTE)
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def resident_bytes(device: torch.device) -> int:
+    """What the processor keeps close: the largest cache of cpu 0 (its last level; 0 when
+    the system does not say), or the GPU's L2. Reads from larger shards pay the miss
+    terms."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size)
+    sizes = [0]
+    for entry in CPU_CACHES.glob("index*/size"):
+        try:
+            sizes.append(parse_byte_size(entry.read_text().strip().replace("K", "KiB")))
+        except (OSError, ValueError):
+            continue
+    return max(sizes)
 
 
 @dataclass(frozen=True)
@@ -102,14 +132,21 @@ class KernelCase:
     def row_bytes(self) -> int:
         return self.dim * ELEMENT_BYTES
 
-    def fwd_terms(self) -> tuple[float, ...]:
-        out_bytes = self.tables * self.batch * self.dim * OUTPUT_ELEMENT_BYTES
-        return (1.0, self.ids, self.ids * self.row_bytes, out_bytes)
+    def missed_bytes(self, resident: int) -> float:
+        """Row bytes read from beyond what the processor keeps close (``miss_share``)."""
+        return self.ids * self.row_bytes * miss_share(resident, self.rows * self.row_bytes)
 
-    def bwd_terms(self) -> tuple[float, ...]:
+    def fwd_terms(self, resident: int) -> tuple[float, ...]:
+        out_bytes = self.tables * self.batch * self.dim * OUTPUT_ELEMENT_BYTES
+        read = self.ids * self.row_bytes
+        return (1.0, self.ids, read, out_bytes, self.missed_bytes(resident))
+
+    def bwd_terms(self, resident: int) -> tuple[float, ...]:
         touched = self.tables * expected_rows_touched(self.rows, self.batch * self.pooling)
         state = self.optimizer.state_bytes(1, self.dim)
-        return (1.0, self.ids, self.ids * self.row_bytes, touched * (self.row_bytes + state))
+        read = self.ids * self.row_bytes
+        updated = touched * (self.row_bytes + state)
+        return (1.0, self.ids, read, updated, self.missed_bytes(resident))
 
 
 def grid(seed: int) -> list[KernelCase]:
@@ -222,25 +259,34 @@ def measure_kernel(
     return samples
 
 
-def fit_kernel(target: KernelTarget, samples: Sequence[KernelSample]) -> KernelCoefficients:
-    """The kernel's coefficients, each direction fit by non-negative least squares."""
+def fit_kernel(
+    target: KernelTarget, samples: Sequence[KernelSample], resident: int = 0
+) -> KernelCoefficients:
+    """The kernel's coefficients, each direction fit by non-negative least squares;
+    ``resident``: the bytes the processor keeps close (``resident_bytes``)."""
+    # Without a known cache, or when no case missed it, the miss term is no term: it would
+    # repeat the bytes read, or never vary.
+    misses = resident > 0 and any(s.case.missed_bytes(resident) > 0 for s in samples)
+    used = len(FWD_TERMS) if misses else len(FWD_TERMS) - 1
     fwd = fit_linear(
-        FWD_TERMS,
-        np.array([s.case.fwd_terms() for s in samples], dtype=float),
+        FWD_TERMS[:used],
+        np.array([s.case.fwd_terms(resident)[:used] for s in samples], dtype=float),
         np.array([s.fwd_ms for s in samples], dtype=float),
     )
     bwd = fit_linear(
-        BWD_TERMS,
-        np.array([s.case.bwd_terms() for s in samples], dtype=float),
+        BWD_TERMS[:used],
+        np.array([s.case.bwd_terms(resident)[:used] for s in samples], dtype=float),
         np.array([s.bwd_ms for s in samples], dtype=float),
     )
+    scales, bounds = TERM_SCALES[:used], TERM_BOUNDS[:used]
     values = {
-        **in_profile_units(FWD_TERMS, fwd.coefficients, TERM_SCALES, TERM_BOUNDS),
-        **in_profile_units(BWD_TERMS, bwd.coefficients, TERM_SCALES, TERM_BOUNDS),
+        **in_profile_units(FWD_TERMS[:used], fwd.coefficients, scales, bounds),
+        **in_profile_units(BWD_TERMS[:used], bwd.coefficients, scales, bounds),
     }
     return KernelCoefficients(
         compute_kernel=target.kernel,
         cache_hit_rate=target.hit_rate,
+        resident_bytes=resident,
         fit_fwd=fwd.quality,
         fit_bwd=bwd.quality,
         **values,

@@ -165,7 +165,7 @@ def _kernel_stage(
         samples = kernels.measure_kernel(
             target, device, deadline, budget, settings.seed, _counter(report, target.label)
         )
-        entries.append(kernels.fit_kernel(target, samples))
+        entries.append(kernels.fit_kernel(target, samples, kernels.resident_bytes(device)))
     fused = next(e for e in entries if e.compute_kernel.value == "fused")
     return [*entries, kernels.dense_as_fused(fused)]
 

@@ -32,8 +32,11 @@ KERNEL_TRUTH = {
     "bwd_us_per_id": 0.008,
     "bwd_ns_per_byte": 0.004,
     "bwd_ns_per_row_byte": 0.06,
+    "fwd_ns_per_miss_byte": 0.01,
+    "bwd_ns_per_miss_byte": 0.02,
 }
-UNITS = (1.0, US_PER_MS, NS_PER_MS, NS_PER_MS)
+UNITS = (1.0, US_PER_MS, NS_PER_MS, NS_PER_MS, NS_PER_MS)
+RESIDENT_BYTES = 2**20  # a 1 MiB cache: the grid's larger tables miss it
 NOISE = 0.02  # multiplicative, as a quiet machine's medians
 
 
@@ -47,8 +50,8 @@ def _synthetic_kernel_samples(seed: int, count: int) -> list[kernels.KernelSampl
     samples = []
     for case in kernels.grid(seed)[:count]:
         noise = rng.normal(1.0, NOISE, size=2)
-        fwd_ms = float(np.dot(case.fwd_terms(), fwd)) * noise[0]
-        bwd_ms = float(np.dot(case.bwd_terms(), bwd)) * noise[1]
+        fwd_ms = float(np.dot(case.fwd_terms(RESIDENT_BYTES), fwd)) * noise[0]
+        bwd_ms = float(np.dot(case.bwd_terms(RESIDENT_BYTES), bwd)) * noise[1]
         samples.append(kernels.KernelSample(case, fwd_ms, bwd_ms))
     return samples
 
@@ -56,7 +59,7 @@ def _synthetic_kernel_samples(seed: int, count: int) -> list[kernels.KernelSampl
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kernel_fit_recovers_known_coefficients(seed: int) -> None:
     target = kernels.KernelTarget(ComputeKernel.FUSED)
-    fitted = kernels.fit_kernel(target, _synthetic_kernel_samples(seed, 120))
+    fitted = kernels.fit_kernel(target, _synthetic_kernel_samples(seed, 120), RESIDENT_BYTES)
     for name, truth in KERNEL_TRUTH.items():
         assert getattr(fitted, name) == pytest.approx(truth, rel=0.15), name
     assert fitted.fit_fwd.samples == fitted.fit_bwd.samples == 120
@@ -68,7 +71,7 @@ def test_the_grids_first_cases_alone_determine_every_kernel_term() -> None:
     """A budget that stops the grid at its minimum still fits (the first cases vary every
     term), and recovers the per-call terms, which dominate those small cases."""
     samples = _synthetic_kernel_samples(0, kernels.MIN_SAMPLES)
-    fitted = kernels.fit_kernel(kernels.KernelTarget(ComputeKernel.FUSED), samples)
+    fitted = kernels.fit_kernel(kernels.KernelTarget(ComputeKernel.FUSED), samples, RESIDENT_BYTES)
     assert fitted.call_fwd_ms == pytest.approx(KERNEL_TRUTH["call_fwd_ms"], rel=0.2)
     assert fitted.call_bwd_ms == pytest.approx(KERNEL_TRUTH["call_bwd_ms"], rel=0.2)
 
@@ -95,7 +98,7 @@ def test_runtime_fit_recovers_step_terms_and_sharding_type_costs() -> None:
     """Steps made of the kernels' predicted time plus known runtime terms and a fixed cost
     for row-wise: the fit recovers them, and a type that costs nothing gets 0."""
     fused = kernels.fit_kernel(
-        kernels.KernelTarget(ComputeKernel.FUSED), _synthetic_kernel_samples(0, 60)
+        kernels.KernelTarget(ComputeKernel.FUSED), _synthetic_kernel_samples(0, 60), RESIDENT_BYTES
     )
     profile = work.kernel_only_profile(fused, ComputeDevice.CPU)
     step_ms, per_id_us, per_byte_ns, row_wise_ms = 0.4, 0.01, 0.05, 1.5
