@@ -12,6 +12,7 @@ import pytest
 import zstandard
 
 from planner_service.plan.api import PlanSummary, SolveJobStatus
+from planner_service.plan.types import ComputeDevice
 from planner_service.service.store import (
     NewSolve,
     PlanBodies,
@@ -28,6 +29,7 @@ QUEUED, RUNNING, DONE, FAILED = (
     SolveJobStatus.DONE,
     SolveJobStatus.FAILED,
 )
+CPU, CUDA = ComputeDevice.CPU, ComputeDevice.CUDA
 SUMMARY = PlanSummary(world_size=2, num_tables=1, objective=1.5, status="optimal")
 
 
@@ -140,6 +142,21 @@ def test_concurrent_alias_changes_get_consecutive_versions(store):
     assert store.aliases.get("hot").version == 40
 
 
+def test_profiles_are_inserted_once_by_id_and_never_changed(store, store_url):
+    assert store.profiles.put(profile_id="a" * 64, compute_device=CPU, profile=b'{"x":1}')
+    assert not store.profiles.put(profile_id="a" * 64, compute_device=CUDA, profile=b'{"x":2}')
+    stored = store.profiles.get("a" * 64)
+    assert (stored.profile_id, stored.compute_device, stored.profile) == ("a" * 64, CPU, b'{"x":1}')
+    assert stored.created_at.endswith("+00:00")
+    assert store.profiles.get("b" * 64) is None
+    assert _fetch_one(store_url, "SELECT COUNT(*) FROM profiles") == (1,)
+    reopened = open_store(store_url)
+    try:
+        assert reopened.profiles.get("a" * 64) == stored
+    finally:
+        reopened.close()
+
+
 def test_data_survives_reopening(store_url):
     first = open_store(store_url)
     _put(first, "c" * 64, data=b"[1]")
@@ -249,6 +266,9 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
         assert opened.jobs.claim(
             "j" * 64, owner="a", now="1", stale_before="0", max_attempts=3, new=_new_solve()
         )[1]
+        # ... and the profiles table that calibrated plans name profiles from.
+        assert opened.profiles.get("p" * 64) is None
+        assert opened.profiles.put(profile_id="p" * 64, compute_device=CPU, profile=b"{}")
     finally:
         opened.close()
 
