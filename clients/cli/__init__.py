@@ -7,8 +7,9 @@ paths that cannot be written, checked before solving, or a command whose extra i
 installed; with ``--server``: what the service refused as input, an unknown plan id or
 alias, a missing or refused token), 3 no plan exists (a table fits nowhere, or the solver
 proves it; for ``check``: the model does not fit), 4 the service (``--server``) could not
-be reached, was overloaded after the retries, or failed (5xx), 5 a plan from the service
-failed its integrity check (its content does not hash to its id: nothing is written),
+be reached, was overloaded after the retries, or failed (5xx), 5 a plan or device profile
+from the service failed its integrity check (its content does not hash to its id: nothing
+is written),
 130 interrupted (Ctrl-C, at once, even mid-solve). Bad input never shows a traceback.
 
 Start-up: the parser is built from every command module, for ``--version`` and ``--help``
@@ -32,6 +33,7 @@ from clients.cli import (
     migrate,
     options,
     plan,
+    profile,
     request,
     schema,
     serve,
@@ -75,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (validate, plan, check, fetch, options, diff, migrate, request, schema, serve):
+    commands = (validate, plan, check, fetch, profile, options, diff, migrate, request, schema)
+    for command in (*commands, serve):
         command.add_parser(sub)
     return parser
