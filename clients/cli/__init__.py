@@ -10,9 +10,9 @@ refused as input, an unknown plan id or alias, a missing or refused token), 3 no
 exists (a table fits nowhere, or the solver proves it; for ``check``: the model does not
 fit), 4 the service (``--server``) could not be reached, was overloaded after the retries,
 or failed (5xx), or for ``measure`` a rank raised, died or passed its deadline, 5 a plan
-from the service failed its integrity check (its content does not hash to its id: nothing
-is written), 130 interrupted (Ctrl-C, at once, even mid-solve). Bad input never shows a
-traceback.
+or device profile from the service failed its integrity check (its content does not hash
+to its id: nothing is written), 130 interrupted (Ctrl-C, at once, even mid-solve). Bad
+input never shows a traceback.
 
 Start-up: the parser is built from every command module, for ``--version`` and ``--help``
 too, so a command module imports only the standard library and ``clients.cli``'s light
@@ -37,6 +37,7 @@ from clients.cli import (
     migrate,
     options,
     plan,
+    profile,
     request,
     schema,
     serve,
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         measure,
         calibrate,
         fetch,
+        profile,
         options,
         diff,
         migrate,

@@ -22,8 +22,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK, CommandFailed
-from clients.cli.remote import add_server_arguments, cached_plan, connected
+from clients.cli.exits import EXIT_OK
+from clients.cli.remote import (
+    add_server_arguments,
+    cached_plan,
+    connected,
+    missing_is_bad_input,
+)
 
 if TYPE_CHECKING:
     from clients.http import PlannerClient
@@ -79,23 +84,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(client: PlannerClient, plan_id: str) -> ShardingPlan:
-    from clients.http import NotFound
-
-    try:
+    with missing_is_bad_input(f"shardplan fetch: no plan {plan_id} on {client.base_url}"):
         return client.get_plan(plan_id)
-    except NotFound:
-        message = f"shardplan fetch: no plan {plan_id} on {client.base_url}"
-        raise CommandFailed(message, EXIT_BAD_INPUT) from None
 
 
 def _alias(client: PlannerClient, name: str, args: argparse.Namespace) -> ShardingPlan:
-    from clients.http import NotFound
-
-    try:
+    with missing_is_bad_input(f"shardplan fetch: no alias {name!r} on {client.base_url}"):
         resolved = client.resolve(name, allow_stale_alias=args.allow_stale_alias)
-    except NotFound:
-        message = f"shardplan fetch: no alias {name!r} on {client.base_url}"
-        raise CommandFailed(message, EXIT_BAD_INPUT) from None
     if resolved.stale:
         print(
             f"alias:{name} -> plan {resolved.plan_id} (STALE: {client.base_url} could not be "
@@ -110,20 +105,18 @@ def _alias(client: PlannerClient, name: str, args: argparse.Namespace) -> Shardi
 
 
 def _write(plan: ShardingPlan, output: Path | None) -> None:
-    from clients.cli.files import write_atomically
+    from clients.cli.files import write_document
     from planner_service.plan.codec import plan_bytes
 
-    document = plan_bytes(plan)  # the bytes the service stores and hashed: verified
-    if output is None:
-        sys.stdout.buffer.write(document + b"\n")
-        sys.stdout.flush()
-    else:
-        write_atomically(output, "--output", document)
+    write_document(plan_bytes(plan), output)  # the bytes the service stores and hashed
 
 
 def _check_plan_id(text: str) -> None:
-    from planner_service.plan.errors import FieldProblem, InputError
+    from clients.cli.files import check_content_address
 
-    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
-        message = "must be a plan id (64 lowercase hex digits) or alias:NAME"
-        raise InputError("shardplan fetch", [FieldProblem("PLAN_ID", message, text)])
+    check_content_address(
+        text,
+        command="shardplan fetch",
+        argument="PLAN_ID",
+        accepted="a plan id (64 lowercase hex digits) or alias:NAME",
+    )

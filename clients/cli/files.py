@@ -8,9 +8,9 @@ import tempfile
 from pathlib import Path
 
 from planner_service.plan.canonical import plan_id_of
-from planner_service.plan.codec import parse_plan, parse_request
+from planner_service.plan.codec import parse_plan, parse_profile, parse_request
 from planner_service.plan.errors import FieldProblem, InputError
-from planner_service.plan.types import PlanRequest, ShardingPlan
+from planner_service.plan.types import DeviceProfile, PlanRequest, ShardingPlan
 
 STDIN = Path("-")
 
@@ -41,6 +41,12 @@ def read_verified_plan(path: Path) -> ShardingPlan:
         )
         raise InputError(source, [FieldProblem("plan_id", message, plan.plan_id)])
     return plan
+
+
+def read_profile(path: Path) -> DeviceProfile:
+    """A device profile file (``shardplan calibrate``'s), checked: every bad number, an
+    unknown schema version or a missing kernel is an InputError naming its field."""
+    return parse_profile(read_input(path), source=source_name(path))
 
 
 def read_plan_pair(
@@ -89,6 +95,23 @@ def write_atomically(path: Path, option: str, data: bytes) -> None:
         replace(path, data)
     except OSError as error:
         raise cannot_write(path, option, error) from None
+
+
+def write_document(document: bytes, output: Path | None) -> None:
+    """A verified document's bytes (a fetched plan or profile): to stdout with a newline,
+    or to ``output`` (``--output``) whole or not at all."""
+    if output is None:
+        sys.stdout.buffer.write(document + b"\n")
+        sys.stdout.flush()
+    else:
+        write_atomically(output, "--output", document)
+
+
+def check_content_address(text: str, *, command: str, argument: str, accepted: str) -> None:
+    """InputError naming ``argument`` unless ``text`` is 64 lowercase hex digits (a sha256
+    content address); ``accepted`` says what the argument takes."""
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        raise InputError(command, [FieldProblem(argument, f"must be {accepted}", text)])
 
 
 def cannot_write(path: Path, option: str, error: OSError) -> InputError:

@@ -51,6 +51,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="with --previous-plan: options.move_cost_ms_per_gib, milliseconds of "
         "objective per GiB moved",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="price shards with this device profile (shardplan calibrate's JSON): sets the "
+        "request's options.cost_model to calibrated and options.device_profile to it "
+        "(docs/requests.md)",
+    )
     add_server_arguments(
         parser,
         server_help="solve on this planner service (POST /v1/plans as an async job, which "
@@ -87,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
             "a previous plan; give it as --previous-plan PLAN_FILE",
         )
         raise InputError("plan", [problem])
-    request = read_request(args) if args.previous_plan is None else _with_previous_plan(args)
+    with_files = args.previous_plan is not None or args.profile is not None
+    request = _with_files(args) if with_files else read_request(args)
     if args.output:
         check_writable(args.output, "--output")
     if args.server is None:
@@ -170,18 +179,22 @@ def _solve_on(client: PlannerClient, request: PlanRequest) -> Solved:
     return Solved(plan, None, io, wall_time_s, where)
 
 
-def _with_previous_plan(args: argparse.Namespace) -> PlanRequest:
-    """The request with the plan in ``--previous-plan`` as its ``options.previous_plan``
-    (added before validating: the request's ``max_moved_bytes`` needs it)."""
+def _with_files(args: argparse.Namespace) -> PlanRequest:
+    """The request with what ``--previous-plan`` and ``--profile`` give added to its
+    options before validating (the request's ``max_moved_bytes`` needs the previous plan,
+    its ``cost_model`` the profile): the plan as ``options.previous_plan``, the profile as
+    ``options.device_profile`` with ``options.cost_model`` calibrated. Each file is checked
+    first, so a bad one is named as itself."""
     import json
 
-    from clients.cli.files import read_input, read_verified_plan, source_name
+    from clients.cli.files import read_input, read_profile, read_verified_plan, source_name
     from clients.cli.request import merged_request
     from planner_service.plan.canonical import canonical_bytes
     from planner_service.plan.codec import load_json, parse_request
     from planner_service.plan.errors import FieldProblem, InputError
 
-    previous = read_verified_plan(args.previous_plan)
+    previous = None if args.previous_plan is None else read_verified_plan(args.previous_plan)
+    profile = None if args.profile is None else read_profile(args.profile)
     source = source_name(args.request)
     if args.tables is None:
         document = load_json(read_input(args.request), source)
@@ -190,10 +203,14 @@ def _with_previous_plan(args: argparse.Namespace) -> PlanRequest:
     if not isinstance(document, dict) or not isinstance(document.get("options", {}), dict):
         raise InputError(source, [FieldProblem("", "must be a JSON object (a PlanRequest)")])
     options = document.setdefault("options", {})
-    options["previous_plan"] = json.loads(canonical_bytes(previous))
+    if previous is not None:
+        options["previous_plan"] = json.loads(canonical_bytes(previous))
     if args.max_moved_bytes is not None:
         cap = args.max_moved_bytes
         options["max_moved_bytes"] = int(cap) if cap.isascii() and cap.isdigit() else cap
     if args.move_cost_ms_per_gib is not None:
         options["move_cost_ms_per_gib"] = args.move_cost_ms_per_gib
+    if profile is not None:
+        options["cost_model"] = "calibrated"
+        options["device_profile"] = json.loads(canonical_bytes(profile))
     return parse_request(json.dumps(document), source=source)

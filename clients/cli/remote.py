@@ -9,8 +9,8 @@ and the client's errors as one line on stderr and an exit code:
 - 4 (unavailable): no answer after every retry (down, unreachable, overloaded: 429/503),
   or the service failed (5xx), or answered with something that is not the document
   expected; trying again later may help;
-- 5 (integrity): a plan whose content is not what its id addresses (changed or damaged
-  on the way, or in the service's store); do not use it.
+- 5 (integrity): a plan (or device profile) whose content is not what its id addresses
+  (changed or damaged on the way, or in the service's store); do not use it.
 """
 
 from __future__ import annotations
@@ -69,10 +69,15 @@ def cached_plan(
 
 @contextmanager
 def connected(
-    args: argparse.Namespace, command: str, *, cache_dir: Path | None = None
+    args: argparse.Namespace,
+    command: str,
+    *,
+    cache_dir: Path | None = None,
+    document: str = "plan",
 ) -> Iterator[PlannerClient]:
     """A client for ``args.server``, closed after; the client's errors become
-    ``CommandFailed`` with the exit codes of this module's docstring."""
+    ``CommandFailed`` with the exit codes of this module's docstring (``document``: what
+    the command fetches, as an integrity failure names it)."""
     from clients.http import PlannerClient
 
     server = _server_url(args.server)
@@ -82,7 +87,7 @@ def connected(
     except OSError as error:  # the cache folder cannot be made
         raise _cannot_use_cache(cache_dir, error) from None
     try:
-        with client, _failures(command, server):
+        with client, _failures(command, server, document):
             yield client
     except OSError as error:
         if cache_dir is None or error.filename is None:
@@ -91,7 +96,7 @@ def connected(
 
 
 @contextmanager
-def _failures(command: str, server: str) -> Iterator[None]:
+def _failures(command: str, server: str, document: str) -> Iterator[None]:
     from clients.http import (
         BadRequest,
         Forbidden,
@@ -114,7 +119,7 @@ def _failures(command: str, server: str) -> Iterator[None]:
         message = f"{server} refused the input: {error.detail}{_fields(error)}"
         raise CommandFailed(f"{prefix}: {message}", EXIT_BAD_INPUT) from None
     except IntegrityError as error:
-        message = f"integrity check failed, the plan is not used: {error}"
+        message = f"integrity check failed, the {document} is not used: {error}"
         raise CommandFailed(f"{prefix}: {message}", EXIT_INTEGRITY) from None
     except PlannerHTTPError as error:  # 404 is the command's to explain; 5xx, 409
         code = EXIT_BAD_INPUT if error.status < 500 else EXIT_UNAVAILABLE
@@ -123,6 +128,18 @@ def _failures(command: str, server: str) -> Iterator[None]:
         # PlannerUnavailable and UnexpectedResponse: 4; an unusable URL (not retried): 2.
         code = EXIT_UNAVAILABLE if _service_trouble(error) else EXIT_BAD_INPUT
         raise CommandFailed(f"{prefix}: {error}", code) from None
+
+
+@contextmanager
+def missing_is_bad_input(message: str) -> Iterator[None]:
+    """A 404 from the service (no such plan, alias or profile) as exit 2 with ``message``,
+    which names what was asked for and where."""
+    from clients.http import NotFound
+
+    try:
+        yield
+    except NotFound:
+        raise CommandFailed(message, EXIT_BAD_INPUT) from None
 
 
 def _service_trouble(error: Exception) -> bool:

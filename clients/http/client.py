@@ -33,7 +33,7 @@ from planner_service.plan.api import (
     SolveJob,
     ValidateResult,
 )
-from planner_service.plan.types import PlanRequest, ShardingPlan
+from planner_service.plan.types import DeviceProfile, PlanRequest, ShardingPlan
 
 T = TypeVar("T")
 TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
@@ -45,6 +45,7 @@ DEFAULT_RETRIES = 4
 
 Request = PlanRequest | Mapping[str, Any]
 Plan = ShardingPlan | Mapping[str, Any]
+Profile = DeviceProfile | Mapping[str, Any]
 PathLike = str | os.PathLike[str]
 OnProgress = Callable[[SolveJob], None]
 EVENT_STREAM = "text/event-stream"
@@ -213,6 +214,17 @@ class PlannerClient(_Client[httpx.BaseTransport, httpx.Client]):
         its request."""
         return self._run(self._core.import_plan(request, plan))
 
+    def put_profile(self, profile: Profile) -> str:
+        """PUT /v1/profiles/{profile_id}: store a device profile (``shardplan calibrate``'s)
+        at its content address (needs a token); its ``profile_id``, for a request's
+        ``options.device_profile_id``. Storing it again is a no-op."""
+        return self._run(self._core.put_profile(profile))
+
+    def get_profile(self, profile_id: str) -> DeviceProfile:
+        """GET /v1/profiles/{profile_id}: the stored profile, its content address computed
+        again (``IntegrityError`` unless it is ``profile_id``)."""
+        return self._run(self._core.get_profile(profile_id))
+
     def list_plans(self, *, limit: int | None = None, after: str | None = None) -> PlanPage:
         """GET /v1/plans: stored plans, newest first; pass ``page.next`` as ``after``."""
         return self._run(self._core.list_plans(limit, after))
@@ -345,6 +357,14 @@ class AsyncPlannerClient(_Client[httpx.AsyncBaseTransport, httpx.AsyncClient]):
     async def import_plan(self, request: Request, plan: Plan) -> Imported:
         """See ``PlannerClient.import_plan``."""
         return await self._run(self._core.import_plan(request, plan))
+
+    async def put_profile(self, profile: Profile) -> str:
+        """See ``PlannerClient.put_profile``."""
+        return await self._run(self._core.put_profile(profile))
+
+    async def get_profile(self, profile_id: str) -> DeviceProfile:
+        """See ``PlannerClient.get_profile``."""
+        return await self._run(self._core.get_profile(profile_id))
 
     async def list_plans(self, *, limit: int | None = None, after: str | None = None) -> PlanPage:
         """See ``PlannerClient.list_plans``."""

@@ -30,7 +30,7 @@ from clients.http.errors import (
     UnexpectedResponse,
     validation_summary,
 )
-from clients.http.integrity import PLAN_ID, verified_plan
+from clients.http.integrity import PLAN_ID, verified_plan, verified_profile
 from clients.http.retry import RetryPolicy, is_retryable, retry_after_s
 from planner_service.plan.api import (
     AliasPage,
@@ -42,10 +42,10 @@ from planner_service.plan.api import (
     ValidateResult,
 )
 from planner_service.plan.canonical import canonical_bytes
-from planner_service.plan.codec import parse_plan, parse_request, request_hash
+from planner_service.plan.codec import parse_plan, parse_profile, parse_request, request_hash
 from planner_service.plan.encodings import ENCODINGS, plan_etag
 from planner_service.plan.errors import FieldProblem, InputError
-from planner_service.plan.types import PlanRequest, ShardingPlan
+from planner_service.plan.types import DeviceProfile, PlanRequest, ShardingPlan, profile_id_of
 
 log = logging.getLogger("shardplan.client")
 
@@ -277,6 +277,24 @@ class Core:
         response = yield from self._exchange(call)
         return self._document(response, call, AliasPage)
 
+    # ------------------------------------------------------------------------ profiles
+
+    def put_profile(self, profile: DeviceProfile | Mapping[str, Any]) -> Operation[str]:
+        """PUT /v1/profiles/{profile_id} at the profile's own content address; its id. The
+        service's answer (the stored profile) must be that profile."""
+        model = as_profile(profile)
+        profile_id = profile_id_of(model)
+        body = canonical_bytes(model)
+        call = Call("PUT", f"/v1/profiles/{profile_id}", body, headers={"content-type": JSON})
+        response = yield from self._exchange(call)
+        self._profile(response, profile_id)
+        return profile_id
+
+    def get_profile(self, profile_id: str) -> Operation[DeviceProfile]:
+        check_profile_id(profile_id)
+        response = yield from self._exchange(Call("GET", f"/v1/profiles/{profile_id}"))
+        return self._profile(response, profile_id)
+
     # ------------------------------------------------------------------------ checks
 
     def check(self, request: PlanRequest | Mapping[str, Any]) -> Operation[CheckResult]:
@@ -376,6 +394,10 @@ class Core:
         source = f"{response.request.method} {response.request.url}"
         return verified_plan(response.content, source=source, expected_plan_id=expected_plan_id)
 
+    def _profile(self, response: httpx.Response, profile_id: str) -> DeviceProfile:
+        source = f"{response.request.method} {response.request.url}"
+        return verified_profile(response.content, source=source, expected_profile_id=profile_id)
+
     def _document(self, response: httpx.Response, call: Call, model: type[M]) -> M:
         try:
             return model.model_validate_json(response.content)
@@ -407,6 +429,12 @@ def as_plan(plan: ShardingPlan | Mapping[str, Any]) -> ShardingPlan:
     return parse_plan(_json_text(plan, "plan"), source="plan")
 
 
+def as_profile(profile: DeviceProfile | Mapping[str, Any]) -> DeviceProfile:
+    if isinstance(profile, DeviceProfile):
+        return profile
+    return parse_profile(_json_text(profile, "profile"), source="profile")
+
+
 def _json_text(document: Any, what: str) -> str:
     if not isinstance(document, Mapping):
         problem = FieldProblem(
@@ -430,6 +458,12 @@ def check_plan_id(plan_id: str) -> None:
     if not isinstance(plan_id, str) or not PLAN_ID.fullmatch(plan_id):
         message = "must be 64 lowercase hex digits (a plan's sha256 content address)"
         raise InputError("argument", [FieldProblem("plan_id", message, plan_id)])
+
+
+def check_profile_id(profile_id: str) -> None:
+    if not isinstance(profile_id, str) or not PLAN_ID.fullmatch(profile_id):
+        message = "must be 64 lowercase hex digits (a device profile's sha256 content address)"
+        raise InputError("argument", [FieldProblem("profile_id", message, profile_id)])
 
 
 def check_job_id(job_id: str) -> None:

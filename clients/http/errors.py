@@ -8,11 +8,11 @@ narrowly as it needs::
     │   │   └── InvalidPlan         422: a plan breaks its request (.violations)
     │   ├── Unauthorized            401: no token, or reads are protected
     │   ├── Forbidden               403: a token the service does not accept
-    │   ├── NotFound                404: no such plan or alias
+    │   ├── NotFound                404: no such plan, alias or profile
     │   ├── Conflict                409: a plan put at an address that is not its own
     │   ├── Overloaded              429, 503: busy or down for now (see retry_after_s)
     │   └── ServerError             500, 502, 504 and other 5xx
-    ├── IntegrityError              a plan whose content is not what its id addresses
+    ├── IntegrityError              a plan or profile whose content is not what its id addresses
     ├── UnexpectedResponse          a success whose body is not the document expected
     └── PlannerUnavailable          no answer after every retry (.attempts, .last_error)
 
@@ -165,13 +165,24 @@ class ServerError(PlannerHTTPError):
 
 class IntegrityError(PlannerError):
     """A plan whose bytes do not hash to its ``plan_id``, or not to the id asked for: it
-    was changed or damaged after the planner sealed it; or a body that cannot be decoded
-    as its ``Content-Encoding`` says (damaged gzip). It is neither returned nor cached."""
+    was changed or damaged after the planner sealed it; a device profile whose content
+    address is not the ``profile_id`` asked for; or a body that cannot be decoded as its
+    ``Content-Encoding`` says (damaged gzip). It is neither returned nor cached."""
 
-    def __init__(self, message: str, *, expected_plan_id: str | None, plan_id: str | None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        expected_plan_id: str | None,
+        plan_id: str | None,
+        expected_profile_id: str | None = None,
+        profile_id: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.expected_plan_id = expected_plan_id
         self.plan_id = plan_id
+        self.expected_profile_id = expected_profile_id
+        self.profile_id = profile_id
 
 
 class UnexpectedResponse(PlannerError):

@@ -1,5 +1,7 @@
 """A fetched plan must be what its id names: the sha256 of its content is computed again
-and compared with the plan's own ``plan_id`` and with the id that was asked for.
+and compared with the plan's own ``plan_id`` and with the id that was asked for. So must a
+fetched device profile (``verified_profile``): its content address (the sha256 of its
+canonical JSON) is computed again and compared with the ``profile_id`` asked for.
 
 A plan as the service sends it is the planner's canonical JSON: the sealed content with
 one ``"plan_id":"<id>"`` member put in. Cutting that member out and hashing what is left
@@ -21,10 +23,10 @@ from pydantic import ValidationError
 
 from clients.http.errors import IntegrityError
 from planner_service.plan.canonical import plan_id_of
-from planner_service.plan.codec import parse_plan_document
+from planner_service.plan.codec import parse_plan_document, parse_profile
 from planner_service.plan.errors import InputError
 from planner_service.plan.schema_version import check_schema_version
-from planner_service.plan.types import ShardingPlan
+from planner_service.plan.types import DeviceProfile, ShardingPlan, profile_id_of
 
 PLAN_ID = re.compile(r"[0-9a-f]{64}")
 # A member named plan_id: a key's opening quote is never escaped, one inside a string is.
@@ -113,3 +115,28 @@ def _check_expected(plan: ShardingPlan, source: str, expected_plan_id: str | Non
             expected_plan_id=expected_plan_id,
             plan_id=plan.plan_id,
         )
+
+
+def verified_profile(data: bytes, *, source: str, expected_profile_id: str) -> DeviceProfile:
+    """The device profile in ``data``, or IntegrityError when it cannot be read (every
+    guard of ``parse_profile``) or its content address is not ``expected_profile_id``."""
+    try:
+        profile = parse_profile(data, source=source)
+    except InputError as error:
+        raise IntegrityError(
+            f"{source}: the answer is not a readable device profile: {error}",
+            expected_plan_id=None,
+            plan_id=None,
+            expected_profile_id=expected_profile_id,
+        ) from None
+    computed = profile_id_of(profile)
+    if computed != expected_profile_id:
+        raise IntegrityError(
+            f"{source}: asked for profile {expected_profile_id}, but the content received "
+            f"hashes to {computed}: it was changed or damaged on the way or in the store",
+            expected_plan_id=None,
+            plan_id=None,
+            expected_profile_id=expected_profile_id,
+            profile_id=computed,
+        )
+    return profile

@@ -3,7 +3,8 @@
 - ``request_hash``: sha256 of the canonical request (``plan.canonical``) after
   normalisation: memory capacities rounded to whole MiB (a few bytes of jitter in reported
   memory must not change it), tables sorted by name, rank overrides by rank, constraint
-  groups sorted.
+  groups sorted, and a previous plan or device profile given inline named by its id only
+  (so a request that names them by id, for the service to fill in, hashes alike).
 - ``seal_plan_data``: a plan assembled from its parts and stamped with its ``plan_id``
   (``canonical.plan_id_of``: sha256 of the canonical plan with every field except
   ``plan_id`` itself); ``plan_bytes``: the canonical bytes it is stored and served as.
@@ -36,7 +37,13 @@ from planner_service.plan.schema_version import (
     SCHEMA_VERSION_WITHOUT_MIGRATION,
     check_schema_version,
 )
-from planner_service.plan.types import MAX_JSON_DEPTH, MAX_PLAN_BYTES, PlanRequest, ShardingPlan
+from planner_service.plan.types import (
+    MAX_JSON_DEPTH,
+    MAX_PLAN_BYTES,
+    DeviceProfile,
+    PlanRequest,
+    ShardingPlan,
+)
 from planner_service.plan.units import MiB
 
 M = TypeVar("M", bound=BaseModel)
@@ -68,6 +75,8 @@ def normalised_request(request: PlanRequest) -> JsonObject:
     previous = data["options"].pop("previous_plan", None)
     if previous is not None:  # inline or from the store: the same plan, the same request
         data["options"]["previous_plan_id"] = previous["plan_id"]
+    # Inline or from the store, the same profile: PlanOptions filled in its id.
+    data["options"].pop("device_profile", None)
     return data
 
 
@@ -141,6 +150,14 @@ def parse_request(data: bytes | str, *, source: str = "request") -> PlanRequest:
     """Decode and validate a PlanRequest, or raise InputError listing every problem."""
     load_json(data, source)
     return _validate(PlanRequest, data, source)
+
+
+def parse_profile(data: bytes | str, *, source: str = "profile") -> DeviceProfile:
+    """Decode and validate a DeviceProfile (``shardplan calibrate``'s), or raise InputError
+    listing every problem: a NaN or infinite number, one negative or over its bound, an
+    unknown schema version, a kernel missing for the device."""
+    load_json(data, source)
+    return _validate(DeviceProfile, data, source)
 
 
 def parse_plan(data: bytes | str, *, source: str = "plan") -> ShardingPlan:

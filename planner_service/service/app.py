@@ -18,7 +18,15 @@ from planner_service.service.http.limits import BodyLimitMiddleware
 from planner_service.service.http.metrics import QUEUE_DEPTH, SOLVE_SECONDS, MetricsMiddleware
 from planner_service.service.http.openapi import document_raw_bodies
 from planner_service.service.http.problems import COMMON_PROBLEMS, add_exception_handlers
-from planner_service.service.routes import aliases, check, health, plans, solves, validate
+from planner_service.service.routes import (
+    aliases,
+    check,
+    health,
+    plans,
+    profiles,
+    solves,
+    validate,
+)
 from planner_service.service.settings import Settings
 from planner_service.service.solver.jobs import SolveJobs
 from planner_service.service.solver.pool import SolvePool
@@ -56,7 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.service = state
     app.state.jobs = jobs
-    routers = (health, plans, solves, aliases, check, validate)
+    routers = (health, plans, solves, aliases, profiles, check, validate)
     for module in routers:
         app.include_router(module.router)
     add_exception_handlers(app)

@@ -1,7 +1,8 @@
 """What routes depend on, as ``Annotated`` aliases: the process's service state and solve
-jobs, the caller's identity (bearer tokens from SHARDPLAN_API_TOKENS), the plan-id and
-job-id path parameters, and whether the caller asked for an asynchronous answer (RFC 7240
-``Prefer: respond-async``). Tests replace any of these with ``app.dependency_overrides``."""
+jobs, the caller's identity (bearer tokens from SHARDPLAN_API_TOKENS), the plan-id, job-id
+and profile-id path parameters, and whether the caller asked for an asynchronous answer
+(RFC 7240 ``Prefer: respond-async``). Tests replace any of these with
+``app.dependency_overrides``."""
 
 from __future__ import annotations
 
@@ -89,6 +90,13 @@ Jobs = Annotated[SolveJobs, Depends(jobs_of)]
 Writer = Annotated[str, Depends(writer)]
 PlanId = Annotated[
     str, Path(pattern=PLAN_ID_PATTERN, description="a plan's content address (sha256, hex)")
+]
+ProfileId = Annotated[
+    str,
+    Path(
+        pattern=PLAN_ID_PATTERN,
+        description="a device profile's content address (sha256 of its canonical JSON, hex)",
+    ),
 ]
 JobId = Annotated[
     str,

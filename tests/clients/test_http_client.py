@@ -41,9 +41,9 @@ from clients.http import (
 from clients.http.integrity import sealed_plan, verified_plan
 from clients.http.retry import retry_after_s
 from planner_service.plan.canonical import canonical_bytes
-from planner_service.plan.codec import parse_request, request_hash
+from planner_service.plan.codec import parse_profile, parse_request, request_hash
 from planner_service.plan.errors import InputError
-from planner_service.plan.types import ShardingPlan
+from planner_service.plan.types import ShardingPlan, profile_id_of
 from tests.support import builders
 from tests.support.builders import request, table
 from tests.support.servers import Fault, FaultyProxy, Seen, free_port, started_service
@@ -334,6 +334,61 @@ def test_a_corrupted_plan_is_refused_and_not_cached(connect, service, tmp_path):
     # Through an honest path, the same cache then holds the real plan.
     assert connect(service.base, cache_dir=tmp_path).get_plan(plan.plan_id) == plan
     assert (tmp_path / "plans" / f"{plan.plan_id}.json").read_bytes() == canonical_bytes(plan)
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def _profile(name: str) -> dict[str, Any]:
+    return builders.device_profile(name=unique(name))
+
+
+def _calibrated(name: str, **options: Any) -> dict[str, Any]:
+    document = small(unique(name))
+    document["topology"]["compute_device"] = "cpu"
+    document["options"].update({"cost_model": "calibrated", "time_limit_s": 5.0, **options})
+    return document
+
+
+def test_put_and_get_profile_and_plan_by_its_id(connect, service):
+    client = connect(service.base)
+    document = _profile("client")
+    model = parse_profile(json.dumps(document))
+    profile_id = client.put_profile(document)
+    assert profile_id == profile_id_of(model)
+    assert client.put_profile(model) == profile_id  # stored already: the same id
+    assert client.get_profile(profile_id) == model
+    with pytest.raises(NotFound):
+        client.get_profile("d" * 64)
+    with pytest.raises(InputError, match="profile_id"):
+        client.get_profile("D" * 64)
+    with pytest.raises(InputError, match=r"runtime\.step_ms"):
+        client.put_profile({**document, "runtime": {**document["runtime"], "step_ms": -1.0}})
+    with pytest.raises(Unauthorized):
+        connect(service.base, token=None).put_profile(_profile("anonymous"))
+
+    by_id = _calibrated("byid", device_profile_id=profile_id)
+    plan = client.create_plan(by_id)
+    inline = {**by_id, "options": {**by_id["options"], "device_profile": document}}
+    assert client.create_plan(inline) == plan
+
+
+def test_a_tampered_or_truncated_profile_is_an_integrity_error(connect, service):
+    profile_id = connect(service.base).put_profile(_profile("tampered"))
+    tamper = lambda body: body.replace(b'"step_ms":1.0', b'"step_ms":2.0')  # noqa: E731
+    with (
+        FaultyProxy(service.base, corrupt=tamper) as proxy,
+        pytest.raises(IntegrityError, match="hashes to") as refused,
+    ):
+        connect(proxy.base).get_profile(profile_id)
+    assert refused.value.expected_profile_id == profile_id
+    assert refused.value.profile_id not in (None, profile_id)
+    with (
+        FaultyProxy(service.base, corrupt=lambda body: body[: len(body) // 2]) as proxy,
+        pytest.raises(IntegrityError, match="not a readable device profile"),
+    ):
+        connect(proxy.base).get_profile(profile_id)
+    assert connect(service.base).get_profile(profile_id).runtime.step_ms == 1.0
 
 
 def test_a_truncated_plan_is_an_integrity_error(connect, service):

@@ -242,6 +242,11 @@ def alias_cases() -> list[Hostile]:
     return body_cases(lambda value: b'{"plan_id": ' + value + b"}", "plan_id")
 
 
+def profile_cases() -> list[Hostile]:
+    """PUT /v1/profiles/{profile_id} bodies."""
+    return body_cases(lambda value: b'{"runtime": {"step_ms": ' + value + b"}}", "runtime.step_ms")
+
+
 def valid_pair() -> tuple[dict[str, Any], dict[str, Any]]:
     """A request and a valid plan for it, as JSON data."""
     req = request([table("t0", rows=1000, dim=16)], world_size=2)
@@ -255,6 +260,7 @@ ROUTES = {
     "POST /v1/validate": validate_cases,
     f"PUT /v1/plans/{'0' * 64}": validate_cases,
     "PUT /v1/aliases/hostile": alias_cases,
+    f"PUT /v1/profiles/{'0' * 64}": profile_cases,
 }
 
 

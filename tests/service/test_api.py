@@ -729,6 +729,7 @@ def test_health_readiness_metrics_and_openapi(client, service):
         "/v1/aliases",
         "/v1/aliases/{name}",
         "/v1/aliases/{name}/history",
+        "/v1/profiles/{profile_id}",
         "/v1/check",
         "/v1/validate",
         "/healthz",

@@ -12,6 +12,7 @@ import pytest
 import zstandard
 
 from planner_service.plan.api import PlanSummary, SolveJobStatus
+from planner_service.plan.types import ComputeDevice
 from planner_service.service.store import (
     NewSolve,
     PlanBodies,
@@ -28,6 +29,7 @@ QUEUED, RUNNING, DONE, FAILED = (
     SolveJobStatus.DONE,
     SolveJobStatus.FAILED,
 )
+CPU, CUDA = ComputeDevice.CPU, ComputeDevice.CUDA
 SUMMARY = PlanSummary(world_size=2, num_tables=1, objective=1.5, status="optimal")
 
 
@@ -50,12 +52,12 @@ def _put(
 
 def _count_plans(url: str) -> int:
     """Rows in the plans table, read past the store."""
-    row = _fetch_one(url, "SELECT COUNT(*) FROM plans")
+    row = fetch_one(url, "SELECT COUNT(*) FROM plans")
     assert row is not None
     return int(row[0])
 
 
-def _fetch_one(url: str, statement: str, *arguments: object) -> tuple | None:
+def fetch_one(url: str, statement: str, *arguments: object) -> tuple | None:
     """The first row of one statement whose parameters are written ``{0}``, read past the
     store."""
     if url.startswith("postgresql://"):
@@ -138,6 +140,21 @@ def test_concurrent_alias_changes_get_consecutive_versions(store):
     versions = [change.version for change in store.aliases.history("hot")]
     assert versions == list(range(40, 0, -1))
     assert store.aliases.get("hot").version == 40
+
+
+def test_profiles_are_inserted_once_by_id_and_never_changed(store, store_url):
+    assert store.profiles.put(profile_id="a" * 64, compute_device=CPU, profile=b'{"x":1}')
+    assert not store.profiles.put(profile_id="a" * 64, compute_device=CUDA, profile=b'{"x":2}')
+    stored = store.profiles.get("a" * 64)
+    assert (stored.profile_id, stored.compute_device, stored.profile) == ("a" * 64, CPU, b'{"x":1}')
+    assert stored.created_at.endswith("+00:00")
+    assert store.profiles.get("b" * 64) is None
+    assert fetch_one(store_url, "SELECT COUNT(*) FROM profiles") == (1,)
+    reopened = open_store(store_url)
+    try:
+        assert reopened.profiles.get("a" * 64) == stored
+    finally:
+        reopened.close()
 
 
 def test_data_survives_reopening(store_url):
@@ -249,6 +266,9 @@ def test_a_store_made_before_summaries_gets_them_from_its_plans(store_url):
         assert opened.jobs.claim(
             "j" * 64, owner="a", now="1", stale_before="0", max_attempts=3, new=_new_solve()
         )[1]
+        # ... and the profiles table that calibrated plans name profiles from.
+        assert opened.profiles.get("p" * 64) is None
+        assert opened.profiles.put(profile_id="p" * 64, compute_device=CPU, profile=b"{}")
     finally:
         opened.close()
 
@@ -281,7 +301,7 @@ def _execute(url: str, statement: str, *arguments: object) -> None:
 
 
 def _stored(url: str, plan_id: str, coding: str) -> bytes | None:
-    row = _fetch_one(url, f"SELECT plan_{coding} FROM plans WHERE plan_id = {{0}}", plan_id)
+    row = fetch_one(url, f"SELECT plan_{coding} FROM plans WHERE plan_id = {{0}}", plan_id)
     assert row is not None
     return None if row[0] is None else bytes(row[0])
 
@@ -409,7 +429,7 @@ def test_a_job_row_holds_its_status_value_and_reads_back_by_column_name(store, s
         "j" * 64, "a", running=True, stage="cp-sat", objective=2.0, bound=1.5,
         started_at="2026-01-01T00:00:01", now="2026-01-01T00:00:02",
     )  # fmt: skip
-    row = _fetch_one(store_url, "SELECT status FROM solves WHERE job_id = {0}", "j" * 64)
+    row = fetch_one(store_url, "SELECT status FROM solves WHERE job_id = {0}", "j" * 64)
     assert row == ("running",)  # the enum's value in SQL ...
     stored = store.jobs.get("j" * 64)
     assert stored.status is RUNNING and stored.active  # ... the enum in the code

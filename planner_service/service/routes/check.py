@@ -12,6 +12,7 @@ from planner_service.service.deps import State, reader
 from planner_service.service.http.limits import decode_plan_request
 from planner_service.service.http.openapi import REQUEST_EXAMPLE, json_body
 from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE
+from planner_service.service.solver.references import with_stored_references
 from planner_service.service.solver.run import solve_only
 
 router = APIRouter(tags=["plans"])
@@ -30,6 +31,8 @@ async def check(http_request: Request, state: State) -> CheckResult:
     ``shardplan check --format json`` prints, and whether the plan is stored. 200 either
     way."""
     request = decode_plan_request(await http_request.body(), state.settings)
+    # The report prices the plan, so it needs the profile a request names by id.
+    request = await with_stored_references(state, request)
     key = request_hash(request)
     existing = await state.plan_for_request(key)
     if existing is not None:

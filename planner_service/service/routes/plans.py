@@ -44,7 +44,8 @@ from planner_service.service.http.responses import (
 )
 from planner_service.service.importing import import_plan
 from planner_service.service.pages import render_plan_page
-from planner_service.service.solver.run import no_plan, solve_and_store, with_previous_plan
+from planner_service.service.solver.references import with_stored_references
+from planner_service.service.solver.run import no_plan, solve_and_store
 
 router = APIRouter(tags=["plans"])
 
@@ -76,9 +77,9 @@ async def create_plan(
     request = decode_plan_request(await http_request.body(), state.settings)
     key = request_hash(request)
     if respond_async:
-        # An unknown previous plan is a 422 now, not a failed job; and the job's stored
-        # request holds the previous plan itself, so a restarted solve needs nothing else.
-        request = await with_previous_plan(state, request)
+        # An unknown previous plan or profile is a 422 now, not a failed job; and the job's
+        # stored request holds them itself, so a restarted solve needs nothing else.
+        request = await with_stored_references(state, request)
         job = await jobs.submit(request, key)
         return job_response(job, status=202, headers={"Preference-Applied": "respond-async"})
     existing = await state.plan_for_request(key)

@@ -1,7 +1,7 @@
 """Solving one request in the solve pool (``pool.py``) for a route: for POST /v1/plans and
 its jobs (``solve_and_store``: the plan is stored) and for POST /v1/check (``solve_only``),
-with the plan a request names as its previous one inlined first; and the problems a solve
-answers with (503 ``unavailable``, 422 ``no_plan``)."""
+with the stored plan and profile a request names by id inlined first (``references.py``);
+and the problems a solve answers with (503 ``unavailable``, 422 ``no_plan``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from collections.abc import Callable
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.canonical import canonical_bytes
-from planner_service.plan.codec import parse_plan
-from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
 from planner_service.service.http import metrics
 from planner_service.service.http.metrics import CacheLookup
@@ -25,6 +23,7 @@ from planner_service.service.solver.pool import (
     SolveUnavailableError,
     T,
 )
+from planner_service.service.solver.references import with_stored_references
 from planner_service.service.state import ServiceState
 from planner_service.service.store import PlanBodies
 
@@ -36,7 +35,7 @@ async def solve_and_store(
     request in flight shared the solve, nor when the plan was already stored). The plan is
     stored by the solve itself, so it is kept even when this caller has gone away."""
     store = state.store()
-    request = await with_previous_plan(state, request)
+    request = await with_stored_references(state, request)
     request_document = canonical_bytes(request)
 
     def finish(result: SolveResult) -> tuple[SolveResult, bool]:
@@ -63,32 +62,9 @@ async def solve_and_store(
 
 
 async def solve_only(state: ServiceState, request: PlanRequest, key: str) -> SolveResult:
-    request = await with_previous_plan(state, request)
+    request = await with_stored_references(state, request)
     result, _ = await _solve(state, "check:" + key, request, canonical_bytes(request), _same)
     return result
-
-
-async def with_previous_plan(state: ServiceState, request: PlanRequest) -> PlanRequest:
-    """``request`` with the stored plan its ``options.previous_plan_id`` names inlined as
-    ``options.previous_plan`` (the request hash is the same either way); 422 naming the
-    field when no such plan is stored."""
-    options = request.options
-    plan_id = options.previous_plan_id
-    if plan_id is None or options.previous_plan is not None:
-        return request
-    data = await state.plan_bytes(plan_id)
-    if data is None:
-        problem = FieldProblem(
-            "options.previous_plan_id",
-            f"no plan with plan_id {plan_id} is stored here; give the plan_id of a stored "
-            "plan (GET /v1/plans lists them), or the plan itself as options.previous_plan",
-            plan_id,
-        )
-        raise InputError("body", [problem])
-    previous = parse_plan(data, source=f"stored plan {plan_id}")
-    return request.model_copy(
-        update={"options": options.model_copy(update={"previous_plan": previous})}
-    )
 
 
 def _same(result: SolveResult) -> SolveResult:

@@ -1,9 +1,10 @@
-"""The plan store: plans, aliases and async solve jobs, in SQLite or PostgreSQL, with one
-text of SQL for both.
+"""The plan store: plans, aliases, async solve jobs and device profiles, in SQLite or
+PostgreSQL, with one text of SQL for both.
 
 - ``plan_store.py``: ``PlanStore``, the object the service holds, composing
 - ``plans.py`` (immutable plans by content address), ``aliases.py`` (names for plans, with
-  their history) and ``jobs.py`` (the leased queue of async solves);
+  their history), ``jobs.py`` (the leased queue of async solves) and ``profiles.py``
+  (immutable device profiles by content address);
 - ``encodings.py``: the gzip and zstd bytes each plan is stored with;
 - ``schema.py``: the tables, and bringing an older store up to date when it is opened;
 - ``database.py``: what those run their SQL on (transactions, the dialect, rows by name);
@@ -22,6 +23,7 @@ from planner_service.service.store.jobs import NewSolve, StoredSolve
 from planner_service.service.store.plan_store import PlanStore
 from planner_service.service.store.plans import StoredPlan
 from planner_service.service.store.postgres import PostgresStore
+from planner_service.service.store.profiles import StoredProfile
 from planner_service.service.store.sqlite import SqliteStore
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "SqliteStore",
     "StoreUnavailableError",
     "StoredPlan",
+    "StoredProfile",
     "StoredSolve",
     "UnknownPlanError",
     "gzip_plan",

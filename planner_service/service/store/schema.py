@@ -1,5 +1,7 @@
 """The store's tables, and how a store made by an older release is brought up to date
-when it is opened (columns added, summaries filled in), so that every store opens as it is.
+when it is opened (tables and columns added, summaries filled in), so that every store opens
+as it is: a table added later (``profiles``) is created by its ``CREATE TABLE IF NOT
+EXISTS`` the first time a store made before it is opened.
 
 One schema for both databases: TEXT timestamps (ISO 8601, UTC) and binary plan bytes;
 ``BLOB`` is spelled per database (``BYTEA`` on PostgreSQL).
@@ -63,6 +65,12 @@ CREATE TABLE IF NOT EXISTS solves (
     problem BLOB
 );
 CREATE INDEX IF NOT EXISTS solves_by_heartbeat ON solves (status, heartbeat_at);
+CREATE TABLE IF NOT EXISTS profiles (
+    profile_id TEXT PRIMARY KEY,
+    compute_device TEXT NOT NULL,
+    profile BLOB NOT NULL,
+    created_at TEXT NOT NULL
+);
 """
 # Added after the first release: stores made before gain them (NULL), then are backfilled.
 _SUMMARY_COLUMNS = {

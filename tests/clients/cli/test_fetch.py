@@ -19,11 +19,11 @@ import pytest
 
 from clients.http import PlannerClient
 from planner_service.plan.units import GiB
-from tests.support.servers import FaultyProxy, free_port, started_service
+from tests.clients.cli.conftest import TOKEN
+from tests.support.servers import FaultyProxy, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
-TOKEN = "ci-token-0123456789"
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TOO_BIG = {  # tests/clients/cli/test_check.py's: does not fit two 8 GiB ranks
     "topology": {"world_size": 2, "hbm_bytes": 8 * GiB},
@@ -33,14 +33,6 @@ TOO_BIG = {  # tests/clients/cli/test_check.py's: does not fit two 8 GiB ranks
     ],
     "constraints": {"tables": {"users": {"compute_kernels": ["fused"]}}},
 }
-
-
-@pytest.fixture(scope="module")
-def service(shardplan_exe, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("cli-service")
-    server = started_service(shardplan_exe, directory, {"SHARDPLAN_API_TOKENS": f"ci:{TOKEN}"})
-    yield server
-    server.stop()
 
 
 @pytest.fixture
