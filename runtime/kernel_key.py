@@ -32,3 +32,5 @@ class KernelKey(NamedTuple):
     cache_load_factor: float  # 0 unless the memory is MANAGED_CACHING
     width: int = 0  # sequence kernels: the shards' columns (FBGEMM's unpooled kernels take
     # tables of one width); 0 for pooled kernels, which mix widths
+    table: int = -1  # cpu: the table (one kernel per table, see ``layout.kernel_key``); -1
+    # on cuda, where one kernel batches every table of a key

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from planner_service.plan.types import Collective as CollectiveKind
 from planner_service.plan.types import (
     CollectiveCoefficients,
+    ComputeDevice,
     ComputeKernel,
     DeviceProfile,
     KernelCoefficients,
@@ -181,19 +182,26 @@ def shard_perf(
     out_bytes = bags * cols * OUTPUT_ELEMENT_BYTES
     kernel = kernel_entry(profile, compute_kernel, cache_load_factor)
     missed = ids * row_bytes * miss_share(kernel.resident_bytes, rows * row_bytes)
+    # cpu: a kernel per table, so each shard pays its calls (on cuda: ``fixed_perf``)
+    per_table = topology.compute_device is ComputeDevice.CPU
     fwd_compute = (
-        kernel.fwd_us_per_id * ids / US_PER_MS
+        (kernel.call_fwd_ms if per_table else 0.0)
+        + kernel.fwd_us_per_id * ids / US_PER_MS
         + kernel.fwd_ns_per_byte * ids * row_bytes / NS_PER_MS
         + kernel.fwd_ns_per_out_byte * out_bytes / NS_PER_MS
         + kernel.fwd_ns_per_miss_byte * missed / NS_PER_MS
     )
     touched = rows_touched(rows, ids)
     bwd_compute = (
-        kernel.bwd_us_per_id * ids / US_PER_MS
+        (kernel.call_bwd_ms if per_table else 0.0)
+        + kernel.bwd_us_per_id * ids / US_PER_MS
         + kernel.bwd_ns_per_byte * ids * row_bytes / NS_PER_MS
         + kernel.bwd_ns_per_row_byte * touched * (row_bytes + state_bytes_per_row) / NS_PER_MS
         + kernel.bwd_ns_per_miss_byte * missed / NS_PER_MS
     )
+    if weighted:
+        fwd_compute *= kernel.weighted_fwd_factor
+        bwd_compute *= kernel.weighted_bwd_factor
     fwd_comms, bwd_comms = _output_exchange_ms(profile, topology, sharding_type, out_bytes)
     stitch = profile.runtime.output_ns_per_byte * out_bytes / NS_PER_MS
     id_bytes = ids * INDEX_BYTES * (2 if weighted else 1) * (world - 1) / world
@@ -257,7 +265,10 @@ def fixed_perf(request: PlanRequest, sharding_types: Iterable[ShardingType]) -> 
     )
     a2a_ms = collective_latency_ms(profile, a2a, world, local)
     input_dist = INPUT_ALL_TO_ALLS * a2a_ms
-    calls = len({table.data_type for table in request.tables})
+    # cuda: one kernel per data type (and memory tier) on each rank, counted per data type;
+    # cpu: a kernel per table, priced with its shards (``shard_perf``)
+    cuda = topology.compute_device is ComputeDevice.CUDA
+    calls = len({table.data_type for table in request.tables}) if cuda else 0
     kernel = kernel_entry(profile, ComputeKernel.FUSED, None)  # every device has it
     fwd_compute = profile.runtime.step_ms + calls * kernel.call_fwd_ms
     bwd_compute = calls * kernel.call_bwd_ms

@@ -549,6 +549,7 @@ MAX_FIXED_MS = 1e4  # ten seconds of fixed cost per call, collective or step
 MAX_PROFILE_ENTRIES = 256
 MAX_FIT_SAMPLES = 10**7
 MAX_PROFILE_RELATIVE_ERROR = 1e6
+MAX_WEIGHTED_FACTOR = 100.0
 
 # A coefficient of the calibrated model: finite, non-negative, bounded.
 UsPerId = Annotated[float, Field(ge=0.0, le=MAX_US_PER_ID, allow_inf_nan=False)]
@@ -556,6 +557,7 @@ NsPerByte = Annotated[float, Field(ge=0.0, le=MAX_NS_PER_BYTE, allow_inf_nan=Fal
 FixedMs = Annotated[float, Field(ge=0.0, le=MAX_FIXED_MS, allow_inf_nan=False)]
 RelativeError = Annotated[float, Field(ge=0.0, le=MAX_PROFILE_RELATIVE_ERROR, allow_inf_nan=False)]
 Text = Annotated[str, Strict(), Field(max_length=1024)]
+WeightedFactor = Annotated[float, Field(ge=1.0, le=MAX_WEIGHTED_FACTOR, allow_inf_nan=False)]
 
 
 class Collective(StrEnum):
@@ -593,6 +595,10 @@ class KernelCoefficients(_Value):
     bytes cost another ``fwd_ns_per_miss_byte`` forward and ``bwd_ns_per_miss_byte``
     backward (``resident_bytes``: the last-level cache on cpu, L2 on cuda).
 
+    A weighted table (per-sample weights) costs ``weighted_fwd_factor`` and
+    ``weighted_bwd_factor`` times as much. On cpu every table has its own kernel (so the call
+    costs are per shard); on cuda one kernel batches a rank's tables of one key.
+
     ``cache_hit_rate``: set on ``fused_uvm_caching`` entries only, the share of ids that hit
     the cache when they were measured."""
 
@@ -601,6 +607,8 @@ class KernelCoefficients(_Value):
     resident_bytes: MemoryBytes = 0
     fwd_ns_per_miss_byte: NsPerByte = 0.0
     bwd_ns_per_miss_byte: NsPerByte = 0.0
+    weighted_fwd_factor: WeightedFactor = 1.0
+    weighted_bwd_factor: WeightedFactor = 1.0
     call_fwd_ms: FixedMs
     call_bwd_ms: FixedMs
     fwd_us_per_id: UsPerId

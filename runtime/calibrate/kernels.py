@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from planner_service.plan.types import (
     MAX_FIXED_MS,
     MAX_NS_PER_BYTE,
     MAX_US_PER_ID,
+    MAX_WEIGHTED_FACTOR,
     ComputeKernel,
     DataType,
     KernelCoefficients,
@@ -41,7 +43,12 @@ DIMS = (16, 32, 64, 128, 256)
 POOLING_FACTORS = (1, 4, 16, 64)
 ROWS = (1_000, 10_000, 100_000, 1_000_000)
 BATCH_SIZES = (256, 1024, 4096)
-TABLES_PER_CALL = (1, 2, 8)
+TABLES_PER_CALL = (1, 2, 8)  # cuda batches tables in a kernel; on cpu each has its own
+CPU_TABLES_PER_CALL = (1,)  # (runtime.sharding.layout.kernel_key)
+ID_BATCHES = 4  # distinct id batches a case cycles through, as a training job's steps do
+FLUSH_SHARE = 1.5  # of the resident bytes, written between calls: a step's other work
+# (the exchanges, the other tables' kernels) leaves a kernel's rows out of the caches
+WEIGHTED_EVERY = 5  # one case in this many pools with per-sample weights (their factor)
 MAX_WEIGHT_BYTES = 2**29  # a case's tables together: 512 MiB
 MAX_ID_COLUMNS = 2**25  # ids x dim of one call: about 50 ms of CPU backward
 CHEAP_ID_COLUMNS = 2**18  # the first cases, so a short budget still fits every term
@@ -123,6 +130,7 @@ class KernelCase:
     batch: int
     pooling: int
     optimizer: OptimizerType = OptimizerType.SGD
+    weighted: bool = False
 
     @property
     def ids(self) -> int:
@@ -149,14 +157,15 @@ class KernelCase:
         return (1.0, self.ids, read, updated, self.missed_bytes(resident))
 
 
-def grid(seed: int) -> list[KernelCase]:
+def grid(seed: int, tables_per_call: Sequence[int] = TABLES_PER_CALL) -> list[KernelCase]:
     """Every case of the grid that fits the memory and time caps, in a seeded random order
     whose first ``MIN_SAMPLES`` are cheap (and vary every term), so that a grid stopped early
-    by its budget is still a spread of the whole space."""
+    by its budget is still a spread of the whole space; one case in ``WEIGHTED_EVERY``
+    (after those) is weighted, one in ``ADAGRAD_EVERY`` runs rowwise_adagrad."""
     cases = [
         KernelCase(rows, dim, tables, batch, pooling)
         for rows, dim, tables, batch, pooling in itertools.product(
-            ROWS, DIMS, TABLES_PER_CALL, BATCH_SIZES, POOLING_FACTORS
+            ROWS, DIMS, tables_per_call, BATCH_SIZES, POOLING_FACTORS
         )
         if rows * dim * tables * ELEMENT_BYTES <= MAX_WEIGHT_BYTES
         and tables * batch * pooling * dim <= MAX_ID_COLUMNS
@@ -166,9 +175,13 @@ def grid(seed: int) -> list[KernelCase]:
     cheap = [c for c in cases if c.ids * c.dim <= CHEAP_ID_COLUMNS][:MIN_SAMPLES]
     ordered = cheap + [c for c in cases if c not in cheap]
     return [
-        KernelCase(c.rows, c.dim, c.tables, c.batch, c.pooling, OptimizerType.ROWWISE_ADAGRAD)
-        if i % ADAGRAD_EVERY == ADAGRAD_EVERY - 1
-        else c
+        replace(
+            c,
+            optimizer=OptimizerType.ROWWISE_ADAGRAD
+            if i % ADAGRAD_EVERY == ADAGRAD_EVERY - 1
+            else OptimizerType.SGD,
+            weighted=i >= MIN_SAMPLES and i % WEIGHTED_EVERY == WEIGHTED_EVERY - 1,
+        )
         for i, c in enumerate(ordered)
     ]
 
@@ -188,25 +201,53 @@ def key_of(target: KernelTarget) -> KernelKey:
 
 
 def measure_case(
-    target: KernelTarget, case: KernelCase, device: torch.device, generator: torch.Generator
+    target: KernelTarget,
+    case: KernelCase,
+    device: torch.device,
+    generator: torch.Generator,
+    flush_bytes: int = 0,
 ) -> KernelSample:
-    """Forward and backward (the fused update) of one case, median of several calls."""
+    """Forward and backward (the fused update) of one case, median of several calls, each
+    on the next of ``ID_BATCHES`` id batches after ``flush_bytes`` were written (cold
+    caches, as between a step's kernels)."""
     key = key_of(target) if device.type == "cuda" else KernelKey(Memory.HOST, DataType.FP32, 0.0)
     optimizer = SGD if case.optimizer is OptimizerType.SGD else ROWWISE_ADAGRAD
     sizes = [(case.rows, case.dim)] * case.tables
     kernel = build_kernel(key, sizes, list(range(case.tables)), optimizer, device)
-    ids = draw_ids(case, target.hit_rate, generator).to(device)
+    batches = [draw_ids(case, target.hit_rate, generator).to(device) for _ in range(ID_BATCHES)]
+    weights = torch.rand((case.ids,), generator=generator).to(device) if case.weighted else None
     offsets = torch.arange(0, case.ids + 1, case.pooling, dtype=torch.int64, device=device)
     if target.hit_rate is not None:
         warm_cache(kernel, case, device)
     grad = torch.ones((case.batch, case.tables * case.dim), device=device)
+    turn = itertools.cycle(range(ID_BATCHES))
+    current = [0]
+    flush = cache_flush(device, flush_bytes)
+
+    def prepare() -> None:
+        current[0] = next(turn)
+        flush()
 
     def forward() -> torch.Tensor:
-        output: torch.Tensor = kernel(ids, offsets)
+        output: torch.Tensor = kernel(batches[current[0]], offsets, per_sample_weights=weights)
         return output
 
-    fwd_ms, bwd_ms = median_pair_ms(forward, lambda out: out.backward(grad), device)
+    fwd_ms, bwd_ms = median_pair_ms(
+        forward, lambda out: out.backward(grad), device, prepare=prepare
+    )
     return KernelSample(case, fwd_ms, bwd_ms)
+
+
+def cache_flush(device: torch.device, size_bytes: int) -> Callable[[], None]:
+    """Writes ``size_bytes`` (nothing for 0): what the processor kept close is gone."""
+    if size_bytes <= 0:
+        return lambda: None
+    buffer = torch.zeros(size_bytes // 4, dtype=torch.float32, device=device)
+
+    def flush() -> None:
+        buffer.add_(1.0)
+
+    return flush
 
 
 def hot_rows(case: KernelCase) -> int:
@@ -250,11 +291,13 @@ def measure_kernel(
     each case average out a busy machine's noise)."""
     generator = torch.Generator().manual_seed(seed)
     samples: list[KernelSample] = []
-    cases = itertools.chain.from_iterable(grid(seed + r) for r in range(ROUNDS))
+    per_call = TABLES_PER_CALL if device.type == "cuda" else CPU_TABLES_PER_CALL
+    cases = itertools.chain.from_iterable(grid(seed + r, per_call) for r in range(ROUNDS))
+    flush_bytes = int(FLUSH_SHARE * resident_bytes(device))
     for case in cases:
         if len(samples) >= MIN_SAMPLES and budget.now() >= deadline:
             break
-        samples.append(measure_case(target, case, device, generator))
+        samples.append(measure_case(target, case, device, generator, flush_bytes))
         on_case(len(samples))
     return samples
 
@@ -266,6 +309,8 @@ def fit_kernel(
     ``resident``: the bytes the processor keeps close (``resident_bytes``)."""
     # Without a known cache, or when no case missed it, the miss term is no term: it would
     # repeat the bytes read, or never vary.
+    weighted = [s for s in samples if s.case.weighted]
+    samples = [s for s in samples if not s.case.weighted]
     misses = resident > 0 and any(s.case.missed_bytes(resident) > 0 for s in samples)
     used = len(FWD_TERMS) if misses else len(FWD_TERMS) - 1
     fwd = fit_linear(
@@ -283,7 +328,7 @@ def fit_kernel(
         **in_profile_units(FWD_TERMS[:used], fwd.coefficients, scales, bounds),
         **in_profile_units(BWD_TERMS[:used], bwd.coefficients, scales, bounds),
     }
-    return KernelCoefficients(
+    entry = KernelCoefficients(
         compute_kernel=target.kernel,
         cache_hit_rate=target.hit_rate,
         resident_bytes=resident,
@@ -291,6 +336,46 @@ def fit_kernel(
         fit_bwd=bwd.quality,
         **values,
     )
+    return entry.model_copy(update=weighted_factors(entry, weighted))
+
+
+def weighted_factors(
+    entry: KernelCoefficients, weighted: Sequence[KernelSample]
+) -> dict[str, float]:
+    """How much slower the kernel pools with per-sample weights: the median of measured over
+    predicted (unweighted) time of the weighted cases, each direction, at least 1."""
+    if not weighted:
+        return {}
+    factors = {}
+    for name, measured, predicted in (
+        (
+            "weighted_fwd_factor",
+            [s.fwd_ms for s in weighted],
+            [case_fwd_ms(entry, s.case) for s in weighted],
+        ),
+        (
+            "weighted_bwd_factor",
+            [s.bwd_ms for s in weighted],
+            [case_bwd_ms(entry, s.case) for s in weighted],
+        ),
+    ):
+        ratios = [m / p for m, p in zip(measured, predicted, strict=True) if p > 0]
+        if ratios:
+            factors[name] = min(MAX_WEIGHTED_FACTOR, max(1.0, statistics.median(ratios)))
+    return factors
+
+
+def case_fwd_ms(entry: KernelCoefficients, case: KernelCase) -> float:
+    """What ``entry`` predicts for the case's forward (as ``costs.calibrated`` prices it)."""
+    terms = case.fwd_terms(entry.resident_bytes)
+    coefficients = [getattr(entry, name) for name in FWD_TERMS]
+    return sum(t * c / scale for t, c, scale in zip(terms, coefficients, TERM_SCALES, strict=True))
+
+
+def case_bwd_ms(entry: KernelCoefficients, case: KernelCase) -> float:
+    terms = case.bwd_terms(entry.resident_bytes)
+    coefficients = [getattr(entry, name) for name in BWD_TERMS]
+    return sum(t * c / scale for t, c, scale in zip(terms, coefficients, TERM_SCALES, strict=True))
 
 
 def dense_as_fused(fused: KernelCoefficients) -> KernelCoefficients:

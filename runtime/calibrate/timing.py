@@ -69,15 +69,21 @@ def median_pair_ms(
     device: torch.device,
     warmup: int = WARMUP_CALLS,
     repetitions: int = REPETITIONS,
+    prepare: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
     """The median milliseconds of ``first()`` and of ``second`` of its result (a forward and
     the backward that needs its output), each timed on its own, over ``repetitions`` pairs
-    after ``warmup``."""
+    after ``warmup``; ``prepare`` runs, untimed, before each pair."""
     for _ in range(warmup):
+        if prepare is not None:
+            prepare()
         second(first())
     synchronize(device)
     firsts, seconds = [], []
     for _ in range(repetitions):
+        if prepare is not None:
+            prepare()
+            synchronize(device)
         start = time.perf_counter()
         value = first()
         synchronize(device)

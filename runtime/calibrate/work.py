@@ -193,11 +193,12 @@ class StepTerms:
 
 
 def step_terms(profile: DeviceProfile, sample: WorkSample) -> StepTerms:
-    """The plan's shards on its one rank, priced by ``shard_perf`` (one kernel call: every
-    table is fp32)."""
+    """The plan's shards on its one rank, priced by ``shard_perf`` (which on cpu includes
+    each table's kernel calls; on cuda one kernel call: every table is fp32)."""
     config, kernel = sample.config, profile.kernels[0]
     topology = Topology(world_size=1, compute_device=profile.compute_device)
-    kernel_ms = kernel.call_fwd_ms + kernel.call_bwd_ms
+    cuda = profile.compute_device is ComputeDevice.CUDA
+    kernel_ms = kernel.call_fwd_ms + kernel.call_bwd_ms if cuda else 0.0
     ids = output_bytes = 0.0
     for table in range(config.tables):
         kind = sample.variant if table == 0 else ShardingType.TABLE_WISE

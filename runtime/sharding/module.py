@@ -44,6 +44,7 @@ from runtime.modules import (
     EmbeddingBagCollection,
     EmbeddingCollection,
     check_tables,
+    is_weighted,
 )
 from runtime.plan import ModulePlan, PlanMismatchError, check_plan
 from runtime.sharding.exchange import input_exchange, output_exchange, sequence_exchange
@@ -128,6 +129,12 @@ class ShardedTables(nn.Module):
             for group in self.layout.groups
         )
         initialise(self._shard_views(), module)
+        # Kernels with a weighted table take the ids' weights (1.0 for their other tables);
+        # the others pool without: FBGEMM's weighted backward is the slower one.
+        self._weighted = [
+            any(is_weighted(self.tables[shard.table]) for shard in self.layout.shards_of(group))
+            for group in self.layout.groups
+        ]
         self._staged: InputContext | None = None
 
     def input_dist(self, features: KeyedJaggedTensor, group: Group | None = None) -> InputContext:
@@ -168,11 +175,12 @@ class ShardedTables(nn.Module):
         total = sum(received.batches)
         outputs = []
         start_bag = start_value = 0
-        for group, kernel in zip(self.layout.groups, self._kernels(), strict=True):
+        kernels = zip(self.layout.groups, self._kernels(), self._weighted, strict=True)
+        for group, kernel, weighted in kernels:
             end_bag = start_bag + len(group.features) * total
             lengths = received.lengths[start_bag:end_bag]
             end_value = start_value + int(lengths.sum())
-            weights = received.weights
+            weights = received.weights if weighted else None
             outputs.append(
                 kernel(
                     received.values[start_value:end_value],

@@ -37,6 +37,7 @@ KERNEL_TRUTH = {
 }
 UNITS = (1.0, US_PER_MS, NS_PER_MS, NS_PER_MS, NS_PER_MS)
 RESIDENT_BYTES = 2**20  # a 1 MiB cache: the grid's larger tables miss it
+WEIGHTED_TRUTH = {"weighted_fwd_factor": 1.3, "weighted_bwd_factor": 3.0}
 NOISE = 0.02  # multiplicative, as a quiet machine's medians
 
 
@@ -52,6 +53,9 @@ def _synthetic_kernel_samples(seed: int, count: int) -> list[kernels.KernelSampl
         noise = rng.normal(1.0, NOISE, size=2)
         fwd_ms = float(np.dot(case.fwd_terms(RESIDENT_BYTES), fwd)) * noise[0]
         bwd_ms = float(np.dot(case.bwd_terms(RESIDENT_BYTES), bwd)) * noise[1]
+        if case.weighted:
+            fwd_ms *= WEIGHTED_TRUTH["weighted_fwd_factor"]
+            bwd_ms *= WEIGHTED_TRUTH["weighted_bwd_factor"]
         samples.append(kernels.KernelSample(case, fwd_ms, bwd_ms))
     return samples
 
@@ -59,10 +63,13 @@ def _synthetic_kernel_samples(seed: int, count: int) -> list[kernels.KernelSampl
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kernel_fit_recovers_known_coefficients(seed: int) -> None:
     target = kernels.KernelTarget(ComputeKernel.FUSED)
-    fitted = kernels.fit_kernel(target, _synthetic_kernel_samples(seed, 120), RESIDENT_BYTES)
-    for name, truth in KERNEL_TRUTH.items():
+    samples = _synthetic_kernel_samples(seed, 120)
+    fitted = kernels.fit_kernel(target, samples, RESIDENT_BYTES)
+    for name, truth in {**KERNEL_TRUTH, **WEIGHTED_TRUTH}.items():
         assert getattr(fitted, name) == pytest.approx(truth, rel=0.15), name
-    assert fitted.fit_fwd.samples == fitted.fit_bwd.samples == 120
+    plain = sum(not s.case.weighted for s in samples)
+    assert 0 < plain < 120  # the weighted cases give the factors, not the linear terms
+    assert fitted.fit_fwd.samples == fitted.fit_bwd.samples == plain
     assert fitted.fit_fwd.median_relative_error < 2 * NOISE
     assert fitted.fit_bwd.r2 > 0.95
 

@@ -55,16 +55,21 @@ def test_features_are_in_table_then_feature_order():
     )
 
 
-def test_each_rank_holds_its_shards_pooled_by_one_kernel_per_key():
+def host(table: int) -> KernelKey:
+    return HOST._replace(table=table)
+
+
+def test_each_rank_holds_its_shards_pooled_by_one_kernel_per_table_on_cpu():
     zero, one = build_layouts(MIXED_PLAN, MIXED)
     assert zero.shards == (
-        LocalShard(1, 0, 0, 5, 0, 4, replicated=False, row_split=False, key=HOST),
-        LocalShard(2, 0, 0, 3, 0, 4, replicated=False, row_split=True, key=HOST),
-        LocalShard(3, 0, 0, 3, 0, 4, replicated=True, row_split=False, key=HOST),
+        LocalShard(1, 0, 0, 5, 0, 4, replicated=False, row_split=False, key=host(1)),
+        LocalShard(2, 0, 0, 3, 0, 4, replicated=False, row_split=True, key=host(2)),
+        LocalShard(3, 0, 0, 3, 0, 4, replicated=True, row_split=False, key=host(3)),
     )
     assert zero.routes == (2, 3, 4)  # cw, rw, dp: the features of the tables it holds
-    [group] = zero.groups
-    assert group.shards == (0, 1, 2) and group.features == ((0, 0), (1, 1), (2, 2))
+    assert [g.key for g in zero.groups] == [host(1), host(2), host(3)]
+    assert [g.shards for g in zero.groups] == [(0,), (1,), (2,)]
+    assert [g.features for g in zero.groups] == [((0, 0),), ((1, 1),), ((2, 2),)]
     assert zero.columns == (
         Column(2, 0, 4, replicated=False, row_split=False),
         Column(3, 0, 4, replicated=False, row_split=True),
@@ -79,8 +84,8 @@ def test_each_rank_holds_its_shards_pooled_by_one_kernel_per_key():
         (3, 1, 0, 3, 0),
     ]
     assert one.routes == (0, 1, 2, 3, 4)
-    assert one.groups[0].features == ((0, 0), (1, 0), (2, 1), (3, 2), (4, 3))
-    assert one.groups[0].feature_table_map() == [0, 0, 1, 2, 3]
+    assert [g.features for g in one.groups] == [((0, 0), (1, 0)), ((2, 1),), ((3, 2),), ((4, 3),)]
+    assert [g.feature_table_map() for g in one.groups] == [[0, 0], [0], [0], [0]]
     assert [(c.feature, c.offset) for c in one.columns] == [(0, 0), (1, 0), (2, 4), (3, 0), (4, 0)]
 
 
@@ -107,10 +112,12 @@ def test_kernels_are_split_by_memory_data_type_and_cache_load_factor_on_cuda_onl
         (KernelKey(Memory.DEVICE, DataType.FP32, 0.0), (0, 2)),  # dense and fused: one kernel
         (KernelKey(Memory.MANAGED_CACHING, DataType.FP32, 0.2), (3,)),  # the default factor
     ]
-    [cpu] = build_layouts(plan, tables, cuda=False)  # all host memory: only the type splits
+    [cpu] = build_layouts(plan, tables, cuda=False)  # all host memory: a kernel per table
     assert [(g.key.data_type, g.shards) for g in cpu.groups] == [
         (DataType.FP16, (1,)),
-        (DataType.FP32, (0, 2, 3)),
+        (DataType.FP32, (0,)),
+        (DataType.FP32, (2,)),
+        (DataType.FP32, (3,)),
     ]
 
 
@@ -274,13 +281,20 @@ def test_sequence_kernels_hold_one_width_and_take_features_shard_by_shard():
         (0, 8, 4),
         (1, 0, 4),
     ]
-    [group] = zero.groups
-    assert group.key.width == 4
+    # On cpu a kernel per table: a's two shards in one, b's block in another.
+    assert [g.key.width for g in zero.groups] == [4, 4]
+    assert [g.features for g in zero.groups] == [((0, 0), (1, 0), (0, 1), (1, 1)), ((2, 2),)]
+    # never back to an earlier table
+    assert [g.feature_table_map() for g in zero.groups] == [[0, 0, 1, 1], [0]]
+    # Rank 1: a's middle shard, b's block (both 4 wide) and c (8 wide): three kernels.
+    assert [g.key.width for g in one.groups] == [4, 4, 8]
+    assert [g.feature_table_map() for g in one.groups] == [[0, 0], [0], [0]]
+    # On cuda one kernel per width: the features still go shard by shard.
+    zero_cuda, one_cuda = build_layouts(SEQUENCE_PLAN, SEQUENCE, cuda=True, sequence=True)
+    [group] = zero_cuda.groups
     assert group.features == ((0, 0), (1, 0), (0, 1), (1, 1), (2, 2))
-    assert group.feature_table_map() == [0, 0, 1, 1, 2]  # never back to an earlier table
-    # Rank 1: widths 4 (a's middle shard, b's block) and 8 (c) make two kernels.
-    assert [g.key.width for g in one.groups] == [4, 8]
-    assert [g.feature_table_map() for g in one.groups] == [[0, 0, 1], [0]]
+    assert group.feature_table_map() == [0, 0, 1, 1, 2]
+    assert [g.feature_table_map() for g in one_cuda.groups] == [[0, 0, 1], [0]]
 
 
 def test_sequence_rows_come_back_to_their_columns_from_every_holder():

@@ -88,12 +88,13 @@ def test_a_world_size_beyond_the_machine_is_refused_before_any_rank_starts(tmp_p
     req, plan = _small(world, rows=4 * world)
     request_path, plan_path = _files(tmp_path, req, plan)
     start = time.monotonic()
+    before = set(multiprocessing.active_children())
     result = run_in_process("measure", request_path, plan_path, "--device", "cpu")
     assert result.returncode == 2
     assert f"world size {world}" in result.stderr
     assert f"at most {RANKS_PER_CPU * cpus} cpu ranks" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= before  # nothing started
     assert time.monotonic() - start < 20
 
 
@@ -101,11 +102,12 @@ def test_an_invalid_plan_exits_1_and_runs_nothing(tmp_path):
     req, _ = _small(2)
     _, other_plan = _small(2, rows=64)  # a's shards cover 64 rows, the request has 100
     request_path, plan_path = _files(tmp_path, req, other_plan)
+    before = set(multiprocessing.active_children())
     result = run_in_process("measure", request_path, plan_path, "--device", "cpu")
     assert result.returncode == 1
     assert result.stdout == ""  # no report
     assert "invalid:" in result.stderr and "violation" in result.stderr
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= before  # nothing started
 
 
 def test_an_unreadable_request_exits_2(tmp_path):
