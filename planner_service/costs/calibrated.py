@@ -209,15 +209,15 @@ def shard_perf(
         collective_ms(profile, topology, CollectiveKind.ALL_TO_ALL, world, local, id_bytes)
         + profile.runtime.input_us_per_id * ids / US_PER_MS
     )
-    total = fwd_compute + bwd_compute + fwd_comms + bwd_comms + 2 * stitch + input_dist
-    return Perf(
-        fwd_compute=fwd_compute,
-        fwd_comms=fwd_comms + stitch,
-        bwd_compute=bwd_compute,
-        bwd_comms=bwd_comms + stitch,
-        input_dist=input_dist,
-        total=total,
-    )
+    runtime = profile.runtime
+    parts = {
+        "fwd_compute": fwd_compute * runtime.compute_scale,
+        "bwd_compute": bwd_compute * runtime.compute_scale,
+        "fwd_comms": (fwd_comms + stitch) * runtime.comms_scale,
+        "bwd_comms": (bwd_comms + stitch) * runtime.comms_scale,
+        "input_dist": input_dist * runtime.input_scale,
+    }
+    return Perf(**parts, total=sum(parts.values()))
 
 
 def _output_exchange_ms(

@@ -550,6 +550,7 @@ MAX_PROFILE_ENTRIES = 256
 MAX_FIT_SAMPLES = 10**7
 MAX_PROFILE_RELATIVE_ERROR = 1e6
 MAX_WEIGHTED_FACTOR = 100.0
+MAX_RUNTIME_SCALE = 100.0
 
 # A coefficient of the calibrated model: finite, non-negative, bounded.
 UsPerId = Annotated[float, Field(ge=0.0, le=MAX_US_PER_ID, allow_inf_nan=False)]
@@ -558,6 +559,7 @@ FixedMs = Annotated[float, Field(ge=0.0, le=MAX_FIXED_MS, allow_inf_nan=False)]
 RelativeError = Annotated[float, Field(ge=0.0, le=MAX_PROFILE_RELATIVE_ERROR, allow_inf_nan=False)]
 Text = Annotated[str, Strict(), Field(max_length=1024)]
 WeightedFactor = Annotated[float, Field(ge=1.0, le=MAX_WEIGHTED_FACTOR, allow_inf_nan=False)]
+RuntimeScale = Annotated[float, Field(ge=0.0, le=MAX_RUNTIME_SCALE, allow_inf_nan=False)]
 
 
 class Collective(StrEnum):
@@ -652,13 +654,22 @@ class RuntimeCoefficients(_Value):
     """shardplan's runtime's own work around the kernels and collectives (bucketing ids,
     permutes, copies), per step: ``step_ms`` whatever the plan, ``input_us_per_id`` per id a
     rank receives, ``output_ns_per_byte`` per byte of output it stitches, and
-    ``sharding_type_ms`` for each sharding type a plan uses at all (its own exchanges)."""
+    ``sharding_type_ms`` for each sharding type a plan uses at all (its own exchanges).
+
+    Whole steps (``fit_steps``: measured plans) scale what the parts predict: a shard's
+    compute by ``compute_scale``, its output exchange by ``comms_scale``, its input
+    distribution by ``input_scale`` (ranks waiting for each other, caches colder or warmer
+    than in the microbenchmarks, ranks sharing cores)."""
 
     step_ms: FixedMs
     input_us_per_id: UsPerId
     output_ns_per_byte: NsPerByte
     sharding_type_ms: dict[ShardingType, FixedMs] = Field(default_factory=dict)
     fit: FitQuality
+    compute_scale: RuntimeScale = 1.0
+    comms_scale: RuntimeScale = 1.0
+    input_scale: RuntimeScale = 1.0
+    fit_steps: FitQuality | None = None
 
 
 class MachineInfo(_Value):

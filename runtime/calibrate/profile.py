@@ -1,5 +1,6 @@
-"""``calibrate``: the three stages (kernels, collectives, the runtime's own work) run within
-one budget and their fits assembled into a ``DeviceProfile``, with the machine it describes.
+"""``calibrate``: the four stages (kernels, collectives, the runtime's own work, whole steps
+of plans) run within one budget and their fits assembled into a ``DeviceProfile``, with the
+machine it describes.
 
 The budget covers everything, spawning ranks included: each stage is given its share of the
 seconds left (``KERNEL_SHARE``, ``COLLECTIVE_SHARE``, the rest to the runtime stage, less
@@ -15,6 +16,7 @@ import platform
 import socket
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -24,16 +26,24 @@ from planner_service.plan.types import (
     DeviceProfile,
     KernelCoefficients,
     MachineInfo,
+    PlanRequest,
+    RuntimeCoefficients,
+    ShardingPlan,
 )
-from runtime.calibrate import collectives, kernels, work
+from runtime.calibrate import collectives, kernels, steps, work
 from runtime.calibrate.timing import Budget
+from runtime.measure import MeasureReport
 
 MIN_BUDGET_S = 10.0
 MAX_BUDGET_S = 3600.0
 CPU_RANKS_PER_CORE = 4  # gloo ranks sharing a core still run, slowly; more would not
-KERNEL_SHARE = 0.45  # of the budget left when the stage starts
+KERNEL_SHARE = 0.4  # of the budget left when the stage starts
 COLLECTIVE_SHARE = 0.6
 RESERVE_SHARE = 0.05  # of the whole budget: fitting, the profile, tearing ranks down
+WORK_SHARE = 0.3  # of what the kernels and collectives left; the rest to whole steps
+STEP_WORLD_SIZE = 2  # cpu: whole steps on 2 ranks (one core each on 2 cores)
+STEP_WARMUP = 3
+STEP_STEPS = 8
 RANK_GRACE_S = 30.0  # past a collective stage's deadline before its ranks count as hung
 HIT_RATES = (0.2, 0.5, 0.9)
 
@@ -124,22 +134,57 @@ def calibrate(
     collective_entries = _collective_stage(settings, budget, report)
     fused = next(k for k in kernel_entries if k.compute_kernel.value == "fused")
     report("runtime", "starting")
-    deadline = budget.deadline(1.0, keep_s=RESERVE_SHARE * settings.budget_s)
+    deadline = budget.deadline(WORK_SHARE, keep_s=RESERVE_SHARE * settings.budget_s)
     samples = work.measure_work(
         device, deadline, budget, settings.seed, lambda n: report("runtime", f"{n} configurations")
     )
     runtime = work.fit_work(fused, settings.device, samples)
-    return DeviceProfile(
-        name=settings.name,
-        compute_device=settings.device,
-        measured_at=measured_at,
-        machine=machine_info(settings),
-        budget_s=settings.budget_s,
-        wall_s=round(budget.elapsed_s(), 3),
-        kernels=kernel_entries,
-        collectives=collective_entries,
-        runtime=runtime,
+
+    def profile_of(runtime: RuntimeCoefficients) -> DeviceProfile:
+        return DeviceProfile(
+            name=settings.name,
+            compute_device=settings.device,
+            measured_at=measured_at,
+            machine=machine_info(settings),
+            budget_s=settings.budget_s,
+            wall_s=round(budget.elapsed_s(), 3),
+            kernels=kernel_entries,
+            collectives=collective_entries,
+            runtime=runtime,
+        )
+
+    report("steps", "starting")
+    world = max(settings.world_sizes, default=1)
+    world = min(world, STEP_WORLD_SIZE) if settings.device is ComputeDevice.CPU else world
+    deadline = budget.deadline(1.0, keep_s=RESERVE_SHARE * settings.budget_s)
+    step_samples = steps.measure_steps(
+        profile_of(runtime),
+        world,
+        deadline,
+        budget,
+        settings.seed,
+        partial(_measured, settings),
+        lambda n: report("steps", f"{n} plans at world size {world}"),
     )
+    return profile_of(steps.fit_steps(profile_of(runtime), world, step_samples))
+
+
+def _measured(
+    settings: CalibrateSettings, request: PlanRequest, plan: ShardingPlan
+) -> MeasureReport:
+    """A plan's measured steps: ``runtime.measure`` on ranks spawned here."""
+    from runtime.measure import DeviceKind, MeasureSettings, measure_plan  # spawns ranks
+
+    measure = MeasureSettings(
+        device=DeviceKind(settings.device.value),
+        threads=settings.threads,
+        warmup=STEP_WARMUP,
+        steps=STEP_STEPS,
+        seed=settings.seed,
+    )
+    report = measure_plan(request, plan, measure)
+    assert report is not None  # spawned here, this process is rank 0's parent
+    return report
 
 
 def _reporter(on_progress: OnProgress | None, budget: Budget) -> Callable[[str, str], None]:

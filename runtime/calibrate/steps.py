@@ -1,0 +1,342 @@
+"""The last stage: whole training steps of plans, measured by ``runtime.measure`` at a world
+size, against what the profile's other stages predict for them.
+
+A step is more than its kernels and collectives timed alone: ranks wait for each other at
+every exchange, a kernel finds its rows colder or warmer than in a microbenchmark, two
+ranks share cores with gloo's threads, and the runtime's exchanges of row-wise and
+data-parallel tables do more than their collectives. So this stage runs diverse plans of a
+synthetic model (every table table-wise, row-wise, column-wise, data-parallel for the small
+ones, random mixes) and fits each measured part of every rank's step, by non-negative least
+squares over the ranks of all plans, on what the profile predicts for that part:
+
+- the kernels (``lookup_fwd + lookup_bwd``) = a + ``compute_scale`` · predicted compute;
+- the output exchange (forward and backward) = b + ``comms_scale`` · predicted comms
+  + a fixed cost for each sharding type the plan uses (``sharding_type_ms``);
+- the input distribution = c + ``input_scale`` · predicted input distribution.
+
+The scales then multiply those parts of every shard's cost (``costs.calibrated``), and the
+intercepts, with the rest of the step, go into ``runtime.step_ms``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner_service.costs.calibrated import fixed_perf
+from planner_service.plan.codec import parse_request, seal_plan_data
+from planner_service.plan.json_data import JsonObject
+from planner_service.plan.shards import column_wise_shards, row_wise_shards
+from planner_service.plan.types import (
+    MAX_FIXED_MS,
+    MAX_RUNTIME_SCALE,
+    PERF_FIELDS,
+    ComputeDevice,
+    DeviceProfile,
+    ParameterSharding,
+    PlanRequest,
+    RuntimeCoefficients,
+    Shard,
+    ShardingPlan,
+    ShardingType,
+    SolverReport,
+    SolverStatus,
+)
+from planner_service.validate.usage import rank_usage
+from runtime.calibrate.fit import LinearFit, fit_linear, quality_of
+from runtime.calibrate.timing import Budget
+from runtime.measure import MeasureReport
+
+TABLES = (  # rows, dim, pooling factor: small to large, narrow to wide
+    (1_000, 16, 2.0),
+    (5_000, 32, 8.0),
+    (20_000, 64, 4.0),
+    (100_000, 64, 16.0),
+    (200_000, 128, 24.0),
+    (2_000, 128, 1.0),
+    (50_000, 16, 32.0),
+    (10_000, 32, 12.0),
+)
+BATCH_SIZE = 512
+SMALL_ROWS = 20_000  # data-parallel candidates
+MIXES = 4
+MIN_PLANS = 5  # the fit has four terms
+TERMS = ("extra_step_ms", "compute_scale", "comms_scale", "input_scale")
+COMPUTE = ("fwd_compute", "bwd_compute")
+COMMS = ("fwd_comms", "bwd_comms")
+
+
+@dataclass(frozen=True)
+class RankPart:
+    """One rank of one measured plan: what the profile predicts for its parts (shards
+    only), the sharding types the plan uses, and what each part measured (ms)."""
+
+    compute_ms: float
+    comms_ms: float
+    input_ms: float
+    kinds: frozenset[ShardingType]
+    measured_compute_ms: float
+    measured_comms_ms: float
+    measured_input_ms: float
+    measured_step_ms: float
+
+
+def step_request(world: int, device: ComputeDevice, profile: DeviceProfile) -> PlanRequest:
+    """The synthetic model on ``world`` ranks, priced by ``profile``."""
+    tables = [
+        {
+            "name": f"t{i}",
+            "num_embeddings": rows,
+            "embedding_dim": dim,
+            "pooling_factors": [pooling],
+        }
+        for i, (rows, dim, pooling) in enumerate(TABLES)
+    ]
+    document = {
+        "topology": {"world_size": world, "compute_device": device.value},
+        "tables": tables,
+        "batch_size": BATCH_SIZE,
+        "options": {
+            "cost_model": "calibrated",
+            "device_profile": profile.model_dump(mode="json"),
+        },
+    }
+    return parse_request(_json(document))
+
+
+def _json(document: JsonObject) -> str:
+    import json
+
+    return json.dumps(document)
+
+
+def step_plans(request: PlanRequest, seed: int) -> list[dict[str, JsonObject]]:
+    """Diverse plans of the synthetic model, each as its tables' shardings."""
+    world = request.topology.world_size
+    names = [t.name for t in request.tables]
+    rng = random.Random(seed)
+    whole = {name: ("table_wise", i % world) for i, name in enumerate(names)}
+    shapes = [
+        whole,
+        {name: ("row_wise", 0) for name in names},
+        {name: ("column_wise", i) for i, name in enumerate(names)},
+        {
+            t.name: ("data_parallel", 0) if t.num_embeddings <= SMALL_ROWS else whole[t.name]
+            for t in request.tables
+        },
+    ]
+    kinds = ["table_wise", "row_wise", "column_wise", "data_parallel"]
+    for _ in range(MIXES):
+        shapes.append(
+            {
+                t.name: (
+                    rng.choice(kinds if t.num_embeddings <= SMALL_ROWS else kinds[:3]),
+                    rng.randrange(world),
+                )
+                for t in request.tables
+            }
+        )
+    return [
+        {
+            t.name: _sharding(kind, rank, t.num_embeddings, t.embedding_dim, world)
+            for t in request.tables
+            for kind, rank in [shape[t.name]]
+        }
+        for shape in shapes
+    ]
+
+
+def _sharding(kind: str, rank: int, rows: int, dim: int, world: int) -> JsonObject:
+    if kind == "row_wise":
+        shards = row_wise_shards(rows, dim, list(range(world)))
+    elif kind == "column_wise":
+        half = dim // 2
+        ranks = [rank % world, (rank + 1) % world]
+        shards = column_wise_shards(rows, [half, dim - half], ranks)
+    elif kind == "data_parallel":
+        shards = [Shard(offsets=(0, 0), sizes=(rows, dim), rank=r) for r in range(world)]
+    else:
+        shards = [Shard(offsets=(0, 0), sizes=(rows, dim), rank=rank)]
+    kernel = "dense" if kind == "data_parallel" else "fused"
+    return {
+        "sharding_type": kind,
+        "compute_kernel": kernel,
+        "ranks": [s.rank for s in shards],
+        "shards": [s.model_dump(mode="json") for s in shards],
+        "cache_load_factor": None,
+    }
+
+
+def sealed(request: PlanRequest, tables: dict[str, JsonObject]) -> ShardingPlan:
+    """The plan of ``tables`` with the rank stats its request's model gives it."""
+    usage = rank_usage(
+        request, {name: ParameterSharding.model_validate(data) for name, data in tables.items()}
+    )
+    stats = [
+        {
+            "rank": rank,
+            "hbm_bytes": usage.of(rank).hbm_bytes,
+            "ddr_bytes": usage.of(rank).ddr_bytes,
+            "perf": dict(zip(PERF_FIELDS, usage.of(rank).perf, strict=True)),
+        }
+        for rank in range(request.topology.world_size)
+    ]
+    return seal_plan_data(
+        request=request,
+        planner_version="calibrate",
+        tables=tables,
+        rank_stats=stats,
+        solver=SolverReport(
+            status=SolverStatus.FEASIBLE,
+            objective=usage.objective,
+            lower_bound=0.0,
+            gap=1.0,
+            critical_path=usage.critical_path,
+        ).model_dump(mode="json"),
+    )
+
+
+def predicted(request: PlanRequest, plan: ShardingPlan) -> list[tuple[float, float, float]]:
+    """(compute, comms, input) ms the profile predicts for each rank's shards."""
+    usage = rank_usage(request, plan.tables)
+    index = {name: i for i, name in enumerate(PERF_FIELDS)}
+    result = []
+    for rank in range(request.topology.world_size):
+        shards = usage.loads.get(rank)
+        perf = shards.perf if shards is not None else [0.0] * len(PERF_FIELDS)
+        result.append(
+            (
+                sum(perf[index[name]] for name in COMPUTE),
+                sum(perf[index[name]] for name in COMMS),
+                perf[index["input_dist"]],
+            )
+        )
+    return result
+
+
+def measure_steps(
+    profile: DeviceProfile,
+    world: int,
+    deadline: float,
+    budget: Budget,
+    seed: int,
+    measure: Callable[[PlanRequest, ShardingPlan], MeasureReport],
+    on_plan: Callable[[int], None],
+) -> list[RankPart]:
+    """Each plan measured (``measure``) until ``deadline``, at least ``MIN_PLANS`` of
+    them: every rank's parts."""
+    request = step_request(world, profile.compute_device, profile)
+    samples: list[RankPart] = []
+    for plans, tables in enumerate(step_plans(request, seed)):
+        if plans >= MIN_PLANS and budget.now() >= deadline:
+            break
+        plan = sealed(request, tables)
+        kinds = frozenset(t.sharding_type for t in plan.tables.values())
+        report = measure(request, plan)
+        for (compute, comms, inputs), rank in zip(
+            predicted(request, plan), report.ranks, strict=True
+        ):
+            parts = rank.iqm
+            samples.append(
+                RankPart(
+                    compute,
+                    comms,
+                    inputs,
+                    kinds,
+                    parts.lookup_fwd_ms + parts.lookup_bwd_ms,
+                    parts.output_dist_fwd_ms + parts.output_dist_bwd_ms,
+                    parts.input_dist_ms,
+                    parts.step_ms,
+                )
+            )
+        on_plan(plans + 1)
+    return samples
+
+
+def fit_steps(profile: DeviceProfile, world: int, samples: list[RankPart]) -> RuntimeCoefficients:
+    """The runtime coefficients with each part's scale, the sharding types' fixed costs and
+    the step's own time fitted (module docstring). What the profile's collectives already
+    charge every step (their latencies) stays theirs: ``step_ms`` and ``sharding_type_ms``
+    get the rest."""
+    runtime = profile.runtime
+    steps = np.array([s.measured_step_ms for s in samples])
+    compute = _fit(
+        ("compute_ms", "compute_scale"),
+        samples,
+        steps,
+        lambda s: [s.compute_ms],
+        lambda s: s.measured_compute_ms,
+    )
+    inputs = _fit(
+        ("input_ms", "input_scale"),
+        samples,
+        steps,
+        lambda s: [s.input_ms],
+        lambda s: s.measured_input_ms,
+    )
+    kinds = sorted({k for s in samples for k in s.kinds if not all(k in t.kinds for t in samples)})
+    comms = _fit(
+        ("comms_ms", "comms_scale", *(f"{k.value}_ms" for k in kinds)),
+        samples,
+        steps,
+        lambda s: [s.comms_ms, *(float(k in s.kinds) for k in kinds)],
+        lambda s: s.measured_comms_ms,
+    )
+    parts = np.array(
+        [s.measured_compute_ms + s.measured_comms_ms + s.measured_input_ms for s in samples]
+    )
+    rest = max(0.0, float(np.median(steps - parts)))  # the loss, batch handling
+    request = step_request(world, profile.compute_device, profile)
+    base = fixed_perf(request, ()).total
+    own = base - runtime.step_ms  # the collectives' latencies every step pays
+    intercept = compute.coefficients[0] + comms.coefficients[0] + inputs.coefficients[0]
+    sharding_type_ms = dict(runtime.sharding_type_ms)
+    for kind, ms in zip(kinds, comms.coefficients[2:], strict=True):
+        latencies = (
+            fixed_perf(request, (kind,)).total - base - runtime.sharding_type_ms.get(kind, 0.0)
+        )
+        sharding_type_ms[kind] = min(MAX_FIXED_MS, max(0.0, float(ms) - latencies))
+    fitted = runtime.model_copy(
+        update={
+            "step_ms": min(MAX_FIXED_MS, max(0.0, intercept + rest - own)),
+            "sharding_type_ms": sharding_type_ms,
+            "compute_scale": min(MAX_RUNTIME_SCALE, compute.coefficients[1]),
+            "comms_scale": min(MAX_RUNTIME_SCALE, comms.coefficients[1]),
+            "input_scale": min(MAX_RUNTIME_SCALE, inputs.coefficients[1]),
+        }
+    )
+    predicted_steps = np.array([_step_ms(fitted, own, s) for s in samples])
+    return fitted.model_copy(update={"fit_steps": quality_of(predicted_steps, steps)})
+
+
+def _fit(
+    terms: tuple[str, ...],
+    samples: list[RankPart],
+    steps: np.ndarray,
+    features: Callable[[RankPart], list[float]],
+    measured: Callable[[RankPart], float],
+) -> LinearFit:
+    """One part of every rank: an intercept and ``features``, residuals relative to the
+    whole step (so that a part's tiny values do not dominate the fit)."""
+    return fit_linear(
+        terms,
+        np.array([[1.0, *features(s)] for s in samples]),
+        np.array([measured(s) for s in samples]),
+        relative_to_ms=steps,
+    )
+
+
+def _step_ms(runtime: RuntimeCoefficients, own_ms: float, sample: RankPart) -> float:
+    """The rank's step as the fitted coefficients price it."""
+    kinds = sum(runtime.sharding_type_ms.get(k, 0.0) for k in sample.kinds)
+    return (
+        runtime.step_ms
+        + own_ms
+        + kinds
+        + runtime.compute_scale * sample.compute_ms
+        + runtime.comms_scale * sample.comms_ms
+        + runtime.input_scale * sample.input_ms
+    )
