@@ -6,16 +6,16 @@ every exchange, a kernel finds its rows colder or warmer than in a microbenchmar
 ranks share cores with gloo's threads, and the runtime's exchanges of row-wise and
 data-parallel tables do more than their collectives. So this stage runs diverse plans of a
 synthetic model (every table table-wise, row-wise, column-wise, data-parallel for the small
-ones, random mixes) and fits each measured part of every rank's step, by non-negative least
-squares over the ranks of all plans, on what the profile predicts for that part:
+ones, random mixes) and fits every rank's measured step, by non-negative least squares over
+the ranks of all plans, on what the profile predicts for it:
 
-- the kernels (``lookup_fwd + lookup_bwd``) = a + ``compute_scale`` · predicted compute;
-- the output exchange (forward and backward) = b + ``comms_scale`` · predicted comms
-  + a fixed cost for each sharding type the plan uses (``sharding_type_ms``);
-- the input distribution = c + ``input_scale`` · predicted input distribution.
+    step = own time + scale · (compute + output exchange + input distribution of its shards)
+           + a fixed cost for each of row-wise, table-row-wise and data-parallel the plan uses
 
-The scales then multiply those parts of every shard's cost (``costs.calibrated``), and the
-intercepts, with the rest of the step, go into ``runtime.step_ms``.
+One scale, pulled towards 1 by a prior: the microbenchmarks' relative costs stand, the
+steps set their level. The scale then multiplies every part of every shard's cost
+(``costs.calibrated``), the fixed costs go into ``runtime.sharding_type_ms`` and the own
+time, less the collectives' latencies the profile already charges, into ``runtime.step_ms``.
 """
 
 from __future__ import annotations
@@ -46,23 +46,32 @@ from planner_service.plan.types import (
     SolverStatus,
 )
 from planner_service.validate.usage import rank_usage
-from runtime.calibrate.fit import LinearFit, fit_linear, quality_of
+from runtime.calibrate.fit import fit_linear, quality_of
 from runtime.calibrate.timing import Budget
 from runtime.measure import MeasureReport
 
-TABLES = (  # rows, dim, pooling factor: small to large, narrow to wide
-    (1_000, 16, 2.0),
-    (5_000, 32, 8.0),
-    (20_000, 64, 4.0),
-    (100_000, 64, 16.0),
-    (200_000, 128, 24.0),
-    (2_000, 128, 1.0),
-    (50_000, 16, 32.0),
-    (10_000, 32, 12.0),
+TABLES = (  # rows, dim, pooling factor, weighted: small to large, narrow to wide
+    (1_000, 16, 2.0, False),
+    (5_000, 32, 8.0, False),
+    (20_000, 64, 4.0, True),
+    (100_000, 64, 16.0, False),
+    (400_000, 128, 24.0, False),
+    (2_000, 128, 1.0, False),
+    (50_000, 16, 32.0, False),
+    (10_000, 32, 40.0, True),
+    (200_000, 32, 8.0, False),
 )
 BATCH_SIZE = 512
 SMALL_ROWS = 20_000  # data-parallel candidates
-MIXES = 4
+MIXES = 6
+# The sharding types whose exchanges do more than the whole-column all-to-all every plan
+# runs: row blocks' reduce-scatter (and all-gather back), data-parallel replicas' global
+# batch and gradient columns. Only these get a fixed cost fitted: with every plan using
+# several types, a cost for each would be confounded.
+OWN_EXCHANGES = frozenset(
+    {ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL}
+)
+PRIOR_SAMPLES = 2  # pseudo-measurements that pull the scale towards 1
 MIN_PLANS = 5  # the fit has four terms
 TERMS = ("extra_step_ms", "compute_scale", "comms_scale", "input_scale")
 COMPUTE = ("fwd_compute", "bwd_compute")
@@ -92,8 +101,9 @@ def step_request(world: int, device: ComputeDevice, profile: DeviceProfile) -> P
             "num_embeddings": rows,
             "embedding_dim": dim,
             "pooling_factors": [pooling],
+            "is_weighted": weighted,
         }
-        for i, (rows, dim, pooling) in enumerate(TABLES)
+        for i, (rows, dim, pooling, weighted) in enumerate(TABLES)
     ]
     document = {
         "topology": {"world_size": world, "compute_device": device.value},
@@ -257,76 +267,54 @@ def measure_steps(
 
 
 def fit_steps(profile: DeviceProfile, world: int, samples: list[RankPart]) -> RuntimeCoefficients:
-    """The runtime coefficients with each part's scale, the sharding types' fixed costs and
+    """The runtime coefficients with the steps' scale, the sharding types' fixed costs and
     the step's own time fitted (module docstring). What the profile's collectives already
     charge every step (their latencies) stays theirs: ``step_ms`` and ``sharding_type_ms``
     get the rest."""
     runtime = profile.runtime
     steps = np.array([s.measured_step_ms for s in samples])
-    compute = _fit(
-        ("compute_ms", "compute_scale"),
-        samples,
-        steps,
-        lambda s: [s.compute_ms],
-        lambda s: s.measured_compute_ms,
+    kinds = sorted(
+        {k for s in samples for k in s.kinds if k in OWN_EXCHANGES}
+        - {k for k in OWN_EXCHANGES if all(k in s.kinds for s in samples)}
     )
-    inputs = _fit(
-        ("input_ms", "input_scale"),
-        samples,
-        steps,
-        lambda s: [s.input_ms],
-        lambda s: s.measured_input_ms,
+    rows = np.array(
+        [
+            [1.0, s.compute_ms + s.comms_ms + s.input_ms, *(float(k in s.kinds) for k in kinds)]
+            for s in samples
+        ]
     )
-    kinds = sorted({k for s in samples for k in s.kinds if not all(k in t.kinds for t in samples)})
-    comms = _fit(
-        ("comms_ms", "comms_scale", *(f"{k.value}_ms" for k in kinds)),
-        samples,
-        steps,
-        lambda s: [s.comms_ms, *(float(k in s.kinds) for k in kinds)],
-        lambda s: s.measured_comms_ms,
+    # One scale for every part: fit per part, a handful of plans whose parts vary little
+    # argued a part away (a scale of 0) from one calibration to the next.
+    mean = float(rows[:, 1].mean())
+    prior = np.zeros((PRIOR_SAMPLES, rows.shape[1]))
+    prior[:, 1] = mean
+    fit = fit_linear(
+        ("step_ms", "scale", *(f"{k.value}_ms" for k in kinds)),
+        np.vstack([rows, prior]),
+        np.concatenate([steps, np.full(PRIOR_SAMPLES, mean)]),
+        relative_to_ms=np.concatenate([steps, np.full(PRIOR_SAMPLES, float(steps.mean()))]),
     )
-    parts = np.array(
-        [s.measured_compute_ms + s.measured_comms_ms + s.measured_input_ms for s in samples]
-    )
-    rest = max(0.0, float(np.median(steps - parts)))  # the loss, batch handling
+    intercept, scale = fit.coefficients[0], min(MAX_RUNTIME_SCALE, fit.coefficients[1])
     request = step_request(world, profile.compute_device, profile)
     base = fixed_perf(request, ()).total
     own = base - runtime.step_ms  # the collectives' latencies every step pays
-    intercept = compute.coefficients[0] + comms.coefficients[0] + inputs.coefficients[0]
     sharding_type_ms = dict(runtime.sharding_type_ms)
-    for kind, ms in zip(kinds, comms.coefficients[2:], strict=True):
+    for kind, ms in zip(kinds, fit.coefficients[2:], strict=True):
         latencies = (
             fixed_perf(request, (kind,)).total - base - runtime.sharding_type_ms.get(kind, 0.0)
         )
         sharding_type_ms[kind] = min(MAX_FIXED_MS, max(0.0, float(ms) - latencies))
     fitted = runtime.model_copy(
         update={
-            "step_ms": min(MAX_FIXED_MS, max(0.0, intercept + rest - own)),
+            "step_ms": min(MAX_FIXED_MS, max(0.0, intercept - own)),
             "sharding_type_ms": sharding_type_ms,
-            "compute_scale": min(MAX_RUNTIME_SCALE, compute.coefficients[1]),
-            "comms_scale": min(MAX_RUNTIME_SCALE, comms.coefficients[1]),
-            "input_scale": min(MAX_RUNTIME_SCALE, inputs.coefficients[1]),
+            "compute_scale": scale,
+            "comms_scale": scale,
+            "input_scale": scale,
         }
     )
     predicted_steps = np.array([_step_ms(fitted, own, s) for s in samples])
     return fitted.model_copy(update={"fit_steps": quality_of(predicted_steps, steps)})
-
-
-def _fit(
-    terms: tuple[str, ...],
-    samples: list[RankPart],
-    steps: np.ndarray,
-    features: Callable[[RankPart], list[float]],
-    measured: Callable[[RankPart], float],
-) -> LinearFit:
-    """One part of every rank: an intercept and ``features``, residuals relative to the
-    whole step (so that a part's tiny values do not dominate the fit)."""
-    return fit_linear(
-        terms,
-        np.array([[1.0, *features(s)] for s in samples]),
-        np.array([measured(s) for s in samples]),
-        relative_to_ms=steps,
-    )
 
 
 def _step_ms(runtime: RuntimeCoefficients, own_ms: float, sample: RankPart) -> float:
