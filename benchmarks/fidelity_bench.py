@@ -147,6 +147,7 @@ class Candidate:
     predicted_ranks_ms: dict[CostModel, list[float]] = field(default_factory=dict)
     measured_ms: float = 0.0
     measured_ranks_ms: list[float] = field(default_factory=list)
+    calls_ms: float = 0.0  # the kernels and collectives alone (``bare_profile``)
 
 
 def base_request(
@@ -251,6 +252,21 @@ def price(candidate: Candidate, document: dict[str, Any], profile: dict[str, Any
         usage = rank_usage(request, candidate.plan.tables)
         candidate.predicted_ranks_ms[model] = [usage.of(r).perf[-1] for r in range(world)]
         candidate.predicted_ms[model] = usage.objective
+    bare = rank_usage(
+        with_model(document, CostModel.CALIBRATED, bare_profile(profile)), candidate.plan.tables
+    )
+    candidate.calls_ms = bare.objective
+
+
+def bare_profile(profile: dict[str, Any]) -> dict[str, Any]:
+    """The profile's kernels and collectives as microbenchmarked, without what whole steps
+    and the runtime stage added: what the step would cost if the runtime cost nothing
+    beyond the calls it makes."""
+    data = json.loads(json.dumps(profile))
+    runtime = data["runtime"]
+    runtime.update(step_ms=0.0, input_us_per_id=0.0, output_ns_per_byte=0.0, sharding_type_ms={})
+    runtime.update(compute_scale=1.0, comms_scale=1.0, input_scale=1.0)
+    return data
 
 
 # ---- statistics
@@ -372,6 +388,12 @@ def _print(name: str, world: int, candidates: list[Candidate]) -> None:
         own = "".join(f" ({m.value}'s)" for m in c.models)
         cells = " | ".join(f"{c.predicted_ms[m]:.2f}" for m in MODELS)
         print(f"| {c.label}{own} | {c.measured_ms:.2f} | {cells} |")
+    print("\n| plan | measured ms | kernels + collectives ms | runtime overhead |")
+    print("| --- | --- | --- | --- |")
+    for c in candidates:
+        if c.label.startswith("all ") or c.label == "data_parallel small":
+            overhead = c.measured_ms / c.calls_ms if c.calls_ms else float("nan")
+            print(f"| {c.label} | {c.measured_ms:.2f} | {c.calls_ms:.2f} | {overhead:.2f}× |")
     print("\n| model | Spearman ρ | regret of its plan | median per-rank error |")
     print("| --- | --- | --- | --- |")
     for s in scores(candidates):
@@ -389,6 +411,7 @@ def _record(name: str, world: int, candidates: list[Candidate], wall_s: float) -
                 "label": c.label,
                 "own_plan_of": [m.value for m in c.models],
                 "measured_ms": c.measured_ms,
+                "kernels_and_collectives_ms": c.calls_ms,
                 "predicted_ms": {m.value: c.predicted_ms[m] for m in MODELS},
             }
             for c in candidates

@@ -71,7 +71,7 @@ MIXES = 6
 OWN_EXCHANGES = frozenset(
     {ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL}
 )
-PRIOR_SAMPLES = 2  # pseudo-measurements that pull the scale towards 1
+PRIOR_WEIGHT = 0.3  # of one measurement: a pseudo-measurement pulling the scale to 1
 MIN_PLANS = 5  # the fit has four terms
 TERMS = ("extra_step_ms", "compute_scale", "comms_scale", "input_scale")
 COMPUTE = ("fwd_compute", "bwd_compute")
@@ -286,13 +286,13 @@ def fit_steps(profile: DeviceProfile, world: int, samples: list[RankPart]) -> Ru
     # One scale for every part: fit per part, a handful of plans whose parts vary little
     # argued a part away (a scale of 0) from one calibration to the next.
     mean = float(rows[:, 1].mean())
-    prior = np.zeros((PRIOR_SAMPLES, rows.shape[1]))
-    prior[:, 1] = mean
+    prior = np.zeros((1, rows.shape[1]))
+    prior[0, 1] = PRIOR_WEIGHT * mean
     fit = fit_linear(
         ("step_ms", "scale", *(f"{k.value}_ms" for k in kinds)),
         np.vstack([rows, prior]),
-        np.concatenate([steps, np.full(PRIOR_SAMPLES, mean)]),
-        relative_to_ms=np.concatenate([steps, np.full(PRIOR_SAMPLES, float(steps.mean()))]),
+        np.concatenate([steps, [PRIOR_WEIGHT * mean]]),
+        relative_to_ms=np.concatenate([steps, [float(steps.mean())]]),
     )
     intercept, scale = fit.coefficients[0], min(MAX_RUNTIME_SCALE, fit.coefficients[1])
     request = step_request(world, profile.compute_device, profile)

@@ -260,3 +260,48 @@ def test_the_profile_is_part_of_the_request_hash():
     one, two = calibrated([table("t")]), calibrated([table("t")], profile=slower)
     assert request_hash(one) != request_hash(two)
     assert DeviceProfile.model_validate(slower).runtime.step_ms == 2.0
+
+
+def _table_wise_perf(profile, **table_fields):
+    req = calibrated([table("t", **table_fields)], profile=profile)
+    option = next(
+        o for o in enumerate_options(req)[0].options if o.sharding_type is ShardingType.TABLE_WISE
+    )
+    return option.shards[0].perf[0]
+
+
+def test_reads_beyond_the_cache_cost_the_miss_terms():
+    profile = device_profile()
+    for kernel in profile["kernels"]:
+        kernel.update(resident_bytes=2**20, fwd_ns_per_miss_byte=1.0, bwd_ns_per_miss_byte=2.0)
+    plain = device_profile()
+    fits = dict(rows=1_000, dim=64, pooling_factors=[4.0])  # 256 KiB: in the cache
+    assert _table_wise_perf(profile, **fits) == _table_wise_perf(plain, **fits)
+    big = dict(rows=1_000_000, dim=64, pooling_factors=[4.0])  # 256 MiB: misses
+    missed, cached = _table_wise_perf(profile, **big), _table_wise_perf(plain, **big)
+    ids_bytes = 4.0 * 512 * 2 * 64 * 4  # ids over the global batch x row bytes
+    miss = 1 - 2**20 / (1_000_000 * 64 * 4)
+    assert missed.fwd_compute - cached.fwd_compute == pytest.approx(ids_bytes * miss / 1e6)
+    assert missed.bwd_compute - cached.bwd_compute == pytest.approx(2 * ids_bytes * miss / 1e6)
+
+
+def test_a_weighted_table_costs_its_factors_and_every_cpu_shard_its_calls():
+    profile = device_profile()
+    for kernel in profile["kernels"]:
+        kernel.update(weighted_fwd_factor=1.5, weighted_bwd_factor=3.0)
+    shape = dict(rows=5_000, dim=32, pooling_factors=[8.0])
+    plain = _table_wise_perf(profile, **shape)
+    weighted = _table_wise_perf(profile, is_weighted=True, **shape)
+    assert weighted.fwd_compute == pytest.approx(1.5 * plain.fwd_compute)
+    assert weighted.bwd_compute == pytest.approx(3.0 * plain.bwd_compute)
+    empty = _table_wise_perf(profile, rows=5_000, dim=32, pooling_factors=[0.0])
+    assert empty.fwd_compute == pytest.approx(0.05)  # the kernel call alone (cpu)
+    assert empty.bwd_compute == pytest.approx(0.08)
+
+
+def test_the_steps_scale_multiplies_every_part():
+    profile = device_profile()
+    profile["runtime"].update(compute_scale=2.0, comms_scale=2.0, input_scale=2.0)
+    shape = dict(rows=5_000, dim=32, pooling_factors=[8.0])
+    scaled, plain = _table_wise_perf(profile, **shape), _table_wise_perf(device_profile(), **shape)
+    assert scaled.total == pytest.approx(2 * plain.total)

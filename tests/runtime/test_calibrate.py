@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from planner_service.costs.calibrated import NS_PER_MS, US_PER_MS
+from planner_service.costs.calibrated import NS_PER_MS, US_PER_MS, fixed_perf
 from planner_service.plan.types import (
     Collective,
     ComputeDevice,
@@ -18,10 +18,11 @@ from planner_service.plan.types import (
     DeviceProfile,
     ShardingType,
 )
-from runtime.calibrate import collectives, kernels, work
+from runtime.calibrate import collectives, kernels, steps, work
 from runtime.calibrate.fit import DegenerateFitError, fit_linear, nnls
 from runtime.calibrate.profile import CalibrateSettings, calibrate
 from runtime.calibrate.ranks import RankFailedError, run_ranks
+from tests.support.builders import device_profile
 
 KERNEL_TRUTH = {
     "call_fwd_ms": 0.05,
@@ -99,6 +100,53 @@ def test_collective_fit_recovers_latency_and_bandwidth() -> None:
     assert entry.ns_per_byte == pytest.approx(0.8, rel=0.1)
     assert (entry.world_size, entry.ranks_per_host) == (2, 2)
     assert entry.fit.samples == 16
+
+
+def test_the_steps_fit_recovers_the_scale_the_own_time_and_row_wise_fixed_cost() -> None:
+    """Rank steps made of a known own time, scale and row-wise cost on top of the parts
+    the profile predicts: the fit recovers them, and a type the steps do not charge gets 0."""
+    profile = DeviceProfile.model_validate(device_profile())
+    request = steps.step_request(2, profile.compute_device, profile)
+    base = fixed_perf(request, ()).total
+    own = base - profile.runtime.step_ms
+    rows_latency = fixed_perf(request, (ShardingType.ROW_WISE,)).total - base
+    rows_latency -= profile.runtime.sharding_type_ms.get(ShardingType.ROW_WISE, 0.0)
+    step_ms, scale, rows_ms = 6.0, 1.3, 2.0
+    rng = np.random.default_rng(5)
+    samples = []
+    for i in range(24):
+        compute, comms, inputs = rng.uniform(1.0, 8.0, 3)
+        kinds = {ShardingType.TABLE_WISE}
+        kinds |= {ShardingType.ROW_WISE} if i % 2 else set()
+        kinds |= {ShardingType.DATA_PARALLEL} if i % 3 == 0 else set()
+        measured = own + step_ms + scale * (compute + comms + inputs)
+        measured += rows_latency + rows_ms if ShardingType.ROW_WISE in kinds else 0.0
+        measured *= rng.normal(1.0, NOISE / 2)
+        samples.append(
+            steps.RankPart(compute, comms, inputs, frozenset(kinds), 0.0, 0.0, 0.0, measured)
+        )
+    fitted = steps.fit_steps(profile, 2, samples)
+    # the prior pulls the scale a little towards 1
+    assert fitted.compute_scale == pytest.approx(scale, rel=0.08)
+    assert fitted.comms_scale == fitted.input_scale == fitted.compute_scale
+    assert fitted.step_ms == pytest.approx(step_ms, rel=0.25)
+    assert fitted.sharding_type_ms[ShardingType.ROW_WISE] == pytest.approx(rows_ms, abs=0.6)
+    assert fitted.sharding_type_ms[ShardingType.DATA_PARALLEL] == pytest.approx(0.0, abs=0.6)
+    assert fitted.fit_steps is not None and fitted.fit_steps.samples == 24
+    assert fitted.fit_steps.median_relative_error < 0.05
+
+
+def test_the_steps_plans_are_valid_and_diverse() -> None:
+    from planner_service.validate.validator import validate_plan
+
+    profile = DeviceProfile.model_validate(device_profile())
+    request = steps.step_request(2, profile.compute_device, profile)
+    plans = [steps.sealed(request, tables) for tables in steps.step_plans(request, 0)]
+    assert all(validate_plan(request, plan) == [] for plan in plans)
+    kinds = {t.sharding_type for plan in plans for t in plan.tables.values()}
+    assert {ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE} <= kinds
+    assert ShardingType.DATA_PARALLEL in kinds
+    assert len({plan.plan_id for plan in plans}) == len(plans) >= steps.MIN_PLANS
 
 
 def test_runtime_fit_recovers_step_terms_and_sharding_type_costs() -> None:
