@@ -166,6 +166,8 @@ def calibrate(
         partial(_measured, settings),
         lambda n: report("steps", f"{n} plans at world size {world}"),
     )
+    if not steps.enough(step_samples, world):  # a short budget: the runtime stage's fit
+        return profile_of(runtime)
     return profile_of(steps.fit_steps(profile_of(runtime), world, step_samples))
 
 

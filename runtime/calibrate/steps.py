@@ -72,7 +72,8 @@ OWN_EXCHANGES = frozenset(
     {ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL}
 )
 PRIOR_WEIGHT = 0.3  # of one measurement: a pseudo-measurement pulling the scale to 1
-MIN_PLANS = 5  # the fit has four terms
+MIN_PLANS = 5  # plans measured for a fit of the steps; fewer, and the stage fits nothing
+PLAN_ESTIMATE_S = 6.0  # a plan's measurement before one was timed: spawning 2 ranks, steps
 TERMS = ("extra_step_ms", "compute_scale", "comms_scale", "input_scale")
 COMPUTE = ("fwd_compute", "bwd_compute")
 COMMS = ("fwd_comms", "bwd_comms")
@@ -236,16 +237,20 @@ def measure_steps(
     measure: Callable[[PlanRequest, ShardingPlan], MeasureReport],
     on_plan: Callable[[int], None],
 ) -> list[RankPart]:
-    """Each plan measured (``measure``) until ``deadline``, at least ``MIN_PLANS`` of
-    them: every rank's parts."""
+    """Each plan measured (``measure``), every rank's parts, while the next one can end by
+    ``deadline`` (judged by the slowest so far, ``PLAN_ESTIMATE_S`` before the first);
+    ``fit_steps`` needs ``MIN_PLANS`` of them, so a short budget measures none."""
     request = step_request(world, profile.compute_device, profile)
     samples: list[RankPart] = []
+    longest_s = PLAN_ESTIMATE_S
     for plans, tables in enumerate(step_plans(request, seed)):
-        if plans >= MIN_PLANS and budget.now() >= deadline:
+        if budget.now() + longest_s > deadline:
             break
+        started = budget.now()
         plan = sealed(request, tables)
         kinds = frozenset(t.sharding_type for t in plan.tables.values())
         report = measure(request, plan)
+        longest_s = max(longest_s if plans else 0.0, budget.now() - started)
         for (compute, comms, inputs), rank in zip(
             predicted(request, plan), report.ranks, strict=True
         ):
@@ -264,6 +269,11 @@ def measure_steps(
             )
         on_plan(plans + 1)
     return samples
+
+
+def enough(samples: list[RankPart], world: int) -> bool:
+    """Whether ``samples`` hold the ``MIN_PLANS`` plans a fit needs."""
+    return len(samples) >= MIN_PLANS * world
 
 
 def fit_steps(profile: DeviceProfile, world: int, samples: list[RankPart]) -> RuntimeCoefficients:

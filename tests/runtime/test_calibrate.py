@@ -239,4 +239,6 @@ def test_a_short_real_calibration_is_a_profile_the_planner_accepts() -> None:
     assert profile.runtime.fit.samples >= work.MIN_CONFIGS * 6
     assert profile.machine.threads_per_rank == 1 and profile.machine.torch_version
     assert profile.wall_s <= settings.budget_s + 5  # the fits and the last case run over
+    # too short for the whole steps' five plans: none is measured, and nothing scaled
+    assert profile.runtime.fit_steps is None and profile.runtime.compute_scale == 1.0
     assert stages[0] == "kernels" and {"collectives", "runtime"} <= set(stages)
