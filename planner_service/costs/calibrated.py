@@ -48,12 +48,20 @@ WHOLE_COLUMNS = frozenset(ShardingType) - ROW_SPLIT
 
 
 def kernel_entry(
-    profile: DeviceProfile, kernel: ComputeKernel, clf: float | None
+    profile: DeviceProfile, kernel: ComputeKernel, clf: float | None, pooled: bool = True
 ) -> KernelCoefficients:
-    """The profile's coefficients of ``kernel``; for ``fused_uvm_caching``, interpolated
-    linearly in the cache hit rate between the measured rates around ``clf`` (the share of
-    rows cached, taken as the share of ids that hit: uniform ids)."""
-    entries = [k for k in profile.kernels if k.compute_kernel is kernel]
+    """The profile's coefficients of ``kernel`` (``pooled``, or unpooled for sequence
+    tables: the unpooled entry of the kernel, or of ``fused``, when the profile has one, else
+    the pooled entry); for ``fused_uvm_caching``, interpolated linearly in the cache hit rate
+    between the measured rates around ``clf`` (the share of rows cached, taken as the share
+    of ids that hit: uniform ids)."""
+    if not pooled:
+        unpooled = [k for k in profile.kernels if not k.pooled]
+        exact = [k for k in unpooled if k.compute_kernel is kernel]
+        fused = [k for k in unpooled if k.compute_kernel is ComputeKernel.FUSED]
+        if exact or fused:
+            return (exact or fused)[0]
+    entries = [k for k in profile.kernels if k.compute_kernel is kernel and k.pooled]
     if kernel is not ComputeKernel.FUSED_UVM_CACHING or len(entries) == 1:
         return entries[0]
     rate = clf or 0.0
@@ -180,7 +188,7 @@ def shard_perf(
     bags = batch_outputs * world if pooled else ids
     row_bytes = cols * element_bytes
     out_bytes = bags * cols * OUTPUT_ELEMENT_BYTES
-    kernel = kernel_entry(profile, compute_kernel, cache_load_factor)
+    kernel = kernel_entry(profile, compute_kernel, cache_load_factor, pooled)
     missed = ids * row_bytes * miss_share(kernel.resident_bytes, rows * row_bytes)
     # cpu: a kernel per table, so each shard pays its calls (on cuda: ``fixed_perf``)
     per_table = topology.compute_device is ComputeDevice.CPU

@@ -602,10 +602,13 @@ class KernelCoefficients(_Value):
     costs are per shard); on cuda one kernel batches a rank's tables of one key.
 
     ``cache_hit_rate``: set on ``fused_uvm_caching`` entries only, the share of ids that hit
-    the cache when they were measured."""
+    the cache when they were measured. ``pooled: false``: FBGEMM's unpooled kernel, which
+    sequence tables use (a row out per id; its backward costs far more than the pooled
+    one's); a profile without one prices sequence tables with the pooled entry."""
 
     compute_kernel: ComputeKernel
     cache_hit_rate: Fraction | None = None
+    pooled: Bool = True
     resident_bytes: MemoryBytes = 0
     fwd_ns_per_miss_byte: NsPerByte = 0.0
     bwd_ns_per_miss_byte: NsPerByte = 0.0
@@ -718,7 +721,7 @@ class DeviceProfile(_Value):
     @model_validator(mode="after")
     def _complete(self) -> Self:
         needed = PROFILE_KERNELS[self.compute_device]
-        have = {k.compute_kernel for k in self.kernels}
+        have = {k.compute_kernel for k in self.kernels if k.pooled}
         missing = sorted(k.value for k in needed - have)
         if missing:
             raise _error(
@@ -731,7 +734,7 @@ class DeviceProfile(_Value):
                 at="kernels",
                 value=missing[0],
             )
-        wrong = sorted(k.value for k in have - needed)
+        wrong = sorted(k.value for k in {k.compute_kernel for k in self.kernels} - needed)
         if wrong:
             raise _error(
                 "kernel_device",
@@ -743,7 +746,7 @@ class DeviceProfile(_Value):
                 value=wrong[0],
             )
         keys: Counter[tuple[object, ...]] = Counter(
-            (k.compute_kernel, k.cache_hit_rate) for k in self.kernels
+            (k.compute_kernel, k.cache_hit_rate, k.pooled) for k in self.kernels
         )
         keys.update((c.collective, c.world_size, c.ranks_per_host) for c in self.collectives)
         twice = [key for key, count in keys.items() if count > 1]
@@ -753,7 +756,7 @@ class DeviceProfile(_Value):
                 "the profile has two entries for {key}; give each kernel (and hit rate) and "
                 "each collective (at a world size and ranks per host) once",
                 key=", ".join(str(getattr(part, "value", part)) for part in twice[0]),
-                at="kernels" if len(twice[0]) == 2 else "collectives",
+                at="kernels" if isinstance(twice[0][0], ComputeKernel) else "collectives",
                 value=str(twice[0]),
             )
         for i, entry in enumerate(self.collectives):

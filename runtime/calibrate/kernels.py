@@ -101,18 +101,19 @@ class KernelTarget:
 
     kernel: ComputeKernel
     hit_rate: float | None = None
+    pooled: bool = True  # False: the unpooled kernel sequence tables use
 
     @property
     def label(self) -> str:
         rate = f" at {self.hit_rate:g} hits" if self.hit_rate is not None else ""
-        return f"{self.kernel.value}{rate}"
+        return f"{self.kernel.value}{rate}{'' if self.pooled else ' unpooled'}"
 
 
 def targets_of(device: torch.device, hit_rates: Sequence[float]) -> list[KernelTarget]:
     """The kernels measured on ``device``: ``fused`` on cpu (``dense`` runs the same host
-    kernel there: see ``dense_as_fused``); on cuda also ``fused_uvm`` and
-    ``fused_uvm_caching`` at each hit rate."""
-    fused = [KernelTarget(ComputeKernel.FUSED)]
+    kernel there: see ``dense_as_fused``) and its unpooled kernel (sequence tables); on cuda
+    also ``fused_uvm`` and ``fused_uvm_caching`` at each hit rate."""
+    fused = [KernelTarget(ComputeKernel.FUSED), KernelTarget(ComputeKernel.FUSED, pooled=False)]
     if device.type != "cuda":
         return fused
     caching = [KernelTarget(ComputeKernel.FUSED_UVM_CACHING, rate) for rate in hit_rates]
@@ -131,6 +132,7 @@ class KernelCase:
     pooling: int
     optimizer: OptimizerType = OptimizerType.SGD
     weighted: bool = False
+    pooled: bool = True  # False: a row out per id (the unpooled kernel)
 
     @property
     def ids(self) -> int:
@@ -145,7 +147,8 @@ class KernelCase:
         return self.ids * self.row_bytes * miss_share(resident, self.rows * self.row_bytes)
 
     def fwd_terms(self, resident: int) -> tuple[float, ...]:
-        out_bytes = self.tables * self.batch * self.dim * OUTPUT_ELEMENT_BYTES
+        rows_out = self.tables * self.batch if self.pooled else self.ids
+        out_bytes = rows_out * self.dim * OUTPUT_ELEMENT_BYTES
         read = self.ids * self.row_bytes
         return (1.0, self.ids, read, out_bytes, self.missed_bytes(resident))
 
@@ -213,13 +216,16 @@ def measure_case(
     key = key_of(target) if device.type == "cuda" else KernelKey(Memory.HOST, DataType.FP32, 0.0)
     optimizer = SGD if case.optimizer is OptimizerType.SGD else ROWWISE_ADAGRAD
     sizes = [(case.rows, case.dim)] * case.tables
-    kernel = build_kernel(key, sizes, list(range(case.tables)), optimizer, device)
+    kernel = build_kernel(
+        key, sizes, list(range(case.tables)), optimizer, device, sequence=not case.pooled
+    )
     batches = [draw_ids(case, target.hit_rate, generator).to(device) for _ in range(ID_BATCHES)]
     weights = torch.rand((case.ids,), generator=generator).to(device) if case.weighted else None
     offsets = torch.arange(0, case.ids + 1, case.pooling, dtype=torch.int64, device=device)
     if target.hit_rate is not None:
         warm_cache(kernel, case, device)
-    grad = torch.ones((case.batch, case.tables * case.dim), device=device)
+    shape = (case.batch, case.tables * case.dim) if case.pooled else (case.ids, case.dim)
+    grad = torch.ones(shape, device=device)
     turn = itertools.cycle(range(ID_BATCHES))
     current = [0]
     flush = cache_flush(device, flush_bytes)
@@ -297,6 +303,8 @@ def measure_kernel(
     for case in cases:
         if len(samples) >= MIN_SAMPLES and budget.now() >= deadline:
             break
+        if not target.pooled:  # sequence modules take no per-sample weights
+            case = replace(case, pooled=False, weighted=False)
         samples.append(measure_case(target, case, device, generator, flush_bytes))
         on_case(len(samples))
     return samples
@@ -312,31 +320,43 @@ def fit_kernel(
     weighted = [s for s in samples if s.case.weighted]
     samples = [s for s in samples if not s.case.weighted]
     misses = resident > 0 and any(s.case.missed_bytes(resident) > 0 for s in samples)
-    used = len(FWD_TERMS) if misses else len(FWD_TERMS) - 1
-    fwd = fit_linear(
-        FWD_TERMS[:used],
-        np.array([s.case.fwd_terms(resident)[:used] for s in samples], dtype=float),
-        np.array([s.fwd_ms for s in samples], dtype=float),
-    )
-    bwd = fit_linear(
-        BWD_TERMS[:used],
-        np.array([s.case.bwd_terms(resident)[:used] for s in samples], dtype=float),
-        np.array([s.bwd_ms for s in samples], dtype=float),
-    )
-    scales, bounds = TERM_SCALES[:used], TERM_BOUNDS[:used]
-    values = {
-        **in_profile_units(FWD_TERMS[:used], fwd.coefficients, scales, bounds),
-        **in_profile_units(BWD_TERMS[:used], bwd.coefficients, scales, bounds),
-    }
+    # An unpooled kernel writes a row per id: its bytes written are its bytes read (fp32),
+    # so one per-byte term serves both.
+    fwd_used = [i for i, name in enumerate(FWD_TERMS) if _fits(name, misses, target.pooled)]
+    bwd_used = [i for i, name in enumerate(BWD_TERMS) if _fits(name, misses, True)]
+    values = {}
+    fits = []
+    for terms, used, of, times in (
+        (FWD_TERMS, fwd_used, KernelCase.fwd_terms, [s.fwd_ms for s in samples]),
+        (BWD_TERMS, bwd_used, KernelCase.bwd_terms, [s.bwd_ms for s in samples]),
+    ):
+        names = tuple(terms[i] for i in used)
+        rows = [[of(s.case, resident)[i] for i in used] for s in samples]
+        fit = fit_linear(names, np.array(rows, dtype=float), np.array(times, dtype=float))
+        scales = [TERM_SCALES[i] for i in used]
+        bounds = [TERM_BOUNDS[i] for i in used]
+        values.update(in_profile_units(names, fit.coefficients, scales, bounds))
+        fits.append(fit)
+    fwd, bwd = fits
+    values = {name: 0.0 for name in (*FWD_TERMS, *BWD_TERMS)} | values
     entry = KernelCoefficients(
         compute_kernel=target.kernel,
         cache_hit_rate=target.hit_rate,
+        pooled=target.pooled,
         resident_bytes=resident,
         fit_fwd=fwd.quality,
         fit_bwd=bwd.quality,
         **values,
     )
     return entry.model_copy(update=weighted_factors(entry, weighted))
+
+
+def _fits(name: str, misses: bool, pooled: bool) -> bool:
+    """Whether a term is fit: the miss terms only when some case missed the cache, bytes
+    written only by pooled kernels; a term not fit stays 0 in the profile."""
+    if name.endswith("miss_byte"):
+        return misses
+    return pooled or name != "fwd_ns_per_out_byte"
 
 
 def weighted_factors(

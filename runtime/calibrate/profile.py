@@ -132,7 +132,7 @@ def calibrate(
     measured_at = datetime.now(UTC).replace(microsecond=0).isoformat()
     kernel_entries = _kernel_stage(settings, device, budget, report)
     collective_entries = _collective_stage(settings, budget, report)
-    fused = next(k for k in kernel_entries if k.compute_kernel.value == "fused")
+    fused = next(k for k in kernel_entries if k.compute_kernel.value == "fused" and k.pooled)
     report("runtime", "starting")
     deadline = budget.deadline(WORK_SHARE, keep_s=RESERVE_SHARE * settings.budget_s)
     samples = work.measure_work(
@@ -213,7 +213,7 @@ def _kernel_stage(
             target, device, deadline, budget, settings.seed, _counter(report, target.label)
         )
         entries.append(kernels.fit_kernel(target, samples, kernels.resident_bytes(device)))
-    fused = next(e for e in entries if e.compute_kernel.value == "fused")
+    fused = next(e for e in entries if e.compute_kernel.value == "fused" and e.pooled)
     return [*entries, kernels.dense_as_fused(fused)]
 
 

@@ -32,7 +32,6 @@ from planner_service.plan.json_data import JsonObject
 from planner_service.plan.shards import column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
     MAX_FIXED_MS,
-    MAX_RUNTIME_SCALE,
     PERF_FIELDS,
     ComputeDevice,
     DeviceProfile,
@@ -72,6 +71,7 @@ OWN_EXCHANGES = frozenset(
     {ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL}
 )
 PRIOR_WEIGHT = 0.3  # of one measurement: a pseudo-measurement pulling the scale to 1
+SCALE_RANGE = (0.5, 2.0)  # the steps' scale of the microbenchmarked parts, at most
 MIN_PLANS = 5  # plans measured for a fit of the steps; fewer, and the stage fits nothing
 PLAN_ESTIMATE_S = 6.0  # a plan's measurement before one was timed: spawning 2 ranks, steps
 TERMS = ("extra_step_ms", "compute_scale", "comms_scale", "input_scale")
@@ -304,12 +304,26 @@ def fit_steps(profile: DeviceProfile, world: int, samples: list[RankPart]) -> Ru
         np.concatenate([steps, [PRIOR_WEIGHT * mean]]),
         relative_to_ms=np.concatenate([steps, [float(steps.mean())]]),
     )
-    intercept, scale = fit.coefficients[0], min(MAX_RUNTIME_SCALE, fit.coefficients[1])
+    intercept, scale = fit.coefficients[0], fit.coefficients[1]
+    coefficients = list(fit.coefficients)
+    if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
+        # Steps whose predictions vary little next to their noise can trade the scale for
+        # the own time without losing fit (0 happened): keep the microbenchmarks' level
+        # within a factor of two, and refit the rest with the scale held there.
+        scale = min(max(scale, SCALE_RANGE[0]), SCALE_RANGE[1])
+        rest = fit_linear(
+            ("step_ms", *(f"{k.value}_ms" for k in kinds)),
+            rows[:, [0, *range(2, rows.shape[1])]],
+            steps - scale * rows[:, 1],
+            relative_to_ms=steps,
+        )
+        intercept = rest.coefficients[0]
+        coefficients = [intercept, scale, *rest.coefficients[1:]]
     request = step_request(world, profile.compute_device, profile)
     base = fixed_perf(request, ()).total
     own = base - runtime.step_ms  # the collectives' latencies every step pays
     sharding_type_ms = dict(runtime.sharding_type_ms)
-    for kind, ms in zip(kinds, fit.coefficients[2:], strict=True):
+    for kind, ms in zip(kinds, coefficients[2:], strict=True):
         latencies = (
             fixed_perf(request, (kind,)).total - base - runtime.sharding_type_ms.get(kind, 0.0)
         )

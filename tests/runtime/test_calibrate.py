@@ -136,6 +136,29 @@ def test_the_steps_fit_recovers_the_scale_the_own_time_and_row_wise_fixed_cost()
     assert fitted.fit_steps.median_relative_error < 0.05
 
 
+def test_steps_that_barely_vary_keep_the_scale_within_a_factor_of_two() -> None:
+    """Predictions nearly equal next to the noise: the fit could trade the scale for the
+    own time (0 and a large own time fit as well); the scale stays in ``SCALE_RANGE``."""
+    profile = DeviceProfile.model_validate(device_profile())
+    rng = np.random.default_rng(7)
+    samples = [
+        steps.RankPart(
+            5.0 + rng.normal(0, 0.01),
+            1.0,
+            0.5,
+            frozenset({ShardingType.TABLE_WISE}),
+            0.0,
+            0.0,
+            0.0,
+            20.0 * rng.normal(1.0, 0.1),
+        )
+        for _ in range(20)
+    ]
+    fitted = steps.fit_steps(profile, 2, samples)
+    assert steps.SCALE_RANGE[0] <= fitted.compute_scale <= steps.SCALE_RANGE[1]
+    assert fitted.step_ms > 0
+
+
 def test_the_steps_plans_are_valid_and_diverse() -> None:
     from planner_service.validate.validator import validate_plan
 
