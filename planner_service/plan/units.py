@@ -30,6 +30,20 @@ def gib(num_bytes: int, decimals: int = 3) -> str:
     return f"{gib_number(num_bytes, decimals)} GiB"
 
 
+def size(num_bytes: float) -> str:
+    """``num_bytes`` in the largest binary unit that keeps at least 1 before the point, so
+    the number shows: ``size(2**20)`` is "1.00 MiB", ``size(3 * 2**29)`` "1.50 GiB",
+    ``size(512)`` "512 B"; negative sizes (an overdraft) keep their sign."""
+    sign, value = ("-", -float(num_bytes)) if num_bytes < 0 else ("", float(num_bytes))
+    if value < 1024:
+        return f"{sign}{value:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        scaled = value / BINARY_UNITS[unit]
+        if round(scaled, 2) < 1024:  # 1023.999 MiB reads "1.00 GiB", not "1024.00 MiB"
+            return f"{sign}{scaled:.2f} {unit}"
+    return f"{sign}{value / BINARY_UNITS['TiB']:.2f} TiB"
+
+
 def gib_number(num_bytes: int, decimals: int = 2) -> str:
     """``num_bytes`` in GiB without the unit, for columns headed "GiB"."""
     return f"{num_bytes / GiB:.{decimals}f}"
