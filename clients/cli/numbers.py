@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from planner_service.plan import units
 from planner_service.plan.errors import FieldProblem, InputError
-from planner_service.plan.types import MAX_MEMORY_BYTES
+from planner_service.plan.types import MAX_MEMORY_BYTES, ComputeKernel
 
 SOURCE = "shardplan"
 
@@ -59,6 +59,45 @@ def parse_fraction(text: str, option: str) -> float:
     if not 0.0 < value <= 1.0:  # NaN fails this too
         raise _bad(option, text, "a fraction in (0, 1] is accepted, e.g. 0.9 for 90%")
     return value
+
+
+MAX_REGRESSION = 100.0  # 10,000%: a bound, not a limit anyone sets
+MAX_STEP_MS = 1e9
+
+
+def parse_share(text: str, option: str) -> float:
+    """A non-negative share: ``"5%"`` or ``"0.05"`` -> 0.05, at most 100 (10,000%)."""
+    percent = text.endswith("%")
+    try:
+        value = float(text[:-1] if percent else text) / (100 if percent else 1)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= MAX_REGRESSION:  # NaN fails this too
+        raise _bad(
+            option, text, "a share from 0 to 10000% is accepted: 5% or 0.05 for five percent"
+        )
+    return value
+
+
+def parse_milliseconds(text: str, option: str) -> float:
+    """A positive number of milliseconds, at most 1e9."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value <= MAX_STEP_MS:
+        raise _bad(option, text, "a positive number of milliseconds up to 1e9, e.g. 12.5")
+    return value
+
+
+def parse_kernels(text: str, option: str) -> list[ComputeKernel]:
+    """``"fused,dense"`` -> the compute kernels named, each once."""
+    from planner_service.check.gates import GateError, kernels_of
+
+    try:
+        return kernels_of(text)
+    except GateError as error:
+        raise _bad(option, text, str(error)) from None
 
 
 def _bad(option: str, value: str, message: str) -> InputError:

@@ -28,6 +28,7 @@ from planner_service import __version__
 from planner_service.plan.api import (
     AliasPage,
     AliasRecord,
+    CheckGates,
     CheckResult,
     PlanPage,
     SolveJob,
@@ -196,9 +197,13 @@ class PlannerClient(_Client[httpx.BaseTransport, httpx.Client]):
         pointed at when last resolved, with ``stale=True``."""
         return self._run(self._core.resolve(alias, allow_stale_alias))
 
-    def check(self, request: Request) -> CheckResult:
-        """POST /v1/check: does it fit, each rank's headroom; stores nothing."""
-        return self._run(self._core.check(request))
+    def check(
+        self, request: Request, gates: CheckGates | None = None, baseline: str | None = None
+    ) -> CheckResult:
+        """POST /v1/check: does it fit and pass ``gates`` (compared with ``baseline``, a
+        stored plan's id or alias:NAME), where the bytes live, each rank's headroom; stores
+        nothing."""
+        return self._run(self._core.check(request, gates, baseline))
 
     def validate(self, request: Request, plan: Plan) -> ValidateResult:
         """POST /v1/validate: every way ``plan`` breaks ``request``."""
@@ -340,9 +345,11 @@ class AsyncPlannerClient(_Client[httpx.AsyncBaseTransport, httpx.AsyncClient]):
         """See ``PlannerClient.resolve``."""
         return await self._run(self._core.resolve(alias, allow_stale_alias))
 
-    async def check(self, request: Request) -> CheckResult:
+    async def check(
+        self, request: Request, gates: CheckGates | None = None, baseline: str | None = None
+    ) -> CheckResult:
         """See ``PlannerClient.check``."""
-        return await self._run(self._core.check(request))
+        return await self._run(self._core.check(request, gates, baseline))
 
     async def validate(self, request: Request, plan: Plan) -> ValidateResult:
         """See ``PlannerClient.validate``."""

@@ -35,6 +35,7 @@ from clients.http.retry import RetryPolicy, is_retryable, retry_after_s
 from planner_service.plan.api import (
     AliasPage,
     AliasRecord,
+    CheckGates,
     CheckResult,
     PlanPage,
     SolveJob,
@@ -297,9 +298,15 @@ class Core:
 
     # ------------------------------------------------------------------------ checks
 
-    def check(self, request: PlanRequest | Mapping[str, Any]) -> Operation[CheckResult]:
+    def check(
+        self,
+        request: PlanRequest | Mapping[str, Any],
+        gates: CheckGates | None = None,
+        baseline: str | None = None,
+    ) -> Operation[CheckResult]:
         body = canonical_bytes(as_request(request))
-        call = Call("POST", "/v1/check", body, headers={"content-type": JSON})
+        params = _gate_params(gates or CheckGates(), baseline)
+        call = Call("POST", "/v1/check", body, params=params, headers={"content-type": JSON})
         response = yield from self._exchange(call)
         return self._document(response, call, CheckResult)
 
@@ -514,6 +521,16 @@ def check_alias(name: str) -> None:
             "at most 128 characters"
         )
         raise InputError("argument", [FieldProblem("alias", message, name)])
+
+
+def _gate_params(gates: CheckGates, baseline: str | None) -> dict[str, str | int]:
+    """POST /v1/check's query: the gates set, and the baseline (a plan id or alias:NAME)."""
+    params: dict[str, str | int] = {}
+    for name, value in gates.model_dump(exclude_none=True).items():
+        params[name] = ",".join(value) if isinstance(value, list) else repr(float(value))
+    if baseline is not None:
+        params["baseline"] = baseline
+    return params
 
 
 def _page_params(limit: int | None, after: str | None) -> dict[str, str | int]:

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner_service.plan.json_data import JsonObject
 from planner_service.plan.types import (
+    ComputeKernel,
+    CostModel,
     Infeasibility,
     ShardingPlan,
     SmallestFixes,
@@ -47,7 +49,7 @@ class RankHeadroom(_Document):
 # what-if questions, ``planner_service/check/what_if.py``, one per cell), and POST
 # /v1/check answers a ``CheckResult``, the same report and what the service's store knows.
 # 1.x only adds fields; a field's meaning never changes within a major version.
-CHECK_SCHEMA_VERSION = "1.0"
+CHECK_SCHEMA_VERSION = "1.1"
 TIGHTEST_SHOWN = 3  # ranks in a headroom's ``tightest``
 
 
@@ -62,6 +64,7 @@ class Verdict(StrEnum):
     FITS = "fits"
     OVER_LIMIT = "over_limit"  # a plan exists, but a rank uses more than the limit allows
     NO_PLAN = "no_plan"
+    GATE_FAILED = "gate_failed"  # a plan within the limit, but another gate fails
 
 
 class BindingKind(StrEnum):
@@ -105,6 +108,113 @@ class Binding(_Document):
     message: str
 
 
+class KernelPlacement(_Document):
+    """The tables a plan puts on one compute kernel, and where their bytes live."""
+
+    compute_kernel: ComputeKernel
+    tables: int
+    hbm_bytes: int = Field(description="weights, optimizer state, caches and buffers in HBM")
+    ddr_bytes: int = Field(description="the same in host memory (DDR)")
+    outside_hbm: bool = Field(
+        description="the kernel keeps the tables' weights in host memory (UVM), read over "
+        "the host link: fused_uvm and fused_uvm_caching on cuda"
+    )
+
+
+class TableOutsideHbm(_Document):
+    """A table whose weights left HBM: its kernel and bytes per tier."""
+
+    name: str
+    compute_kernel: ComputeKernel
+    hbm_bytes: int
+    ddr_bytes: int
+
+
+class Placement(_Document):
+    """Where every byte of a plan lives: per compute kernel, and the tables that left HBM
+    (on cuda; a cpu plan keeps everything in DDR and has no HBM to leave)."""
+
+    kernels: list[KernelPlacement] = Field(description="by kernel, fused first")
+    outside_hbm: list[TableOutsideHbm] = Field(
+        description="tables whose weights live in host memory, most bytes first"
+    )
+
+
+class GateName(StrEnum):
+    """The check's gates, each named as the CLI option (and POST /v1/check parameter) that
+    sets it."""
+
+    MAX_HBM_UTILIZATION = "max_hbm_utilization"
+    REQUIRE_KERNELS = "require_kernels"
+    MAX_STEP_MS = "max_step_ms"
+    MAX_REGRESSION = "max_regression"
+
+
+class GateResult(_Document):
+    """One gate: its limit, the value the plan has, and whether it passed."""
+
+    gate: GateName
+    passed: bool
+    limit: float | list[ComputeKernel] = Field(
+        description="the limit set: a fraction (max_hbm_utilization, max_regression), "
+        "milliseconds (max_step_ms) or the kernels allowed (require_kernels)"
+    )
+    value: float | None = Field(
+        description="the plan's value: the fullest rank's utilization, the predicted step "
+        "time (ms), its change over the baseline (a fraction), or the tables on other "
+        "kernels; null without a plan"
+    )
+    message: str
+
+
+class KernelMove(_Document):
+    """A table the plan puts on another compute kernel than the baseline did."""
+
+    name: str
+    baseline: ComputeKernel
+    plan: ComputeKernel
+
+
+class BaselineComparison(_Document):
+    """The plan against a baseline (the plan running today): predicted step time, the
+    fullest rank's memory, tables that change kernel, and the bytes that would move."""
+
+    plan_id: str = Field(description="the baseline's id")
+    source: str = Field(description="where it came from: a file, a plan id or alias:NAME")
+    repriced: bool = Field(
+        description="true: the baseline priced under this request's cost model (every one of "
+        "its tables is in the request with the same shape); false: the figures it was "
+        "planned with"
+    )
+    still_valid: bool = Field(
+        description="the baseline is a valid plan of this request (it places every table, "
+        "within every rank's memory)"
+    )
+    step_ms: float = Field(description="the baseline's predicted step time (slowest rank)")
+    plan_step_ms: float = Field(description="the plan's predicted step time")
+    change: float = Field(description="plan_step_ms / step_ms - 1 (0.05: 5% slower)")
+    max_hbm_bytes: int = Field(description="the baseline's fullest rank, HBM")
+    plan_max_hbm_bytes: int
+    max_ddr_bytes: int = Field(description="the baseline's fullest rank, DDR")
+    plan_max_ddr_bytes: int
+    outside_hbm: int = Field(description="the baseline's tables outside HBM")
+    plan_outside_hbm: int
+    kernel_moves: list[KernelMove] = Field(description="tables that change kernel, by name")
+    tables_added: int
+    tables_removed: int
+    moved_bytes: int = Field(description="weights and optimizer state that move between ranks")
+
+
+class CheckGates(_Document):
+    """The gates a check applies beside "a plan exists" (all optional): POST /v1/check's
+    query parameters and ``shardplan check``'s options of the same names."""
+
+    max_hbm_utilization: float | None = Field(None, gt=0, le=1)
+    require_kernels: list[ComputeKernel] | None = Field(None, min_length=1)
+    max_step_ms: float | None = Field(None, gt=0, le=1e9)
+    max_regression: float | None = Field(None, ge=0, le=100)
+
+
 class MarginFix(_Document):
     """Planning for the margin: the ``hbm_headroom_fraction`` that shrinks every rank's
     usable memory to ``max_hbm_utilization`` of today's, and what the planner makes of the
@@ -139,6 +249,23 @@ class CheckReport(_Document):
     margin_fix: MarginFix | None = None
     ranks: list[RankHeadroom] = Field(default_factory=list)
     infeasibility: Infeasibility | None = None
+    # 1.1: where the bytes live, the predicted step time, DDR headroom, gates and baseline.
+    passed: bool | None = Field(
+        None, description="every gate passes (and a plan exists): exit 0; null before 1.1"
+    )
+    step_ms: float | None = Field(
+        None, description="predicted step time: the slowest rank's perf (ms per iteration)"
+    )
+    cost_model: CostModel | None = Field(None, description="the model that predicted it")
+    device_profile: str | None = Field(
+        None, description="the calibrated model's device profile (its name)"
+    )
+    placement: Placement | None = None
+    ddr_headroom: Headroom | None = Field(
+        None, description="on cuda, the spread of free host memory (headroom is HBM's)"
+    )
+    gates: list[GateResult] = Field(default_factory=list)
+    baseline: BaselineComparison | None = None
 
 
 class CheckResult(CheckReport):

@@ -115,6 +115,26 @@ def rank_usage(request: PlanRequest, tables: Mapping[str, ParameterSharding]) ->
     )
 
 
+def table_storage(
+    request: PlanRequest, tables: Mapping[str, ParameterSharding]
+) -> dict[str, Storage]:
+    """Every table's bytes per tier under ``tables`` (a plan's), summed over its shards
+    on ranks inside the world; tables the request does not have are left out."""
+    pricer = _Pricer(request)
+    totals: dict[str, Storage] = {}
+    for table in request.tables:
+        sharding = tables.get(table.name)
+        if sharding is None:
+            continue
+        hbm = ddr = 0
+        for shard in sharding.shards:
+            if shard.rank < request.topology.world_size:
+                storage, _ = pricer.price(table, sharding, shard)
+                hbm, ddr = hbm + storage.hbm_bytes, ddr + storage.ddr_bytes
+        totals[table.name] = Storage(hbm_bytes=hbm, ddr_bytes=ddr)
+    return totals
+
+
 class _Pricer:
     """Shard estimates, each computed once per table option and distinct shape."""
 

@@ -12,7 +12,7 @@ import pytest
 from planner_service.check.report import check, check_report, check_result
 from planner_service.check.source import Answer, OnProgress
 from planner_service.check.what_if import WhatIf, WhatIfNames, least_world_sizes, sweep
-from planner_service.plan.api import BindingKind, CheckReport, MemoryTier, Verdict
+from planner_service.plan.api import BindingKind, CheckGates, CheckReport, MemoryTier, Verdict
 from planner_service.plan.capacity import usable_capacity
 from planner_service.plan.errors import InputError
 from planner_service.plan.types import (
@@ -96,7 +96,7 @@ def test_over_the_limit_plans_again_with_the_reservation_that_keeps_the_margin()
     req = _request()
     used = _rank0_utilization(req)
     source = FakeSource()
-    report = check(req, source, max_hbm_utilization=round(used / 2, 3))
+    report = check(req, source, CheckGates(max_hbm_utilization=round(used / 2, 3)))
     assert (report.fits, report.verdict) == (False, Verdict.OVER_LIMIT)
     assert report.binding.kind is BindingKind.MAX_HBM_UTILIZATION
     assert [u.rank for u in report.over_limit] == [0]
@@ -109,7 +109,7 @@ def test_over_the_limit_plans_again_with_the_reservation_that_keeps_the_margin()
 
 def test_within_the_limit_plans_once():
     source = FakeSource()
-    report = check(_request(), source, max_hbm_utilization=1.0)
+    report = check(_request(), source, CheckGates(max_hbm_utilization=1.0))
     assert report.fits and report.margin_fix is None and len(source.asked) == 1
 
 

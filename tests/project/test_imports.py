@@ -76,12 +76,12 @@ RULES = (
     ),
     Rule(
         CHECK,
-        (PLAN, COSTS, CHECK),
+        (PLAN, COSTS, VALIDATE, CHECK),
         CORE,
-        "check (the capacity analysis) imports only plan, costs and check, never solve, not "
-        "even inside a function: its plans come from the PlanSource it is given, so the "
-        "service and a CLI without OR-Tools run it; and never reports (it computes, reports "
-        "renders)",
+        "check (the capacity analysis) imports only plan, costs, validate (to hold a baseline "
+        "plan against the request) and check, never solve, not even inside a function: its "
+        "plans come from the PlanSource it is given, so the service and a CLI without "
+        "OR-Tools run it; and never reports (it computes, reports renders)",
     ),
     Rule(
         REPORTS,
@@ -363,7 +363,7 @@ def test_a_broken_rule_names_the_module_the_line_the_import_and_the_rule():
         ("planner_service.check.late", "from planner_service.solve import explain", True),
         ("planner_service.check.late", "def run():\n    from planner_service.solve import x", True),
         ("planner_service.check.late", "from planner_service.reports import tables", True),
-        ("planner_service.check.late", "from planner_service.validate import validator", True),
+        ("planner_service.check.late", "from planner_service.validate import validator", False),
         ("planner_service.reports.late", "from planner_service.check import what_if", False),
         ("planner_service.reports.late", "from planner_service.solve import explain", True),
         ("clients.cli.late", "from planner_service.check import report", False),

@@ -1,21 +1,33 @@
-"""POST /v1/check: does this request fit? A capacity check for CI that stores nothing."""
+"""POST /v1/check: does this request fit, and does its plan pass the gates a team sets?
+A capacity check for CI that stores nothing: the report ``shardplan check --format json``
+prints, from the same analysis (``planner_service/check``), with the gates as query
+parameters of the CLI options' names."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from typing import Annotated
 
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
+
+from planner_service.check.baseline import Baseline
+from planner_service.check.gates import GateError, apply_gates, check_gates, kernels_of
 from planner_service.check.report import check_report, check_result
-from planner_service.plan.api import CheckResult
+from planner_service.plan.api import CheckGates, CheckResult
 from planner_service.plan.codec import parse_plan, request_hash
-from planner_service.plan.types import Infeasibility, PlanRequest
+from planner_service.plan.types import ComputeKernel, Infeasibility, PlanRequest
 from planner_service.service.deps import State, reader
 from planner_service.service.http.limits import decode_plan_request
 from planner_service.service.http.openapi import REQUEST_EXAMPLE, json_body
-from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE
+from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
 from planner_service.service.solver.references import with_stored_references
 from planner_service.service.solver.run import solve_only
 
 router = APIRouter(tags=["plans"])
+
+_ALIAS = r"alias:[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+BASELINE_PATTERN = rf"^(?:[0-9a-f]{{64}}|{_ALIAS})$"
+_KERNELS = ", ".join(kernel.value for kernel in ComputeKernel)
 
 
 @router.post(
@@ -23,29 +35,117 @@ router = APIRouter(tags=["plans"])
     response_model=CheckResult,
     dependencies=[Depends(reader)],
     openapi_extra=json_body(PlanRequest, REQUEST_EXAMPLE),
-    responses={503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT}},
+    responses={
+        404: {"description": "the baseline plan or alias is unknown", **PROBLEM_CONTENT},
+        503: {"description": SOLVE_UNAVAILABLE, **PROBLEM_CONTENT},
+    },
 )
-async def check(http_request: Request, state: State) -> CheckResult:
-    """Solve without storing and report whether it fits, each rank's free memory and what
-    binds the plan, or, when it does not fit, why and the smallest fixes: the report
-    ``shardplan check --format json`` prints, and whether the plan is stored. 200 either
-    way."""
+async def check(
+    http_request: Request,
+    state: State,
+    max_hbm_utilization: Annotated[
+        float | None,
+        Query(gt=0, le=1, description="fail when a rank uses more of its usable memory"),
+    ] = None,
+    require_kernels: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description=f"comma-separated compute kernels ({_KERNELS}); fail when a table is "
+            "on another (fused: nothing may leave HBM)",
+        ),
+    ] = None,
+    max_step_ms: Annotated[
+        float | None,
+        Query(gt=0, le=1e9, description="fail when the predicted step time is above this"),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        Query(
+            pattern=BASELINE_PATTERN,
+            description="compare with this stored plan: its id, or alias:NAME",
+        ),
+    ] = None,
+    max_regression: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=100,
+            description="fail when the predicted step time is more than this fraction above "
+            "the baseline's (0.05: 5%); needs baseline",
+        ),
+    ] = None,
+) -> CheckResult:
+    """Solve without storing and report whether it fits and passes the gates: where the
+    bytes live, each rank's headroom, what binds the plan, the comparison with a baseline,
+    every gate with its numbers; or, when no plan exists, why and the smallest fixes. 200
+    whatever the verdict (``passed`` says it), and whether the plan is stored."""
+    gates = CheckGates(
+        max_hbm_utilization=max_hbm_utilization,
+        require_kernels=_kernels(require_kernels) if require_kernels is not None else None,
+        max_step_ms=max_step_ms,
+        max_regression=max_regression,
+    )
+    if max_regression is not None and baseline is None:
+        raise _bad_query("max_regression", str(max_regression), "needs baseline to compare with")
     request = decode_plan_request(await http_request.body(), state.settings)
     # The report prices the plan, so it needs the profile a request names by id.
     request = await with_stored_references(state, request)
+    chosen = await _baseline(state, baseline) if baseline is not None else None
+    check_gates(gates, chosen)
     key = request_hash(request)
     existing = await state.plan_for_request(key)
     if existing is not None:
-        return await state.cpu.run(_check_plan, request, existing[1], stored=True)
+        return await state.cpu.run(_check_plan, request, existing[1], gates, chosen, True)
     result = await solve_only(state, request, key)
     if result.plan is None:
         assert result.infeasibility is not None
         infeasibility = Infeasibility.model_validate_json(result.infeasibility)
-        return check_result(check_report(request, None, infeasibility), stored=False)
-    return await state.cpu.run(_check_plan, request, result.plan, stored=False)
+        report = check_report(
+            request, None, infeasibility, max_hbm_utilization=gates.max_hbm_utilization
+        )
+        return check_result(apply_gates(report, request, None, gates, chosen), stored=False)
+    return await state.cpu.run(_check_plan, request, result.plan, gates, chosen, False)
 
 
-def _check_plan(request: PlanRequest, plan_document: bytes, *, stored: bool) -> CheckResult:
+def _check_plan(
+    request: PlanRequest,
+    plan_document: bytes,
+    gates: CheckGates,
+    baseline: Baseline | None,
+    stored: bool,
+) -> CheckResult:
     """The check of a plan: work in proportion to world_size, run in a worker process."""
     plan = parse_plan(plan_document)
-    return check_result(check_report(request, plan, None), stored=stored)
+    report = check_report(request, plan, None, max_hbm_utilization=gates.max_hbm_utilization)
+    return check_result(apply_gates(report, request, plan, gates, baseline), stored=stored)
+
+
+def _kernels(text: str) -> list[ComputeKernel]:
+    try:
+        return kernels_of(text)
+    except GateError as error:
+        raise _bad_query(error.field, text, str(error)) from None
+
+
+async def _baseline(state: State, text: str) -> Baseline:
+    """The stored plan ``text`` names (an id, or alias:NAME: the plan it points at now)."""
+    plan_id = text
+    if text.startswith("alias:"):
+        name = text.removeprefix("alias:")
+        current = await run_in_threadpool(state.store().aliases.get, name)
+        if current is None:
+            raise ProblemError(404, f"query baseline = {text!r}: no alias named {name!r}")
+        plan_id = current.plan_id
+    document = await state.plan_bytes(plan_id)
+    if document is None:
+        raise ProblemError(404, f"query baseline = {text!r}: no plan with this id is stored")
+    return Baseline(parse_plan(document, source="baseline"), text)
+
+
+def _bad_query(name: str, value: str, message: str) -> ProblemError:
+    return ProblemError(
+        422,
+        f"query {name} = {value[:80]!r}: {message}",
+        errors=[{"path": name, "in": "query", "message": message, "value": value[:80]}],
+    )

@@ -17,7 +17,7 @@ from clients.cli.numbers import parse_byte_size
 from planner_service.plan.capacity import usable_capacity
 from planner_service.plan.codec import parse_request
 from planner_service.plan.errors import InputError
-from planner_service.plan.units import GiB
+from planner_service.plan.units import GiB, size
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 # docs/ci.md's example: 50M rows that must stay in HBM do not fit two 8 GiB ranks.
@@ -94,7 +94,10 @@ def test_fits_in_text_and_markdown(run_cli):
     text = run_cli("check", request)
     assert text.returncode == 0
     assert text.stdout.startswith(f"{request} fits: 3 table(s) on 4 rank(s)\nPlan ")
-    assert "HBM headroom, of each rank's usable HBM (hbm_headroom_fraction 0.15" in text.stdout
+    assert (
+        "HBM headroom, of each rank's usable HBM, after the reservation (hbm_headroom_fraction "
+        "0.15" in text.stdout
+    )
     markdown = run_cli("check", request, "--format", "markdown")
     assert markdown.returncode == 0
     lines = markdown.stdout.splitlines()
@@ -103,7 +106,8 @@ def test_fits_in_text_and_markdown(run_cli):
         f"### ✅ `{request}` fits: 3 table(s) on 4 rank(s)",
     ]
     assert "| HBM headroom | rank | free | used | usable |" in lines
-    assert sum(line.startswith(("| least |", "| median |", "| most |")) for line in lines) == 3
+    # HBM, where the tables live, and DDR, where those that leave HBM would
+    assert sum(line.startswith(("| least |", "| median |", "| most |")) for line in lines) == 6
     assert any(
         line.startswith("**Binding constraint:** perf: rank 2 is the slowest") for line in lines
     )
@@ -267,7 +271,7 @@ def test_over_the_limit_in_text_says_which_rank_how_much_and_the_base(run_cli, f
     first = result.stdout.splitlines()[0]
     assert first == (
         f"{four_ranks} is over the limit: rank 0 would use 89.4% of its usable HBM "
-        "(6.081 GiB of 6.800 GiB), more than --max-hbm-utilization 0.85 allows"
+        "(6.08 GiB of 6.80 GiB), more than --max-hbm-utilization 0.85 allows"
     )
     assert (
         "fix: with constraints.hbm_headroom_fraction 0.278 (now 0.15), which keeps every rank "
@@ -479,7 +483,7 @@ def test_on_cpu_headroom_is_ddr_and_hbm_sizes_are_refused(run_cli, tmp_path):
     limit = math.floor(least["utilization"] * 100) / 100
     over = run_cli("check", request, "--max-hbm-utilization", str(limit))
     assert over.returncode == 3
-    assert f"of its usable DDR ({least['used_bytes'] / GiB:.3f} GiB of 6.800 GiB)" in over.stdout
+    assert f"of its usable DDR ({size(least['used_bytes'])} of 6.80 GiB)" in over.stdout
     refused = run_cli("check", request, "--hbm", "8GiB")
     assert refused.returncode == 2
     assert "--hbm applies to cuda topologies only" in refused.stderr

@@ -35,28 +35,6 @@ TOO_BIG = {  # tests/clients/cli/test_check.py's: does not fit two 8 GiB ranks
 }
 
 
-@pytest.fixture
-def cli(shardplan_exe):
-    """``cli(*args, token=TOKEN)``: the console script, with SHARDPLAN_TOKEN set."""
-
-    def run(*args: object, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != "SHARDPLAN_TOKEN"}
-        if token is not None:
-            env["SHARDPLAN_TOKEN"] = token
-        result = subprocess.run(
-            [str(shardplan_exe), *map(str, args)],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-            env=env,
-        )
-        assert "Traceback" not in result.stderr, result.stderr
-        return result
-
-    return run
-
-
 @pytest.fixture(scope="module")
 def stored(service):
     """A plan stored on the service, an alias naming it, and its bytes as served."""
