@@ -127,9 +127,12 @@ def _usable(report: CheckReport, headroom: Headroom, request: PlanRequest, quote
 
 
 def _headrooms(report: CheckReport) -> list[Headroom]:
-    """The tier tables live in, then DDR on cuda (where tables that left HBM live)."""
+    """The tier tables live in, then DDR on cuda when a rank uses any (where tables that
+    left HBM live; the JSON report has it always)."""
     assert report.headroom is not None
-    return [report.headroom] + ([report.ddr_headroom] if report.ddr_headroom else [])
+    ddr = report.ddr_headroom
+    used = any(rank.ddr_used_bytes for rank in report.ranks)
+    return [report.headroom] + ([ddr] if ddr is not None and used else [])
 
 
 def _placement_text(placement: Placement) -> list[str]:

@@ -79,7 +79,8 @@ def test_a_plan_in_hbm_says_so_with_its_step_time_and_both_tiers(cli, paths):
     markdown = cli("check", fits, "--format", "markdown").stdout.splitlines()
     assert markdown[1].startswith("### ✅ ")
     assert "| compute kernel | tables | HBM | DDR |" in markdown
-    assert "| DDR headroom | rank | free | used | usable |" in markdown
+    # Nothing in DDR: its headroom is in the JSON, not in the text
+    assert "| DDR headroom | rank | free | used | usable |" not in markdown
 
 
 def test_tables_that_leave_hbm_are_called_out_and_counted_in_ddr(cli, paths):
@@ -98,6 +99,7 @@ def test_tables_that_leave_hbm_are_called_out_and_counted_in_ddr(cli, paths):
         r["ddr_used_bytes"] for r in report["ranks"]
     )
     text = cli("check", spills).stdout
+    assert "DDR headroom, of each rank's DDR" in text
     assert "table(s) left HBM" in text and "users (fused_uvm" in text
     assert "<- outside HBM" in text
     assert "DDR headroom" in text
