@@ -126,7 +126,8 @@ def rank_pieces(
     """Every rank's pieces, in the order it packs them."""
     result = []
     for layout, sent in zip(layouts, senders(layouts), strict=True):
-        shards = [_in_state_order(layout)[index] for index in sent]
+        held = _in_state_order(layout)
+        shards = [held[index] for index in sent]
         result.append(
             [
                 piece
