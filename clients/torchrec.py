@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner_service.plan.codec import parse_plan
+from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.errors import FieldProblem, InputError, problems_from_validation_error
 from planner_service.plan.types import (
     DEFAULT_BATCH_SIZE,
@@ -533,16 +533,26 @@ def to_torchrec_plan(
     topology: Any = None,
     *,
     module_path: str | Mapping[str, str] = "",
+    request: PlanRequest | bytes | str | None = None,
 ) -> Any:
     """TorchRec's ``ShardingPlan`` for ``plan`` (a plan, or its JSON as fetched), to pass to
     ``DistributedModelParallel(..., plan=...)``.
 
-    ``topology`` (ours or TorchRec's) gives the compute device and ranks per host that
-    TorchRec's shard placements name (``rank:3/cuda:3``); None: cuda, one host. TorchRec keys
-    plans by module: ``module_path`` is the fully qualified name of the collection holding
-    the tables ("" when it is the model passed to DistributedModelParallel), or a mapping from
-    table name to module path when the tables live in several collections.
+    TorchRec places every shard on a device (``rank:3/cuda:1``, ``rank:3/cpu``), and a plan
+    does not record the compute device its request named: ``topology`` (TorchRec's or ours,
+    e.g. ``request.topology``) or ``request`` (the ``PlanRequest`` the plan was made from, or
+    its JSON; refused unless its hash is the plan's ``request_hash``) gives the device and
+    the ranks per host. Without either it raises ``InputError`` saying what to pass, before
+    TorchRec is imported. TorchRec keys plans by module: ``module_path`` is the fully
+    qualified name of the collection holding the tables ("" when it is the model passed to
+    DistributedModelParallel), or a mapping from table name to module path when the tables
+    live in several collections.
     """
+    if isinstance(plan, bytes | str):
+        plan = parse_plan(plan)
+    device, local = _placement_device(plan, _given_topology(plan, topology, request))
+    paths = _module_paths(plan, module_path)
+
     from torchrec.distributed.types import (
         CacheParams,
         EmbeddingModuleShardingPlan,
@@ -552,10 +562,6 @@ def to_torchrec_plan(
     )
     from torchrec.distributed.types import ShardingPlan as TorchRecShardingPlan
 
-    if isinstance(plan, bytes | str):
-        plan = parse_plan(plan)
-    device, local = _placement_device(plan, topology)
-    paths = _module_paths(plan, module_path)
     modules: dict[str, Any] = {}
     for name, sharding in plan.tables.items():
         spec = None
@@ -582,21 +588,50 @@ def to_torchrec_plan(
     return TorchRecShardingPlan(modules)
 
 
+def _export_error(path: str, message: str, value: Any = None) -> InputError:
+    problem = FieldProblem(path, message) if value is None else FieldProblem(path, message, value)
+    return InputError("to_torchrec_plan", [problem])
+
+
+def _given_topology(
+    plan: ShardingPlan, topology: Any, request: PlanRequest | bytes | str | None
+) -> Any:
+    """The topology to place shards by: ``topology``, or the request's once it is known to
+    be the plan's. A plan alone does not say its device, so one of them is needed."""
+    if request is None:
+        if topology is None:
+            raise _export_error(
+                "topology",
+                "is needed: a plan does not record the compute device its request named, and "
+                "TorchRec places every shard on it; pass the request the plan was made from "
+                "(request=...), its topology (topology=request.topology), or TorchRec's "
+                f"Topology(world_size={plan.world_size}, compute_device='cpu' or 'cuda', "
+                "local_world_size=ranks per host)",
+            )
+        return topology
+    if topology is not None:
+        raise _export_error(
+            "request", "is given with a topology; pass one of them (the request's topology)"
+        )
+    given = parse_request(request) if isinstance(request, bytes | str) else request
+    if request_hash(given) != plan.request_hash:
+        raise _export_error(
+            "request",
+            "is not the request the plan was made from (the plan's request_hash is "
+            f"{plan.request_hash}); pass that request, or the topology the plan was made for",
+            request_hash(given),
+        )
+    return given.topology
+
+
 def _placement_device(plan: ShardingPlan, topology: Any) -> tuple[str, int]:
-    if topology is None:
-        return "cuda", plan.world_size
     world = topology.world_size
     if world != plan.world_size:
-        raise InputError(
-            "to_torchrec_plan",
-            [
-                FieldProblem(
-                    "topology.world_size",
-                    f"differs from the plan's world_size {plan.world_size}; pass the topology "
-                    "the plan was made for",
-                    world,
-                )
-            ],
+        raise _export_error(
+            "topology.world_size",
+            f"differs from the plan's world_size {plan.world_size}; pass the topology the plan "
+            "was made for",
+            world,
         )
     device = str(_value(getattr(topology, "compute_device", "cuda")))
     return device, getattr(topology, "local_world_size", None) or world
@@ -614,15 +649,10 @@ def _module_paths(plan: ShardingPlan, module_path: str | Mapping[str, str]) -> d
         return dict.fromkeys(plan.tables, module_path)
     missing = [name for name in plan.tables if name not in module_path]
     if missing:
-        raise InputError(
-            "to_torchrec_plan",
-            [
-                FieldProblem(
-                    "module_path",
-                    "has no module for tables " + ", ".join(map(repr, missing)) + "; map "
-                    "every table of the plan to the path of the collection holding it",
-                    sorted(module_path)[:10],
-                )
-            ],
+        raise _export_error(
+            "module_path",
+            "has no module for tables " + ", ".join(map(repr, missing)) + "; map every table "
+            "of the plan to the path of the collection holding it",
+            sorted(module_path)[:10],
         )
     return {name: module_path[name] for name in plan.tables}

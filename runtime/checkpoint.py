@@ -51,7 +51,14 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 from planner_service.plan.types import DataType, OptimizerType, ShardingType
 from runtime.comm import Group
 from runtime.sharding.module import ShardedTables, sharded_collections
-from runtime.sharding.state import Region, RowwiseParts, ShardState, overlap
+from runtime.sharding.state import (
+    ELEMENTWISE_STATE,
+    Region,
+    RowwiseParts,
+    ShardState,
+    overlap,
+    rowwise_key,
+)
 from runtime.sharding.weights import state_key
 
 MANIFEST = "shardplan.json"
@@ -275,9 +282,9 @@ def _group_ranks(group: Group) -> list[int]:
     return [dist.get_global_rank(group.pg, r) for r in range(group.world_size)]
 
 
-def _elementwise_names(shards: Sequence[ShardState]) -> list[str]:
+def _elementwise_names(shards: Sequence[ShardState]) -> tuple[str, ...]:
     count = max((len(s.elementwise) for s in shards), default=0)
-    return ["momentum1", "momentum2"][:count]
+    return ELEMENTWISE_STATE[OptimizerType.ADAM][:count]
 
 
 def _table_state(
@@ -306,7 +313,7 @@ def _table_state(
         if rowwise and shard.rowwise is not None:
             r0, c0, rows, cols = shard.region
             piece = ((r0, 0, rows, 1), shard.rowwise)
-            put(f"{key}.momentum1.columns_{c0}_{c0 + cols}", (size[0],), [piece])
+            put(rowwise_key(key, (c0, c0 + cols)), (size[0],), [piece])
     return state
 
 
@@ -338,9 +345,7 @@ def _rowwise_targets(
             targets.append((shard, [(part, buffer)]))
         if buffers:
             pieces = [((r0, 0, rows, 1), b) for (r0, rows), b in buffers.items()]
-            state[f"{key}.momentum1.columns_{c0}_{c1}"] = _sharded_tensor(
-                (rows_total,), pieces, ranks
-            )
+            state[rowwise_key(key, (c0, c1))] = _sharded_tensor((rows_total,), pieces, ranks)
     merged: dict[int, tuple[ShardState, list[tuple[Region, torch.Tensor]]]] = {}
     for shard, pieces in targets:
         merged.setdefault(id(shard), (shard, []))[1].extend(pieces)

@@ -168,11 +168,7 @@ def _holding_indexed(
 
 def _blocks(shard: ShardState, region: Region) -> list[torch.Tensor]:
     """The weight, per-element state and per-row state of ``region`` in ``shard``."""
-    parts = [block(shard.weight, shard.region, region)]
-    parts += [block(state, shard.region, region) for state in shard.elementwise]
-    if shard.rowwise is not None:
-        parts.append(block(shard.rowwise, shard.region, region))
-    return parts
+    return [block(tensor, shard.region, region) for tensor in shard.tensors()]
 
 
 def _pack(shard: ShardState, region: Region) -> list[torch.Tensor]:

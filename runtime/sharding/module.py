@@ -48,6 +48,7 @@ from runtime.modules import (
 )
 from runtime.plan import ModulePlan, PlanMismatchError, check_plan
 from runtime.sharding.exchange import input_exchange, output_exchange, sequence_exchange
+from runtime.sharding.gather import gather_full_state
 from runtime.sharding.inputs import InputDistribution, LocalBatch, Received, Sent
 from runtime.sharding.layout import build_layouts, subgroup_families
 from runtime.sharding.outputs import OutputDistribution
@@ -56,7 +57,6 @@ from runtime.sharding.state import ShardState, kernel_states, shard_state
 from runtime.sharding.weights import (
     ShardedWeight,
     ShardView,
-    gather_full,
     initialise,
     load_full,
     sharded_state,
@@ -244,8 +244,28 @@ class ShardedTables(nn.Module):
         load_full(self.tables, self._shard_views(), state_dict, strict)
 
     def gather_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full tables on every rank (for export): shards gathered from all ranks."""
-        return gather_full(self.tables, self._shard_views(), self.group)
+        """The full tables on every rank (for export): ``full_state`` without the
+        optimizer's state."""
+        return self.full_state(optimizer_state=False)
+
+    def full_state(
+        self, *, dst: int | None = None, optimizer_state: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """Every full (unsharded) table and, with ``optimizer_state``, the fused optimizer's
+        state for it, as CPU tensors under a checkpoint's keys (``runtime.sharding.gather``
+        lists them with their shapes), gathered on rank ``dst`` of the module's group, or on
+        every rank when ``dst`` is None; the other ranks get an empty dict. Every rank calls
+        it. The step count is ``optimizer_step``."""
+        return gather_full_state(
+            self.layouts,
+            self.tables,
+            self.shard_states(),
+            self.optimizer,
+            self.group,
+            self.device,
+            dst=dst,
+            optimizer_state=optimizer_state,
+        )
 
 
 class ShardedEmbeddingBagCollection(ShardedTables):

@@ -33,6 +33,22 @@ from runtime.modules import BaseEmbeddingConfig
 # A region of a table: (row offset, column offset, rows, columns).
 Region = tuple[int, int, int, int]
 
+# The per-element state FBGEMM keeps for each optimizer, by the name it has in checkpoints
+# and full states: Adagrad's accumulator, Adam's first then second moment.
+ELEMENTWISE_STATE: dict[OptimizerType, tuple[str, ...]] = {
+    OptimizerType.SGD: (),
+    OptimizerType.ROWWISE_ADAGRAD: (),
+    OptimizerType.ADAGRAD: ("momentum1",),
+    OptimizerType.ADAM: ("momentum1", "momentum2"),
+}
+
+
+def rowwise_key(weight_key: str, columns: tuple[int, int]) -> str:
+    """The key of row-wise Adagrad's accumulator for a table's ``columns`` ``[c0, c1)``
+    (one per column range of the plan, since the accumulator belongs to a shard's columns):
+    ``{weight key}.momentum1.columns_{c0}_{c1}``."""
+    return f"{weight_key}.momentum1.columns_{columns[0]}_{columns[1]}"
+
 
 class ShardState(NamedTuple):
     """One local shard: its weight and its optimizer state, views into the kernel."""
@@ -42,6 +58,12 @@ class ShardState(NamedTuple):
     weight: torch.Tensor  # [rows, cols], the table's data type
     elementwise: tuple[torch.Tensor, ...]  # [rows, cols] fp32 each: adagrad 1, adam 2
     rowwise: torch.Tensor | None  # [rows] fp32: rowwise_adagrad
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The weight, the per-element state, then the per-row state: the order in which
+        they travel (resharding, full states)."""
+        rowwise = [] if self.rowwise is None else [self.rowwise]
+        return [self.weight, *self.elementwise, *rowwise]
 
     @property
     def region(self) -> Region:

@@ -1,5 +1,5 @@
-"""A rank's shards as weights: their initial values, and the state dict in both directions
-(this rank's shards with their offsets; full tables in, full tables gathered out)."""
+"""A rank's shards as weights: their initial values, and the state dict (this rank's shards
+with their offsets; full tables loaded in). Full tables come out through ``gather``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.comm import Group
 from runtime.modules import BaseEmbeddingConfig, EmbeddingBagCollection, EmbeddingCollection
 
 
@@ -106,15 +105,3 @@ def load_full(
             if key in state_dict:
                 block = view.slice_of(state_dict[key])
                 view.weight.copy_(block.to(view.weight.device, view.weight.dtype))
-
-
-def gather_full(
-    tables: Sequence[BaseEmbeddingConfig], views: Sequence[ShardView], group: Group
-) -> dict[str, torch.Tensor]:
-    """The full tables on every rank (for export): shards gathered from all ranks."""
-    mine = [(view.table.name, view.offsets, view.weight.detach().cpu()) for view in views]
-    full = {t.name: torch.zeros(t.num_embeddings, t.embedding_dim, dtype=t.dtype) for t in tables}
-    for shards in group.all_gather_object(mine):
-        for name, (r0, c0), block in shards:
-            full[name][r0 : r0 + block.shape[0], c0 : c0 + block.shape[1]] = block
-    return {state_key(t): full[t.name] for t in tables}

@@ -26,8 +26,10 @@ from typing import Any
 import pytest
 
 from benchmarks.compare_torchrec_estimator import compare
+from clients.torchrec import to_torchrec_plan
 from planner_service.costs.enumerate import enumerate_options
-from planner_service.plan.codec import parse_request
+from planner_service.plan.codec import parse_request, request_hash
+from planner_service.plan.errors import InputError
 from planner_service.plan.types import ROW_SHARDING_TYPES, ShardingType
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.pipeline import solve
@@ -704,8 +706,9 @@ def converted(torchrec_python, plans):
     topology = {"world_size": 4, "local_world_size": 2, "compute_device": "cuda"}
     cases = {
         "cuda": {"plan": cuda, "topology": topology, "module_path": "model.sparse"},
-        "default": {"plan": cuda, "topology": None},
+        "cuda_request": {"plan": cuda, "request": json.dumps(request_with_every_type("cuda"))},
         "cpu": {"plan": cpu, "topology": {"world_size": 4, "compute_device": "cpu"}},
+        "cpu_request": {"plan": cpu, "request": json.dumps(request_with_every_type("cpu"))},
         "paths": {
             "plan": cuda,
             "topology": topology,
@@ -747,13 +750,12 @@ def test_to_torchrec_plan_places_every_shard_as_torchrec_names_devices(converted
     assert converted["cuda"] == {
         "plan": {"model.sparse": expected_torchrec_plan(cuda, lambda r: f"rank:{r}/cuda:{r % 2}")}
     }
-    # No topology: cuda, every rank on one host.
-    assert converted["default"] == {
-        "plan": {"": expected_torchrec_plan(cuda, lambda r: f"rank:{r}/cuda:{r}")}
+    # The request the plan was made from says the device and the ranks per host.
+    assert converted["cuda_request"] == {
+        "plan": {"": expected_torchrec_plan(cuda, lambda r: f"rank:{r}/cuda:{r % 2}")}
     }
-    assert converted["cpu"] == {
-        "plan": {"": expected_torchrec_plan(plans["cpu"], lambda r: f"rank:{r}/cpu")}
-    }
+    on_cpu = {"plan": {"": expected_torchrec_plan(plans["cpu"], lambda r: f"rank:{r}/cpu")}}
+    assert converted["cpu"] == converted["cpu_request"] == on_cpu
 
 
 def test_to_torchrec_plan_puts_tables_in_the_modules_named(converted, plans):
@@ -775,3 +777,32 @@ def test_to_torchrec_plan_refuses_a_plan_it_cannot_place(converted):
         "error": "to_torchrec_plan: topology.world_size = 8: differs from the plan's "
         "world_size 4; pass the topology the plan was made for"
     }
+
+
+def test_to_torchrec_plan_without_a_device_says_what_to_pass_before_importing_torchrec(plans):
+    """A plan does not record its request's compute device (recording it would change every
+    plan's bytes and id), so the export refuses to guess one; it refuses here, where TorchRec
+    is not installed, so nothing of TorchRec is reached."""
+    with pytest.raises(InputError) as error:
+        to_torchrec_plan(json.dumps(plans["cpu"]))
+    assert str(error.value) == (
+        "to_torchrec_plan: topology: is needed: a plan does not record the compute device its "
+        "request named, and TorchRec places every shard on it; pass the request the plan was "
+        "made from (request=...), its topology (topology=request.topology), or TorchRec's "
+        "Topology(world_size=4, compute_device='cpu' or 'cuda', local_world_size=ranks per host)"
+    )
+
+
+def test_to_torchrec_plan_refuses_a_request_the_plan_was_not_made_from(plans):
+    cuda_request = parse_request(json.dumps(request_with_every_type("cuda")))
+    with pytest.raises(InputError) as error:
+        to_torchrec_plan(json.dumps(plans["cpu"]), request=cuda_request)
+    assert str(error.value) == (
+        f"to_torchrec_plan: request = '{request_hash(cuda_request)}': is not the request the "
+        f"plan was made from (the plan's request_hash is {plans['cpu']['request_hash']}); pass "
+        "that request, or the topology the plan was made for"
+    )
+    with pytest.raises(InputError, match=r"request: is given with a topology; pass one of them"):
+        to_torchrec_plan(json.dumps(plans["cuda"]), cuda_request.topology, request=cuda_request)
+    with pytest.raises(ModuleNotFoundError, match="torchrec"):  # past every check
+        to_torchrec_plan(json.dumps(plans["cuda"]), request=cuda_request)

@@ -15,7 +15,7 @@ Commands:
 - ``request``: ``{"models": {id: model}}`` -> per model, from_torchrec's request, or its
   error; with ``"enumerate": true``, also TorchRec's EmbeddingEnumerator's options for the
   model, each shard priced by TorchRec's default estimators.
-- ``convert``: ``{"cases": {id: {"plan", "topology", "module_path"}}}`` -> per case, what
+- ``convert``: ``{"cases": {id: {"plan", "topology", "module_path", "request"}}}`` -> per case, what
   to_torchrec_plan made (every ParameterSharding's fields and shard placements), or its error.
 - ``shard``: ``{"model": model, "plan": plan}`` -> ``{"ranks": [...]}``: on world_size gloo
   ranks, the plan applied with to_torchrec_plan and DistributedModelParallel, weights copied
@@ -362,8 +362,8 @@ def torchrec_plan_summary(plan: Any) -> dict[str, Any]:
 
 
 def command_convert(document: dict[str, Any]) -> dict[str, Any]:
-    """``{"cases": {id: {"plan", "topology", "module_path"}}}`` -> per case, the summary of
-    to_torchrec_plan's result, or its error."""
+    """``{"cases": {id: {"plan", "topology", "module_path", "request"}}}`` -> per case, the
+    summary of to_torchrec_plan's result, or its error."""
     results = {}
     for case, arguments in document["cases"].items():
         given = arguments.get("topology")
@@ -374,6 +374,7 @@ def command_convert(document: dict[str, Any]) -> dict[str, Any]:
                 else json.dumps(arguments["plan"]),
                 Topology(**given) if given else None,
                 module_path=arguments.get("module_path", ""),
+                request=arguments.get("request"),
             )
         except InputError as error:
             results[case] = {"error": str(error)}
