@@ -1,7 +1,7 @@
 """``shardplan plan --format table``: a stats table like TorchRec's, per rank (usage in
 GiB and in percent of the usable capacity, perf components and the rule that sums them),
-per table, then the solver report. The plan page (``service/pages.py``) shows the same
-cells and notes."""
+per table, then the solver report. The plan page (``service/pages/plan.py``) shows
+the same perf rule."""
 
 from __future__ import annotations
 
@@ -10,16 +10,13 @@ from planner_service.plan.capacity import Capacity
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import PERF_COMPONENTS, CostModel, PlanRequest, ShardingPlan
 from planner_service.plan.units import MiB
-from planner_service.reports.tables import rank_ranges, text_table, usage_cell
+from planner_service.reports.tables import (
+    SHARDING_TYPE_SHORT,
+    rank_ranges,
+    text_table,
+    usage_cell,
+)
 
-_TYPE_ABBREVIATIONS = {
-    "table_wise": "TW",
-    "row_wise": "RW",
-    "column_wise": "CW",
-    "table_row_wise": "TWRW",
-    "table_column_wise": "TWCW",
-    "data_parallel": "DP",
-}
 USABLE_NOTE = (
     "% of usable: of what the rank offers to tables after the reservation "
     "(hbm_headroom_fraction, dense_bytes_per_rank); GiB = 2^30 bytes"
@@ -62,7 +59,7 @@ def _rank_section(
 ) -> str:
     shard_counts: list[dict[str, int]] = [{} for _ in plan.rank_stats]
     for sharding in plan.tables.values():
-        label = _TYPE_ABBREVIATIONS[sharding.sharding_type.value]
+        label = SHARDING_TYPE_SHORT[sharding.sharding_type]
         for shard in sharding.shards:
             counts = shard_counts[shard.rank]
             counts[label] = counts.get(label, 0) + 1

@@ -1,9 +1,21 @@
 """Text and markdown tables, and the cells every rendered table shares: rank lists
-("0-2,5") and a rank's use of a tier ("12.000 (15.0%)")."""
+("0-2,5"), a rank's use of a tier ("12.000 (15.0%)"), and the short names of sharding
+types ("TW")."""
 
 from __future__ import annotations
 
+from planner_service.plan.types import ShardingType
 from planner_service.plan.units import gib_number, percent
+
+# How tables and pages name a sharding type where space is short.
+SHARDING_TYPE_SHORT = {
+    ShardingType.TABLE_WISE: "TW",
+    ShardingType.ROW_WISE: "RW",
+    ShardingType.COLUMN_WISE: "CW",
+    ShardingType.TABLE_ROW_WISE: "TWRW",
+    ShardingType.TABLE_COLUMN_WISE: "TWCW",
+    ShardingType.DATA_PARALLEL: "DP",
+}
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:

@@ -43,7 +43,7 @@ def _start_worker(service_pid: int) -> None:
     die_with_parent(service_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    import planner_service.service.pages  # noqa: F401
+    import planner_service.service.pages.plan  # noqa: F401
     import planner_service.validate.validator  # noqa: F401
 
 

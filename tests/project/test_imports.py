@@ -34,7 +34,7 @@ CHECK, REPORTS, SERVICE = (
 )
 ROUTES, SERVICE_HTTP, SOLVER = (f"{SERVICE}.{part}" for part in ("routes", "http", "solver"))
 STORE, SETTINGS, STATE = (f"{SERVICE}.{part}" for part in ("store", "settings", "state"))
-PROCESSES = f"{SERVICE}.processes"
+PROCESSES, PAGES = f"{SERVICE}.processes", f"{SERVICE}.pages"
 # planner_service/__init__.py holds the version only: every module may import it.
 VERSION = "planner_service"
 
@@ -114,6 +114,14 @@ RULES = (
         "service/http (problems, responses, limits, paging, metrics, the fetch fast path) "
         "imports only plan, itself, the settings and the store: it knows nothing of "
         "solving, the process's state or the routes",
+    ),
+    Rule(
+        PAGES,
+        (PLAN, COSTS, REPORTS, PAGES),
+        CORE,
+        "service/pages (the HTML for people) imports only plan, costs, reports and itself: "
+        "a page renders a plan and its request, so the routes hand it both, and it needs "
+        "neither the store, the solver nor the routes",
     ),
     Rule(
         SOLVER,

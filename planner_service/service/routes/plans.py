@@ -43,7 +43,7 @@ from planner_service.service.http.responses import (
     job_response,
 )
 from planner_service.service.importing import import_plan
-from planner_service.service.pages import render_plan_page
+from planner_service.service.pages.plan import render_plan_page
 from planner_service.service.solver.references import with_stored_references
 from planner_service.service.solver.run import no_plan, solve_and_store
 

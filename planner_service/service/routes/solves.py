@@ -15,7 +15,7 @@ from planner_service.plan.api import SolveJob
 from planner_service.service.deps import JobId, Jobs, State, reader
 from planner_service.service.http.problems import PROBLEM_CONTENT, ProblemError
 from planner_service.service.http.responses import job_content, job_response
-from planner_service.service.pages import render_job_page
+from planner_service.service.pages.job import render_job_page
 from planner_service.service.solver.jobs import SolveJobs
 
 router = APIRouter(tags=["solves"])
