@@ -42,7 +42,7 @@ from planner_service.plan.api import PlanSummary
 from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.codec import parse_request, request_hash
 from planner_service.service.store import open_store
-from tests import builders
+from tests.support import builders
 from tests.support.builders import request, table
 from tests.support.servers import Service
 
