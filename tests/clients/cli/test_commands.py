@@ -16,6 +16,7 @@ import pytest
 
 from planner_service.plan.codec import plan_bytes
 from planner_service.plan.types import PERF_COMPONENTS, ShardingPlan
+from planner_service.plan.units import size
 from planner_service.reports.options import OPTION_COLUMNS
 from tests.support import builders
 from tests.support.builders import request, table
@@ -202,8 +203,8 @@ def test_plan_table_format(run_cli, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = [cell.strip() for cell in lines[0].split(" | ")]
-    assert header[:4] == ["rank", "HBM GiB (% of usable)", "DDR GiB (% of usable)", "perf ms"]
-    components = header[4 : header.index("input MiB")]
+    assert header[:4] == ["rank", "HBM (% of usable)", "DDR (% of usable)", "perf ms"]
+    components = header[4 : header.index("input")]
     assert components == list(PERF_COMPONENTS)  # input_dist included
     for line in lines[2:4]:  # the ranks: the components add up to perf ms
         cells = [cell.strip() for cell in line.split(" | ")]
@@ -575,7 +576,7 @@ def test_options_table_shows_what_the_json_says(run_cli):
             worst = max(shard["perf"]["total"] for shard in option["shards"])
             assert cells["perf ms"] == f"{worst:.4f}"
             hbm = max(shard["storage"]["hbm_bytes"] for shard in option["shards"])
-            assert cells["HBM GiB"] == f"{hbm / 2**30:.2f}"
+            assert cells["HBM"] == size(hbm)
     assert len(as_table.stdout) < len(as_json.stdout)
 
 
