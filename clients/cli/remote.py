@@ -170,7 +170,10 @@ def _server_url(server: str | None) -> str:
 
     accepted = "an http:// or https:// URL, e.g. http://planner:8000"
     if server is None:
-        missing = f"is required: pass --server URL or set ${SERVER_ENV}, {accepted}"
+        missing = (
+            f"is required: pass --server URL or set ${SERVER_ENV} to the planner service's "
+            "http:// or https:// URL, e.g. http://planner:8000"
+        )
         raise InputError("arguments", [FieldProblem("--server", missing)])
     if not server.startswith(("http://", "https://")) or len(server.split("://", 1)[1]) == 0:
         raise InputError("arguments", [FieldProblem("--server", f"must be {accepted}", server)])
