@@ -1,25 +1,33 @@
-"""The ``shardplan`` command line.
+"""The ``shardplan`` command line: plan how a model's embedding tables are sharded across
+ranks, check plans, and get them to training jobs.
+
+Exit codes: 0 success; 1 the plan is invalid (``validate``; ``measure``, which then runs
+nothing) or the plans differ (``diff``); 2 bad input (usage, unreadable or invalid files,
+output paths that cannot be written, checked before solving, a command whose extra is not
+installed, or for ``measure`` a plan whose world size this machine cannot run, said
+before any rank starts; with ``--server``: what the service refused as input, an unknown
+plan id or alias, a missing or refused token); 3 no plan exists (a table fits nowhere, or
+the solver proves it; for ``check``: the model does not fit); 4 the service
+(``--server``) could not be reached, was overloaded after the retries, or failed (5xx),
+or for ``measure`` a rank raised, died or passed its deadline; 5 a plan or device profile
+from the service failed its integrity check (its content does not hash to its id: nothing
+is written); 130 interrupted (Ctrl-C, at once, even mid-solve). Bad input never shows a
+traceback.
+
+Environment: ``SHARDPLAN_SERVER`` is the planner service wherever ``--server`` is
+accepted and not given; ``SHARDPLAN_TOKEN`` its token (``--token``).
 
 Each command parses its arguments, calls one library function and renders the result; each
-lives in its own module here. Exit codes: 0 success, 1 the plan is invalid (``validate``;
-``measure``, which then runs nothing) or the plans differ (``diff``), 2 bad input (usage,
-unreadable or invalid files, output paths that cannot be written, checked before solving, a
-command whose extra is not installed, or for ``measure`` a plan whose world size this
-machine cannot run, said before any rank starts; with ``--server``: what the service
-refused as input, an unknown plan id or alias, a missing or refused token), 3 no plan
-exists (a table fits nowhere, or the solver proves it; for ``check``: the model does not
-fit), 4 the service (``--server``) could not be reached, was overloaded after the retries,
-or failed (5xx), or for ``measure`` a rank raised, died or passed its deadline, 5 a plan
-or device profile from the service failed its integrity check (its content does not hash
-to its id: nothing is written), 130 interrupted (Ctrl-C, at once, even mid-solve). Bad
-input never shows a traceback.
+lives in its own module here. ``--help`` shows this docstring's first three paragraphs,
+and each command's help its module's docstring (``helptext``).
 
 Start-up: the parser is built from every command module, for ``--version`` and ``--help``
 too, so a command module imports only the standard library and ``clients.cli``'s light
-modules (exits, extras, remote) at its top; what the command runs with (pydantic, the cost model,
-OR-Tools, the service) it imports inside ``run``. ``shardplan --version`` then loads no
-third-party library at all, and ``diff``, ``migrate``, ``validate`` and ``fetch`` only what
-they use (docs/benchmarks.md, "Start-up"; tests/project/test_imports.py checks).
+modules (exits, extras, helptext, output, remote) at its top; what the command runs with
+(pydantic, the cost model, OR-Tools, the service) it imports inside ``run``. ``shardplan
+--version`` then loads no third-party library at all, and ``diff``, ``migrate``,
+``validate`` and ``fetch`` only what they use (docs/benchmarks.md, "Start-up";
+tests/project/test_imports.py checks).
 """
 
 from __future__ import annotations
@@ -45,7 +53,9 @@ from clients.cli import (
 )
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK, CommandFailed
 from clients.cli.extras import MissingExtraError
+from clients.cli.helptext import PlainParser
 from clients.cli.interrupt import exit_on_ctrl_c
+from clients.cli.output import check_output
 from planner_service import __version__
 
 __all__ = ["main"]
@@ -55,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.command
     try:
+        check_output(args)
         if command is serve.run:  # uvicorn shuts down gracefully on Ctrl-C itself
             return command(args)
         return exit_on_ctrl_c(lambda: command(args))
@@ -76,25 +87,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
+# In the order of the workflow: make a request, see its options, plan, check the plan and
+# the fit, compare and move plans, get one to a job, serve them; then the tools around it.
+COMMANDS = (
+    request,
+    options,
+    plan,
+    validate,
+    check,
+    diff,
+    migrate,
+    fetch,
+    serve,
+    measure,
+    calibrate,
+    profile,
+    schema,
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     assert __doc__ is not None
-    parser = argparse.ArgumentParser(prog="shardplan", description=__doc__.splitlines()[0])
+    summary, exits, environment = __doc__.split("\n\n")[:3]
+    parser = PlainParser(prog="shardplan", description=summary, epilog=f"{exits}\n\n{environment}")
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for command in (
-        validate,
-        plan,
-        check,
-        measure,
-        calibrate,
-        fetch,
-        profile,
-        options,
-        diff,
-        migrate,
-        request,
-        schema,
-        serve,
-    ):
+    for command in COMMANDS:
         command.add_parser(sub)
     return parser

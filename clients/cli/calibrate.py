@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK, CommandFailed
 from clients.cli.extras import needs_extra
+from clients.cli.output import add_output_argument, emit
 from clients.cli.progress import StageProgress
 
 EXIT_FAILED = 1
@@ -31,7 +30,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "calibrate",
         help="measure this machine and write a device profile for cost_model 'calibrated'",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--budget-s",
@@ -47,9 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "cores; cuda every GPU, none with one)",
     )
     parser.add_argument("--name", help="the profile's name (default: HOSTNAME-DEVICE)")
-    parser.add_argument(
-        "-o", "--output", type=Path, help="write the profile here (default: stdout)"
-    )
+    add_output_argument(parser, "the profile")
     parser.add_argument("--seed", type=int, default=0, help="orders the grids (default: 0)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads per rank (default: 1)"
@@ -65,11 +61,7 @@ def run(args: argparse.Namespace) -> int:
             EXIT_BAD_INPUT,
         )
     worlds = _world_sizes(args.world_sizes)
-    if args.output is not None:
-        from clients.cli.files import check_writable
-
-        check_writable(args.output, "--output")
-    _write(args.output, _profile_json(args, worlds, started))
+    emit(_profile_json(args, worlds, started), args.output)
     return EXIT_OK
 
 
@@ -122,12 +114,3 @@ def _hostname() -> str:
     import socket
 
     return socket.gethostname().split(".")[0] or "machine"
-
-
-def _write(path: Path | None, text: str) -> None:
-    if path is None:
-        sys.stdout.write(text)
-        return
-    from clients.cli.files import write_atomically
-
-    write_atomically(path, "--output", text.encode())

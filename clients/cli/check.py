@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
+from clients.cli.output import add_output_argument
 from clients.cli.remote import add_server_arguments, connected
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "5%% or 0.05",
     )
     parser.add_argument("--format", choices=FORMATS, default="text", help="default: text")
+    add_output_argument(parser, "the report")
     what_if = parser.add_mutually_exclusive_group()
     what_if.add_argument(
         "--min-world-size",
@@ -226,7 +227,7 @@ def _check(
     from planner_service.check.report import check
 
     report = check(request, with_progress_line(source), gates, baseline)
-    _emit(_render(report, request, args.format, source_name(args.request)))
+    _emit(_render(report, request, args.format, source_name(args.request)), args.output)
     return EXIT_OK if report.passed else EXIT_NO_PLAN
 
 
@@ -250,7 +251,7 @@ def _what_if(
     else:
         answer = sweep(request, world_sizes, hbm, how)
         table = sweep_table(answer, args.format == "markdown")
-    _emit(answer.model_dump_json(indent=2) if args.format == "json" else table)
+    _emit(answer.model_dump_json(indent=2) if args.format == "json" else table, args.output)
     return EXIT_OK if answer.passed else EXIT_NO_PLAN
 
 
@@ -275,5 +276,7 @@ def _render(report: CheckReport, request: PlanRequest, format: str, source: str)
     return render_text(report, request, source)
 
 
-def _emit(text: str) -> None:
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+def _emit(text: str, output: Path | None) -> None:
+    from clients.cli.output import emit
+
+    emit(text if text.endswith("\n") else text + "\n", output)

@@ -1,16 +1,19 @@
-"""``shardplan diff OLD NEW``: what changes between two plans. Exits 0 when they are the
-same (every table placed the same way, every rank estimated the same), 1 when they differ,
-as diff(1) does, and 2 when a plan cannot be read or its content does not match its
-``plan_id``. Needs no solver and no request (``--request`` gives exact element sizes)."""
+"""``shardplan diff OLD NEW``: what changes between two plans: tables placed differently,
+bytes that move, the ranks whose estimates change most. Needs no solver and no request
+(``--request`` gives exact element sizes).
+
+Exit 0: the plans are the same (every table placed the same way, every rank estimated the
+same); 1: they differ, as diff(1) does; 2: a plan cannot be read or its content does not
+match its ``plan_id``."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from clients.cli.exits import EXIT_DIFFERENT, EXIT_OK
+from clients.cli.output import add_output_argument, emit
 
 DEFAULT_TOP = 10
 
@@ -19,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser = sub.add_parser(
         "diff",
         help="compare two plans: tables placed differently, bytes that move, rank deltas",
+        description=__doc__,
     )
     parser.add_argument("old", type=Path, help="ShardingPlan JSON file (- for stdin)")
     parser.add_argument("new", type=Path, help="ShardingPlan JSON file (- for stdin)")
@@ -40,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=DEFAULT_TOP,
         help=f"show the N ranks whose estimates change most (default {DEFAULT_TOP})",
     )
+    add_output_argument(parser, "the comparison")
     parser.set_defaults(command=run)
 
 
@@ -51,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     old, new, request = read_plan_pair(args.old, args.new, args.request, "diff")
     diff = diff_plans(old, new, request)
     if args.format == "json":
-        sys.stdout.write(json.dumps(diff_document(diff).model_dump(mode="json"), indent=2) + "\n")
+        emit(json.dumps(diff_document(diff).model_dump(mode="json"), indent=2) + "\n", args.output)
     else:
-        sys.stdout.write(diff_report(diff, top=args.top, markdown=args.format == "markdown"))
+        emit(diff_report(diff, top=args.top, markdown=args.format == "markdown"), args.output)
     return EXIT_OK if diff.identical else EXIT_DIFFERENT
 
 

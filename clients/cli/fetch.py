@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_OK
+from clients.cli.output import add_output_argument
 from clients.cli.remote import (
     add_server_arguments,
     cached_plan,
@@ -42,14 +43,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "fetch",
         help="get a stored plan (by id, or alias:NAME) from the service, verified",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "plan", metavar="PLAN_ID|alias:NAME", help="a plan id (64 hex digits) or alias:NAME"
     )
-    parser.add_argument(
-        "--output", "-o", type=Path, help="write the plan to this file (atomically), not stdout"
-    )
+    add_output_argument(parser, "the plan")
     add_server_arguments(parser, server_help="the planner service, e.g. http://planner:8000")
     parser.add_argument(
         "--cache-dir",
@@ -68,13 +66,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.cli.files import check_writable
-
     alias = args.plan.removeprefix(ALIAS_PREFIX) if args.plan.startswith(ALIAS_PREFIX) else None
     if alias is None:
         _check_plan_id(args.plan)
-    if args.output:
-        check_writable(args.output, "--output")
     plan = cached_plan(args, args.plan, args.cache_dir) if alias is None else None
     if plan is None:
         with connected(args, "fetch", cache_dir=args.cache_dir) as client:
@@ -105,10 +99,10 @@ def _alias(client: PlannerClient, name: str, args: argparse.Namespace) -> Shardi
 
 
 def _write(plan: ShardingPlan, output: Path | None) -> None:
-    from clients.cli.files import write_document
+    from clients.cli.output import emit_canonical
     from planner_service.plan.codec import plan_bytes
 
-    write_document(plan_bytes(plan), output)  # the bytes the service stores and hashed
+    emit_canonical(plan_bytes(plan), output)  # the bytes the service stores and hashed
 
 
 def _check_plan_id(text: str) -> None:

@@ -3,6 +3,8 @@ failures as ``InputError``s that name the path, the option and what to change.""
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -75,36 +77,30 @@ def check_writable(path: Path, option: str) -> None:
         raise cannot_write(path, option, error) from None
 
 
-def write_output(path: Path, option: str, data: bytes) -> None:
-    try:
-        path.write_bytes(data)
-    except OSError as error:
-        raise cannot_write(path, option, error) from None
-
-
 def write_atomically(path: Path, option: str, data: bytes) -> None:
     """``data`` at ``path`` whole or not at all (a temporary file renamed over it), so a
-    reader never sees half a plan; something that is not a regular file (``/dev/stdout``,
-    a pipe) is written in place."""
+    reader never sees half a plan, with the permissions a plain write would give it (an
+    existing file's, else the umask's); something that is not a regular file
+    (``/dev/stdout``, a pipe) is written in place."""
     from clients.http.cache import write_atomically as replace
 
-    if path.exists() and not path.is_file():
-        write_output(path, option, data)
-        return
     try:
-        replace(path, data)
+        if path.exists() and not path.is_file():
+            path.write_bytes(data)
+        else:
+            replace(path, data, mode=_file_mode(path))
     except OSError as error:
         raise cannot_write(path, option, error) from None
 
 
-def write_document(document: bytes, output: Path | None) -> None:
-    """A verified document's bytes (a fetched plan or profile): to stdout with a newline,
-    or to ``output`` (``--output``) whole or not at all."""
-    if output is None:
-        sys.stdout.buffer.write(document + b"\n")
-        sys.stdout.flush()
-    else:
-        write_atomically(output, "--output", document)
+def _file_mode(path: Path) -> int:
+    """``path``'s permission bits, or those a new file gets (0o666 less the umask)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def check_content_address(text: str, *, command: str, argument: str, accepted: str) -> None:

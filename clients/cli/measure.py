@@ -1,21 +1,30 @@
 """``shardplan measure REQUEST PLAN``: the plan executed by the runtime on synthetic batches
 at its world size, each rank's step time and its parts beside the plan's prediction
-(docs/measure.md). Needs the runtime (``shardplan[runtime]``)."""
+(docs/measure.md). Needs the runtime (``shardplan[runtime]``).
+
+Output: a table per rank, measured beside predicted (``--format json``: the report), on
+standard output or in FILE instead with ``-o FILE``.
+
+Exit 0: measured; 1: the plan is invalid for the request (its violations on stderr;
+nothing runs); 2: bad input (or a world size this machine cannot run, said before any
+rank starts; the runtime extra missing); 4: a rank raised, died or passed its deadline."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_INVALID, EXIT_OK, EXIT_UNAVAILABLE, CommandFailed
 from clients.cli.extras import needs_extra
+from clients.cli.output import add_output_argument, emit
 from clients.cli.validate import add_plan_arguments, print_violations, read_pair
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
-        "measure", help="run a plan on synthetic batches and time each rank's step"
+        "measure",
+        help="run a plan on synthetic batches and time each rank's step",
+        description=__doc__,
     )
     add_plan_arguments(parser)
     parser.add_argument(
@@ -45,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="table",
         help="table: per rank measured beside predicted (default); json: the report",
     )
-    parser.add_argument("--output", "-o", type=Path, help="also write the report JSON here")
+    add_output_argument(parser, "the report (as --format gives it)")
     parser.set_defaults(command=run)
 
 
@@ -73,16 +82,13 @@ def _natural(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.cli.files import check_writable, write_output
     from planner_service.validate.validator import validate_plan
 
     request, plan = read_pair(args, "measure")
     violations = validate_plan(request, plan)
     if violations:  # stdout is the report's: the violations go to stderr
-        print_violations(violations, sys.stderr)
+        print_violations(violations, sys.stderr.write)
         return EXIT_INVALID
-    if args.output:
-        check_writable(args.output, "--output")
     with needs_extra("measure", "runtime"):
         from runtime.measure import (
             DeviceKind,
@@ -109,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandFailed(f"shardplan measure: {failed}", EXIT_UNAVAILABLE) from None
     if report is None:  # a torchrun rank other than 0: rank 0 reports
         return EXIT_OK
-    document = report.model_dump_json(indent=2) + "\n"
-    if args.output:
-        write_output(args.output, "--output", document.encode())
-    sys.stdout.write(document if args.format == "json" else render_table(report))
+    if args.format == "json":
+        emit(report.model_dump_json(indent=2) + "\n", args.output)
+    else:
+        emit(render_table(report), args.output)
     return EXIT_OK

@@ -1,18 +1,19 @@
 """``shardplan migrate OLD NEW``: the bytes that move between which ranks to go from one
 plan to the other, region by region, as the runtime's re-sharding in place moves them.
-Exits 0, and 2 when a plan cannot be read or its content does not match its ``plan_id``.
 Needs no solver; ``--request`` (the new plan's) gives the tables' data types and
-optimizers, ``--optimizer`` the optimizer whose state moves with every table."""
+optimizers, ``--optimizer`` the optimizer whose state moves with every table.
+
+Exit 0: done; 2: a plan cannot be read or its content does not match its ``plan_id``."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from clients.cli.diff import DEFAULT_TOP, whole_number
 from clients.cli.exits import EXIT_OK
+from clients.cli.output import add_output_argument, emit
 
 # OptimizerType's values, spelled here so that building the parser imports no pydantic
 # (tests/clients/cli/test_migrate.py checks they are the same).
@@ -23,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser = sub.add_parser(
         "migrate",
         help="the bytes that move between which ranks to go from one plan to another",
+        description=__doc__,
     )
     parser.add_argument("old", type=Path, help="the plan trained under (JSON file, - for stdin)")
     parser.add_argument("new", type=Path, help="the plan to resume under (JSON file, - for stdin)")
@@ -50,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=DEFAULT_TOP,
         help=f"show the N pairs of ranks that move most bytes (default {DEFAULT_TOP})",
     )
+    add_output_argument(parser, "the moves")
     parser.set_defaults(command=run)
 
 
@@ -63,9 +66,8 @@ def run(args: argparse.Namespace) -> int:
     optimizer = None if args.optimizer is None else OptimizerType(args.optimizer)
     migration = migrate(old, new, request, optimizer)
     if args.format == "json":
-        sys.stdout.write(
-            json.dumps(migrate_document(migration).model_dump(mode="json"), indent=2) + "\n"
-        )
+        document = migrate_document(migration).model_dump(mode="json")
+        emit(json.dumps(document, indent=2) + "\n", args.output)
     else:
-        sys.stdout.write(migrate_report(migration, top=args.top))
+        emit(migrate_report(migration, top=args.top), args.output)
     return EXIT_OK

@@ -1,5 +1,8 @@
 """``shardplan options REQUEST``: every table's sharding options with their estimates, and
-the tables that fit nowhere. Needs no solver."""
+the tables that fit nowhere (named on stderr). Needs no solver.
+
+Exit 0: every table has an option that fits; 2: bad input; 3: a table fits no rank (the
+options shown are still written)."""
 
 from __future__ import annotations
 
@@ -8,12 +11,15 @@ import json
 import sys
 
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
+from clients.cli.output import add_output_argument, emit
 from clients.cli.request import add_request_arguments, read_request
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
-        "options", help="print every table's sharding options with perf and storage estimates"
+        "options",
+        help="print every table's sharding options with perf and storage estimates",
+        description=__doc__,
     )
     add_request_arguments(parser)
     parser.add_argument("--all", action="store_true", help="include options that no rank can hold")
@@ -23,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="json",
         help="json: the options document on one line (default); table: a table per table",
     )
+    add_output_argument(parser, "the options")
     parser.set_defaults(command=run)
 
 
@@ -36,10 +43,9 @@ def run(args: argparse.Namespace) -> int:
     tables = enumerated if args.all else fitted.tables
     document = options_document(request, tables, fitted.problems, fitted.capacities)
     if args.format == "table":
-        sys.stdout.write(options_table(request, document))
+        emit(options_table(request, document), args.output)
     else:
-        json.dump(document, sys.stdout, separators=(",", ":"))
-        sys.stdout.write("\n")
+        emit(json.dumps(document, separators=(",", ":")) + "\n", args.output)
     for problem in fitted.problems:
         print(f"{problem.code.value}: {problem.message}", file=sys.stderr)
     return EXIT_NO_PLAN if fitted.problems else EXIT_OK

@@ -1,5 +1,16 @@
 """``shardplan plan REQUEST``: solve a request and print the plan (or why none exists).
-Needs OR-Tools (``shardplan[planner]``), unless ``--server`` has the service solve it."""
+Needs OR-Tools (``shardplan[planner]``), unless ``--server`` (or ``SHARDPLAN_SERVER``) has
+the service solve it.
+
+Output: the plan's JSON (``--format table``: its stats tables) on standard output, or in
+FILE instead with ``-o FILE``; the solver's report on stderr. When no plan exists, the
+explanation takes the plan's place (as JSON; with ``--format table`` only on stderr) and
+stderr says it in words.
+
+Exit 0: a plan; 2: bad input (an invalid request or file, an output path that cannot be
+written; with --server, what the service refused); 3: no plan exists (a table fits no
+rank, or the solver proves it); with --server also 4 (the service unreachable,
+overloaded or failing) and 5 (a plan that fails its integrity check)."""
 
 from __future__ import annotations
 
@@ -12,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_NO_PLAN, EXIT_OK
 from clients.cli.extras import needs_extra
+from clients.cli.output import add_output_argument, emit
 from clients.cli.progress import ProgressLine
 from clients.cli.remote import add_server_arguments, connected
 from clients.cli.request import add_request_arguments, read_request
@@ -23,7 +35,7 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("plan", help="solve a request and print the plan")
+    parser = sub.add_parser("plan", help="solve a request and print the plan", description=__doc__)
     add_request_arguments(parser)
     parser.add_argument(
         "--format",
@@ -31,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="json",
         help="json: the plan document (default); table: stats tables",
     )
-    parser.add_argument("--output", "-o", type=Path, help="also write the plan JSON to this file")
+    add_output_argument(parser, "the plan (or, when none exists, its explanation)")
     parser.add_argument(
         "--previous-plan",
         type=Path,
@@ -80,7 +92,6 @@ class Solved:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.cli.files import check_writable, write_output
     from planner_service.plan.capacity import usable_capacity
     from planner_service.plan.codec import plan_bytes
     from planner_service.plan.errors import FieldProblem, InputError
@@ -97,8 +108,6 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("plan", [problem])
     with_files = args.previous_plan is not None or args.profile is not None
     request = _with_files(args) if with_files else read_request(args)
-    if args.output:
-        check_writable(args.output, "--output")
     if args.server is None:
         outcome = _solve_here(request)
     else:
@@ -107,21 +116,17 @@ def run(args: argparse.Namespace) -> int:
     if outcome.plan is None:
         assert outcome.infeasibility is not None
         if args.format == "json":
-            print(outcome.infeasibility.model_dump_json(indent=2))
+            emit(outcome.infeasibility.model_dump_json(indent=2) + "\n", args.output)
         print(outcome.infeasibility.render(), file=sys.stderr)
         return EXIT_NO_PLAN
-    document = plan_bytes(outcome.plan)
-    if args.output:
-        write_output(args.output, "--output", document + b"\n")
     if args.format == "json":
-        sys.stdout.write(document.decode() + "\n")
+        emit(plan_bytes(outcome.plan) + b"\n", args.output)
     else:
         capacities = usable_capacity(request.topology, request.constraints)
-        sys.stdout.write(
-            plan_table(
-                request, outcome.plan, capacities, outcome.rank_io_bytes, outcome.wall_time_s
-            )
+        table = plan_table(
+            request, outcome.plan, capacities, outcome.rank_io_bytes, outcome.wall_time_s
         )
+        emit(table, args.output)
     report = outcome.plan.solver
     print(
         f"{report.status.value}: objective {report.objective:.6g} ms, lower bound "

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_OK
+from clients.cli.output import add_output_argument
 from clients.cli.remote import add_server_arguments, connected, missing_is_bad_input
 
 if TYPE_CHECKING:
@@ -33,18 +34,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "profile",
         help="store a device profile on the service, or get one, by its content address",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(required=True, metavar="ACTION")
-    put = actions.add_parser("put", help="store a profile file; prints its profile_id")
+    put = actions.add_parser(
+        "put", help="store a profile file; prints its profile_id", description=__doc__
+    )
     put.add_argument("file", type=Path, metavar="FILE", help="a device profile (JSON; - is stdin)")
     add_server_arguments(put, server_help="the planner service, e.g. http://planner:8000")
     put.set_defaults(command=run_put)
-    get = actions.add_parser("get", help="write a stored profile, verified")
+    get = actions.add_parser("get", help="write a stored profile, verified", description=__doc__)
     get.add_argument("profile_id", metavar="PROFILE_ID", help="a profile id (64 hex digits)")
-    get.add_argument(
-        "--output", "-o", type=Path, help="write the profile to this file (atomically), not stdout"
-    )
+    add_output_argument(get, "the profile")
     add_server_arguments(get, server_help="the planner service, e.g. http://planner:8000")
     get.set_defaults(command=run_get)
 
@@ -60,7 +60,7 @@ def run_put(args: argparse.Namespace) -> int:
 
 
 def run_get(args: argparse.Namespace) -> int:
-    from clients.cli.files import check_content_address, check_writable
+    from clients.cli.files import check_content_address
 
     check_content_address(
         args.profile_id,
@@ -68,8 +68,6 @@ def run_get(args: argparse.Namespace) -> int:
         argument="PROFILE_ID",
         accepted="a device profile's id (64 lowercase hex digits)",
     )
-    if args.output:
-        check_writable(args.output, "--output")
     with connected(args, "profile get", document="profile") as client:
         profile = _profile(client, args.profile_id)
     _write(profile, args.output)
@@ -83,7 +81,7 @@ def _profile(client: PlannerClient, profile_id: str) -> DeviceProfile:
 
 
 def _write(profile: DeviceProfile, output: Path | None) -> None:
-    from clients.cli.files import write_document
+    from clients.cli.output import emit_canonical
     from planner_service.plan.canonical import canonical_bytes
 
-    write_document(canonical_bytes(profile), output)  # the bytes the service stores, hashed
+    emit_canonical(canonical_bytes(profile), output)  # the bytes the service stores, hashed

@@ -1,7 +1,8 @@
-"""What the commands that talk to the planner service share: ``--server``, ``--token``
-(or ``SHARDPLAN_TOKEN``) and ``--retries``; opening the HTTP client (``clients.http``,
-imported inside ``connected`` only, so that ``--version`` and ``--help`` load no httpx);
-and the client's errors as one line on stderr and an exit code:
+"""What the commands that talk to the planner service share: ``--server`` (or
+``SHARDPLAN_SERVER``), ``--token`` (or ``SHARDPLAN_TOKEN``) and ``--retries``; opening the
+HTTP client (``clients.http``, imported inside ``connected`` only, so that ``--version``
+and ``--help`` load no httpx); and the client's errors as one line on stderr and an exit
+code:
 
 - 2 (bad input): the service refused the input (a 4xx: a request over its limits, an
   unknown plan id or alias, a missing or refused token), or ``--server`` is not a URL the
@@ -28,13 +29,21 @@ if TYPE_CHECKING:
     from clients.http import PlannerClient
     from planner_service.plan.types import ShardingPlan
 
+SERVER_ENV = "SHARDPLAN_SERVER"
 TOKEN_ENV = "SHARDPLAN_TOKEN"
 DEFAULT_RETRIES = 4
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, *, server_help: str) -> None:
-    """``--server``, ``--token``, ``--retries``."""
-    parser.add_argument("--server", metavar="URL", help=server_help)
+    """``--server``, ``--token``, ``--retries``. ``--server`` defaults to
+    ``$SHARDPLAN_SERVER`` here, the one place that reads it, so every command that takes
+    ``--server`` (and decides by it whether to solve here) honours the variable alike."""
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        default=os.environ.get(SERVER_ENV, "").strip() or None,
+        help=f"{server_help} (default: ${SERVER_ENV})",
+    )
     parser.add_argument(
         "--token",
         help=f"bearer token for the service (default: ${TOKEN_ENV}, which keeps it off the "
@@ -161,7 +170,11 @@ def _server_url(server: str | None) -> str:
 
     accepted = "an http:// or https:// URL, e.g. http://planner:8000"
     if server is None:
-        raise InputError("arguments", [FieldProblem("--server", f"is required: {accepted}")])
+        missing = (
+            f"is required: pass --server URL or set ${SERVER_ENV} to the planner service's "
+            "http:// or https:// URL, e.g. http://planner:8000"
+        )
+        raise InputError("arguments", [FieldProblem("--server", missing)])
     if not server.startswith(("http://", "https://")) or len(server.split("://", 1)[1]) == 0:
         raise InputError("arguments", [FieldProblem("--server", f"must be {accepted}", server)])
     return server

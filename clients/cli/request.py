@@ -1,16 +1,20 @@
 """``shardplan request TEMPLATE --tables tables.csv``: a request whose tables come from a
-CSV file, printed as JSON; and how every command that reads a request reads it (the
-``REQUEST`` argument and ``--tables``)."""
+CSV file, printed as JSON (the template's own spelling kept: a size written "80GiB" stays
+so). Every command that reads a request (plan, options, validate, measure) takes the same
+``REQUEST`` and ``--tables``, read here.
+
+Exit 0: written; 2: bad input (an invalid template or CSV line, named with its line and
+column; an output path that cannot be written)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clients.cli.exits import EXIT_OK
+from clients.cli.output import add_output_argument, emit
 
 if TYPE_CHECKING:
     from planner_service.plan.types import PlanRequest
@@ -23,13 +27,15 @@ TABLES_HELP = (
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
-        "request", help="print a request whose tables come from a CSV file, as JSON"
+        "request",
+        help="print a request whose tables come from a CSV file, as JSON",
+        description=__doc__,
     )
     parser.add_argument(
         "request", type=Path, help="PlanRequest JSON without tables: the template (- for stdin)"
     )
     parser.add_argument("--tables", type=Path, required=True, help=TABLES_HELP)
-    parser.add_argument("--output", "-o", type=Path, help="write the request here, not stdout")
+    add_output_argument(parser, "the request")
     parser.set_defaults(command=run)
 
 
@@ -40,16 +46,8 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.cli.files import check_writable, write_output
-
-    if args.output:
-        check_writable(args.output, "--output")
     document, _ = merged_request(args.request, args.tables)
-    text = json.dumps(document, indent=2) + "\n"
-    if args.output:
-        write_output(args.output, "--output", text.encode())
-    else:
-        sys.stdout.write(text)
+    emit(json.dumps(document, indent=2) + "\n", args.output)
     return EXIT_OK
 
 

@@ -1,5 +1,9 @@
-"""``shardplan serve``: run the planner service under uvicorn. Needs ``shardplan[service]``;
-the only command that imports ``planner_service.service``, inside the command."""
+"""``shardplan serve``: run the planner service under uvicorn until stopped (Ctrl-C or
+SIGTERM: it finishes what it is answering, then exits). Needs ``shardplan[service]``; the
+only command that imports ``planner_service.service``, inside the command.
+
+Exit 0: stopped; 2: bad input (a flag or variable out of range, a store that cannot be
+created, the service extra missing)."""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ BACKLOG = 4096
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("serve", help="run the planner service")
+    parser = sub.add_parser("serve", help="run the planner service", description=__doc__)
     parser.add_argument(
         "--host", help=f"address to bind (default: ${HOST_VARIABLE}, else {DEFAULT_HOST})"
     )

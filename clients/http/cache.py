@@ -142,11 +142,14 @@ def _alias_record(data: bytes) -> CachedAlias:
     return CachedAlias(record["plan_id"], record["version"], record["resolved_at"])
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, whole or not at all, and durable once this returns."""
+def write_atomically(path: Path, data: bytes, mode: int | None = None) -> None:
+    """``data`` at ``path``, whole or not at all, and durable once this returns; readable
+    by this user only (the temporary file's 0o600), or with permission bits ``mode``."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(descriptor, "wb") as file:
+            if mode is not None:
+                os.fchmod(file.fileno(), mode)
             file.write(data)
             file.flush()
             os.fsync(file.fileno())

@@ -13,7 +13,7 @@ from planner_service.plan.types import (
     PlanRequest,
     ShardingPlan,
 )
-from planner_service.plan.units import gib
+from planner_service.plan.units import size
 
 # Memory binds a plan when a rank uses this much of a tier's usable bytes: a little more
 # data and the planner has to move something (or fails).
@@ -88,5 +88,5 @@ def _perf_binding(request: PlanRequest, plan: ShardingPlan, ranks: list[RankHead
 def _uses(use: TierUse, tier: MemoryTier) -> str:
     return (
         f"{tier.upper()} on rank {use.rank}: {use.utilization:.1%} of its usable "
-        f"{tier.upper()} used ({gib(use.used_bytes)} of {gib(use.usable_bytes)})"
+        f"{tier.upper()} used ({size(use.used_bytes)} of {size(use.usable_bytes)})"
     )

@@ -28,7 +28,7 @@ from planner_service.check.source import Answer, PlanSource
 from planner_service.plan.api import CHECK_SCHEMA_VERSION, CheckReport
 from planner_service.plan.errors import FieldProblem, InputError
 from planner_service.plan.types import ComputeDevice, PlanRequest
-from planner_service.plan.units import gib
+from planner_service.plan.units import size as byte_size
 from planner_service.plan.variants import resized, with_topology
 
 MAX_CELLS = 64
@@ -169,7 +169,7 @@ def sweep(
     heard = how.progress(len(variants))
     cells = []
     for size, hbm, variant in variants:
-        label = f"world_size {size}, HBM {gib(hbm)}"
+        label = f"world_size {size}, HBM {byte_size(hbm)}"
         heard.start(label)
         report = _checked(variant, how.source(variant), how.max_hbm_utilization)
         cells.append(Cell(world_size=size, hbm_bytes=hbm, check=report))
@@ -197,7 +197,7 @@ def least_world_sizes(
     heard = how.progress(len(variants))
     rows = []
     for hbm, variant in variants:
-        label = f"HBM {gib(hbm)}"
+        label = f"HBM {byte_size(hbm)}"
         heard.start(label)
         rows.append(_least_at(variant, search, how))
         heard.finish(label, rows[-1])
@@ -272,7 +272,7 @@ def _variant(
                     names.hbm,
                     f"the request's topology is cpu: tables live in DDR there, and {names.hbm} "
                     "applies to cuda topologies only",
-                    gib(hbm_bytes),
+                    byte_size(hbm_bytes),
                 )
             ],
         )

@@ -50,7 +50,7 @@ from planner_service.plan.types import (
     TableProblemCode,
     Topology,
 )
-from planner_service.plan.units import gib
+from planner_service.plan.units import size
 
 # TorchRec's EmbeddingCollection (sequence tables) supports only these sharding types.
 SEQUENCE_SHARDING_TYPES = (
@@ -362,9 +362,9 @@ def _explain(
         message=(
             f"table {table.name!r} fits no rank under any allowed option: its smallest option "
             f"({smallest.sharding_type.value}/{smallest.compute_kernel.value}) needs "
-            f"{gib(worst.storage.hbm_bytes)} HBM and {gib(worst.storage.ddr_bytes)} DDR for "
+            f"{size(worst.storage.hbm_bytes)} HBM and {size(worst.storage.ddr_bytes)} DDR for "
             f"one shard, but the largest {'pinned ' if pinned else ''}rank offers "
-            f"{gib(largest_hbm)} HBM and {gib(largest_ddr)} DDR after the reservation"
+            f"{size(largest_hbm)} HBM and {size(largest_ddr)} DDR after the reservation"
         ),
         smallest_option=f"{smallest.sharding_type.value}/{smallest.compute_kernel.value}",
         needed_hbm_bytes=worst.storage.hbm_bytes,

@@ -12,10 +12,10 @@ service: one module per thing rendered.
   tables.
 
 Every place a plan is shown (``shardplan plan --format table``, ``options --format
-table``, ``diff``, the plan page) prints it the same way: bytes in GiB (2^30, one helper,
-``plan.units``), shares in percent of the rank's *usable* capacity (after the
-reservation), every perf component with the rule that sums them into ``perf.total``
-(``plan_table.perf_rule``), and tables in natural order (``plan.order``: ``t2`` before
-``t10``). Nothing here computes a result: that is the stages' work, and the capacity check's
-(``planner_service/check``).
+table``, ``diff``, the plan page) prints it the same way: bytes in the binary unit that
+shows the number (``plan.units.size``: "512 B", "1.00 MiB", "80.00 GiB"), shares in
+percent of the rank's *usable* capacity (after the reservation), every perf component
+with the rule that sums them into ``perf.total`` (``plan_table.perf_rule``), and tables in
+natural order (``plan.order``: ``t2`` before ``t10``). Nothing here computes a result:
+that is the stages' work, and the capacity check's (``planner_service/check``).
 """

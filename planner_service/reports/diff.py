@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from planner_service.plan.diff import PlanDiff, RankChange, TableChange, TableStatus, diff_totals
 from planner_service.plan.types import ParameterSharding, RankStats, ShardingPlan
-from planner_service.plan.units import gib_number
+from planner_service.plan.units import size
 from planner_service.reports.tables import markdown_table, rank_ranges, text_table
 
 
@@ -43,7 +43,7 @@ def _diff_summary(diff: PlanDiff, markdown: bool) -> list[str]:
         f"new {_plan_line(diff.new)}",
         f"tables: {counts[TableStatus.CHANGED]} changed, {counts[TableStatus.ADDED]} added, "
         f"{counts[TableStatus.REMOVED]} removed, {diff.unchanged_tables} unchanged",
-        f"moved: {gib_number(diff.moved_bytes)} GiB of "
+        f"moved: {size(diff.moved_bytes)} of "
         f"{'weights and optimizer state' if diff.element_bytes_from_request else 'weights'} "
         f"to ranks that did not hold them{assumed}",
     ]
@@ -60,7 +60,7 @@ def _plan_line(plan: ShardingPlan) -> str:
 
 
 def _diff_tables(diff: PlanDiff) -> tuple[list[str], list[list[str]]]:
-    header = ["table", "status", "sharding type", "kernel", "ranks", "shards", "moved GiB"]
+    header = ["table", "status", "sharding type", "kernel", "ranks", "shards", "moved"]
     rows = [
         [
             change.name,
@@ -69,7 +69,7 @@ def _diff_tables(diff: PlanDiff) -> tuple[list[str], list[list[str]]]:
             _old_to_new(change, lambda s: s.compute_kernel.value),
             _old_to_new(change, lambda s: rank_ranges(sorted(set(s.ranks)))),
             _old_to_new(change, lambda s: str(len(s.shards))),
-            gib_number(change.moved_bytes),
+            size(change.moved_bytes),
         ]
         for change in diff.tables
     ]
@@ -87,12 +87,12 @@ def _diff_totals(diff: PlanDiff) -> tuple[list[str], list[list[str]]]:
     totals = diff_totals(diff)
     rows = []
     for label, key in [
-        ("HBM GiB, all ranks", "hbm_bytes"),
-        ("DDR GiB, all ranks", "ddr_bytes"),
+        ("HBM, all ranks", "hbm_bytes"),
+        ("DDR, all ranks", "ddr_bytes"),
         ("max rank perf ms", "max_rank_perf_ms"),
         ("critical path ms", "critical_path_ms"),
     ]:
-        show, signed = (_gib, _signed_gib) if key.endswith("bytes") else (_ms, _signed_ms)
+        show, signed = (size, _signed_size) if key.endswith("bytes") else (_ms, _signed_ms)
         entry = getattr(totals, key)
         rows.append([label, show(entry.old), show(entry.new), signed(entry.delta)])
     return ["total", "old", "new", "change"], rows
@@ -109,24 +109,24 @@ def _top_ranks(changed: list[RankChange], top: int) -> list[RankChange]:
 def _diff_ranks(ranks: list[RankChange]) -> tuple[list[str], list[list[str]]]:
     header = [
         "rank",
-        "HBM GiB",
+        "HBM",
         "HBM change",
         "perf ms",
         "perf change",
-        "in GiB",
-        "sent GiB",
-        "out GiB",
+        "in",
+        "sent",
+        "out",
     ]
     rows = [
         [
             str(rank.rank),
-            f"{_stat(rank.old, _gib, 'hbm_bytes')} -> {_stat(rank.new, _gib, 'hbm_bytes')}",
-            _signed_gib(rank.hbm_delta),
+            f"{_stat(rank.old, size, 'hbm_bytes')} -> {_stat(rank.new, size, 'hbm_bytes')}",
+            _signed_size(rank.hbm_delta),
             f"{_stat(rank.old, _ms, 'perf')} -> {_stat(rank.new, _ms, 'perf')}",
             _signed_ms(rank.perf_delta),
-            _gib(rank.bytes_in),
-            _gib(rank.bytes_sent),
-            _gib(rank.bytes_out),
+            size(rank.bytes_in),
+            size(rank.bytes_sent),
+            size(rank.bytes_out),
         ]
         for rank in ranks
     ]
@@ -140,12 +140,8 @@ def _stat(stats: RankStats | None, show: Callable[[float], str], name: str) -> s
     return show(stats.perf.total if name == "perf" else getattr(stats, name))
 
 
-def _gib(num_bytes: float) -> str:
-    return gib_number(int(num_bytes))
-
-
-def _signed_gib(num_bytes: float) -> str:
-    return "+" + _gib(num_bytes) if num_bytes > 0 else _gib(num_bytes)
+def _signed_size(num_bytes: float) -> str:
+    return "+" + size(num_bytes) if num_bytes > 0 else size(num_bytes)
 
 
 def _ms(value: float) -> str:

@@ -4,7 +4,7 @@ move, the pairs of ranks that move most, and every rank's bytes sent and receive
 from __future__ import annotations
 
 from planner_service.plan.migrate import Migration, Pair
-from planner_service.plan.units import gib_number
+from planner_service.plan.units import size
 from planner_service.reports.tables import text_table
 
 MAX_TABLE_NAMES = 3  # a pair's tables shown by name; the rest counted
@@ -27,7 +27,7 @@ def migrate_report(migration: Migration, *, top: int) -> str:
     else:
         pairs = migration.pairs()
         lines.append(
-            f"moved: {gib_number(migration.moved_bytes)} GiB ({migration.moved_bytes} bytes), "
+            f"moved: {size(migration.moved_bytes)} ({migration.moved_bytes} bytes), "
             f"{len(migration.transfers)} region(s) of {len(migration.tables_moved)} table(s) "
             f"between {len(pairs)} pair(s) of ranks"
         )
@@ -62,11 +62,11 @@ def _element_line(migration: Migration) -> str:
 
 def _pairs_section(pairs: list[Pair], top: int) -> str:
     shown = pairs[:top]
-    header = ["from -> to", "GiB", "bytes", "tables"]
+    header = ["from -> to", "size", "bytes", "tables"]
     rows = [
         [
             f"{pair.src} -> {pair.dst}",
-            gib_number(pair.bytes),
+            size(pair.bytes),
             str(pair.bytes),
             _names(pair.tables),
         ]
@@ -85,13 +85,11 @@ def _names(names: list[str]) -> str:
 
 
 def _migrate_ranks(migration: Migration) -> tuple[list[str], list[list[str]]]:
-    header = ["rank", "sent GiB", "received GiB", "sent bytes", "received bytes"]
+    header = ["rank", "sent", "received", "sent bytes", "received bytes"]
     rows = []
     sent_by_rank, received_by_rank = migration.sent(), migration.received()
     for rank in range(migration.world_size):
         sent, received = sent_by_rank.get(rank, 0), received_by_rank.get(rank, 0)
         if sent or received:
-            rows.append(
-                [str(rank), gib_number(sent), gib_number(received), str(sent), str(received)]
-            )
+            rows.append([str(rank), size(sent), size(received), str(sent), str(received)])
     return header, rows

@@ -11,7 +11,7 @@ from planner_service.costs.options import DeviceClasses, Placement, ShardingOpti
 from planner_service.plan.capacity import Capacity
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import ComputeDevice, PlanRequest, TableProblem
-from planner_service.plan.units import gib_number
+from planner_service.plan.units import size
 from planner_service.reports.tables import rank_ranges, text_table
 
 
@@ -109,8 +109,8 @@ OPTION_COLUMNS = (
     "shards",
     "shard rows x cols",
     "perf ms",
-    "HBM GiB",
-    "DDR GiB",
+    "HBM",
+    "DDR",
 )
 
 
@@ -128,7 +128,7 @@ def options_table(request: PlanRequest, document: dict[str, Any]) -> str:
         rows = [_option_row(option) for option in document["tables"][name]]
         sections.append(title + "\n" + text_table(list(OPTION_COLUMNS), rows))
     note = (
-        "per option, its largest shard: the perf ms, HBM GiB and DDR GiB that the rank "
+        "per option, its largest shard: the perf ms, HBM and DDR that the rank "
         "holding it bears (--format json: every shard, with perf components); shard rows x "
         "cols as count x rows x cols"
     )
@@ -136,14 +136,14 @@ def options_table(request: PlanRequest, document: dict[str, Any]) -> str:
 
 
 def _reservation_section(reservation: dict[str, Any]) -> str:
-    header = ["ranks", "usable HBM GiB", "usable DDR GiB", "headroom GiB", "dense GiB"]
+    header = ["ranks", "usable HBM", "usable DDR", "headroom", "dense"]
     rows = [
         [
             group["ranks"],
-            gib_number(group["usable_hbm_bytes"]),
-            gib_number(group["usable_ddr_bytes"]),
-            gib_number(group["headroom_bytes"]),
-            gib_number(group["dense_bytes"]),
+            size(group["usable_hbm_bytes"]),
+            size(group["usable_ddr_bytes"]),
+            size(group["headroom_bytes"]),
+            size(group["dense_bytes"]),
         ]
         for group in reservation["ranks"]
     ]
@@ -163,6 +163,6 @@ def _option_row(option: dict[str, Any]) -> list[str]:
         str(len(shards)),
         ", ".join(f"{count} x {rows} x {cols}" for (rows, cols), count in sizes.items()),
         f"{largest['perf']['total']:.4f}",
-        gib_number(max(shard["storage"]["hbm_bytes"] for shard in shards)),
-        gib_number(max(shard["storage"]["ddr_bytes"] for shard in shards)),
+        size(max(shard["storage"]["hbm_bytes"] for shard in shards)),
+        size(max(shard["storage"]["ddr_bytes"] for shard in shards)),
     ]

@@ -1,5 +1,5 @@
 """``shardplan plan --format table``: a stats table like TorchRec's, per rank (usage in
-GiB and in percent of the usable capacity, perf components and the rule that sums them),
+bytes and in percent of the usable capacity, perf components and the rule that sums them),
 per table, then the solver report. The plan page (``service/pages/plan.py``) shows
 the same perf rule."""
 
@@ -9,7 +9,7 @@ from planner_service.costs.estimate import total_components
 from planner_service.plan.capacity import Capacity
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import PERF_COMPONENTS, CostModel, PlanRequest, ShardingPlan
-from planner_service.plan.units import MiB
+from planner_service.plan.units import size
 from planner_service.reports.tables import (
     SHARDING_TYPE_SHORT,
     rank_ranges,
@@ -19,7 +19,7 @@ from planner_service.reports.tables import (
 
 USABLE_NOTE = (
     "% of usable: of what the rank offers to tables after the reservation "
-    "(hbm_headroom_fraction, dense_bytes_per_rank); GiB = 2^30 bytes"
+    "(hbm_headroom_fraction, dense_bytes_per_rank); KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes"
 )
 
 
@@ -65,12 +65,12 @@ def _rank_section(
             counts[label] = counts.get(label, 0) + 1
     header = [
         "rank",
-        "HBM GiB (% of usable)",
-        "DDR GiB (% of usable)",
+        "HBM (% of usable)",
+        "DDR (% of usable)",
         "perf ms",
         *PERF_COMPONENTS,
-        "input MiB",
-        "output MiB",
+        "input",
+        "output",
         "shards",
     ]
     rows = []
@@ -84,8 +84,8 @@ def _rank_section(
                 usage_cell(stats.ddr_bytes, capacity.ddr_bytes),
                 f"{stats.perf.total:.4f}",
                 *(f"{getattr(stats.perf, name):.4f}" for name in PERF_COMPONENTS),
-                f"{io[0] / MiB:.2f}",
-                f"{io[1] / MiB:.2f}",
+                size(io[0]),
+                size(io[1]),
                 " ".join(f"{k}:{v}" for k, v in sorted(shard_counts[stats.rank].items())) or "-",
             ]
         )

@@ -1,11 +1,11 @@
 """Text and markdown tables, and the cells every rendered table shares: rank lists
-("0-2,5"), a rank's use of a tier ("12.000 (15.0%)"), and the short names of sharding
+("0-2,5"), a rank's use of a tier ("12.00 GiB (15.0%)"), and the short names of sharding
 types ("TW")."""
 
 from __future__ import annotations
 
 from planner_service.plan.types import ShardingType
-from planner_service.plan.units import gib_number, percent
+from planner_service.plan.units import percent, size
 
 # How tables and pages name a sharding type where space is short.
 SHARDING_TYPE_SHORT = {
@@ -55,5 +55,6 @@ def rank_ranges(ranks: list[int]) -> str:
 
 
 def usage_cell(used_bytes: int, usable_bytes: int) -> str:
-    """ "12.00 (15.0%)": GiB used, and the share of the usable capacity."""
-    return f"{gib_number(used_bytes)} ({percent(used_bytes, usable_bytes)})"
+    """ "12.00 GiB (15.0%)": the bytes used, in the unit that shows them (``units.size``:
+    a 1 MiB shard reads "1.00 MiB", not "0.00"), and the share of the usable capacity."""
+    return f"{size(used_bytes)} ({percent(used_bytes, usable_bytes)})"

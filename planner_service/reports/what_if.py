@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from planner_service.check.what_if import LeastWorldSize, LeastWorldSizes, Sweep
 from planner_service.plan.api import CheckReport, Verdict
-from planner_service.plan.units import gib
+from planner_service.plan.units import size
 from planner_service.reports.tables import markdown_table, text_table
 
 
@@ -21,7 +21,7 @@ def cell_summary(report: CheckReport) -> str:
         worst = report.over_limit[0]
         return f"over: rank {worst.rank} at {worst.utilization:.1%}, {report.objective:.4g} ms"
     share = least.free_bytes / least.usable_bytes if least.usable_bytes else 0.0
-    return f"{report.objective:.4g} ms, {gib(least.free_bytes)} free ({share:.0%})"
+    return f"{report.objective:.4g} ms, {size(least.free_bytes)} free ({share:.0%})"
 
 
 def least_summary(row: LeastWorldSize) -> str:
@@ -40,7 +40,7 @@ def outcome_summary(outcome: CheckReport | LeastWorldSize) -> str:
 
 
 def sweep_table(result: Sweep, markdown: bool) -> str:
-    header = ["world size", *(f"HBM {gib(hbm)}" for hbm in result.hbm_bytes)]
+    header = ["world size", *(f"HBM {size(hbm)}" for hbm in result.hbm_bytes)]
     by_cell = {(c.world_size, c.hbm_bytes): c.check for c in result.cells}
     rows = [
         [str(size), *(cell_summary(by_cell[size, hbm]) for hbm in result.hbm_bytes)]
@@ -60,10 +60,10 @@ def least_table(result: LeastWorldSizes, markdown: bool) -> str:
     rows = []
     for row in result.rows:
         if row.min_world_size is None:
-            rows.append([gib(row.hbm_bytes), f"none up to {row.searched_up_to}", "-"])
+            rows.append([size(row.hbm_bytes), f"none up to {row.searched_up_to}", "-"])
         else:
             assert row.check is not None
-            rows.append([gib(row.hbm_bytes), str(row.min_world_size), cell_summary(row.check)])
+            rows.append([size(row.hbm_bytes), str(row.min_world_size), cell_summary(row.check)])
     legend = "the fewest ranks at which the planner found a plan"
     return _table(header, rows, legend, markdown)
 

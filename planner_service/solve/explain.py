@@ -35,7 +35,7 @@ from planner_service.plan.types import (
     TableProblem,
     TableProblemCode,
 )
-from planner_service.plan.units import gib
+from planner_service.plan.units import size
 from planner_service.plan.variants import resized
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.prepare import prepare, warm_start
@@ -170,8 +170,8 @@ def _total_reason(
         return InfeasibilityReason(
             code=InfeasibilityCode.TOTAL_MEMORY,
             message=(
-                f"the tables need at least {gib(least_total)} of HBM+DDR together (each at "
-                f"its smallest option) but {where} offer {gib(hbm_cap + ddr_cap)} after the "
+                f"the tables need at least {size(least_total)} of HBM+DDR together (each at "
+                f"its smallest option) but {where} offer {size(hbm_cap + ddr_cap)} after the "
                 "reservation"
             ),
             tables=names,
@@ -182,8 +182,8 @@ def _total_reason(
         return InfeasibilityReason(
             code=InfeasibilityCode.TOTAL_MEMORY,
             message=(
-                f"the tables need at least {gib(least_hbm)} of HBM together (each at its "
-                f"least-HBM option) but {where} offer {gib(hbm_cap)} of HBM after the "
+                f"the tables need at least {size(least_hbm)} of HBM together (each at its "
+                f"least-HBM option) but {where} offer {size(hbm_cap)} of HBM after the "
                 "reservation"
             ),
             tables=names,

@@ -53,7 +53,7 @@ from planner_service.plan.types import (
     ShardingType,
     SolverStatus,
 )
-from planner_service.plan.units import GiB
+from planner_service.plan.units import GiB, size
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.placement import GroupIndex, State, try_option
 from planner_service.solve.problem import Choice, Loads, Problem, add_choice, loads_of
@@ -545,7 +545,7 @@ def over_cap(cap: int, least_moved: int) -> Infeasibility:
     """No candidate moves at most ``cap`` bytes."""
     message = (
         f"no plan found that moves at most {cap:,} bytes (options.max_moved_bytes); the "
-        f"least any plan found moves is {least_moved:,} bytes ({least_moved / GiB:.3f} GiB). "
+        f"least any plan found moves is {least_moved:,} bytes ({size(least_moved)}). "
         "Not proven impossible: raise max_moved_bytes to at least that, or re-plan without "
         "it"
     )

@@ -36,7 +36,7 @@ from planner_service.plan.types import (
     ViolationCode,
     gap,
 )
-from planner_service.plan.units import gib
+from planner_service.plan.units import size as byte_size
 from planner_service.validate.usage import RankLoad, RankUsage, rank_usage
 
 _ROWS, _COLUMNS = 0, 1
@@ -164,8 +164,8 @@ def _check_capacities(request: PlanRequest, usage: RankUsage) -> Iterator[Violat
             if used > usable:
                 yield _violation(
                     code,
-                    f"rank {rank} uses {_gib(used)} of {tier} but only {_gib(usable)} is "
-                    f"available after reserving {_gib(capacity.reserved_bytes)} "
+                    f"rank {rank} uses {_size(used)} of {tier} but only {_size(usable)} is "
+                    f"available after reserving {_size(capacity.reserved_bytes)} "
                     f"(over by {used - usable:,} bytes)",
                     rank=rank,
                 )
@@ -519,8 +519,8 @@ def _close(reported: float, recomputed: float) -> bool:
     return math.isclose(reported, recomputed, rel_tol=_PERF_TOLERANCE, abs_tol=1e-15)
 
 
-def _gib(num_bytes: int) -> str:
-    return f"{gib(num_bytes)} ({num_bytes:,} bytes)"
+def _size(num_bytes: int) -> str:
+    return f"{byte_size(num_bytes)} ({num_bytes:,} bytes)"
 
 
 def _brief(values: Sequence[int], limit: int = _BRIEF) -> str:

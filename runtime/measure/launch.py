@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from planner_service.plan.types import PlanRequest, ShardingPlan
+from planner_service.plan.units import size
 from runtime.measure.report import (
     BACKEND_OF,
     DeviceKind,
@@ -98,9 +99,9 @@ def check_runnable(
     needed = sum(s.hbm_bytes + s.ddr_bytes for s in plan.rank_stats) + world * RANK_BASE_BYTES
     if available_bytes is not None and needed > available_bytes:
         raise MeasureRefused(
-            f"the plan's {world} ranks need about {needed / 2**30:.1f} GiB (their shards' "
-            f"bytes from rank_stats plus {RANK_BASE_BYTES // 2**20} MiB per rank) but this "
-            f"machine has {available_bytes / 2**30:.1f} GiB available; run it under torchrun "
+            f"the plan's {world} ranks need about {size(needed)} (their shards' bytes from "
+            f"rank_stats plus {size(RANK_BASE_BYTES)} per rank) but this machine has "
+            f"{size(available_bytes)} available; run it under torchrun "
             "across hosts"
         )
 

@@ -207,7 +207,7 @@ def test_progress_hears_each_cell_start_and_finish():
     sweep(_request(), [2], [GIB], WhatIf(FakeSource(), NAMES, progress=_Heard))
     assert HEARD[0].events == [
         ("cells", "1"),
-        ("start", "world_size 2, HBM 1.000 GiB"),
+        ("start", "world_size 2, HBM 1.00 GiB"),
         ("finish", "CheckReport"),
         ("close", ""),
     ]

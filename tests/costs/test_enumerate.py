@@ -239,7 +239,8 @@ def test_table_that_fits_nowhere_is_reported_with_numbers():
     assert problem.largest_rank_ddr_bytes == 4 * GIB
     assert problem.needed_ddr_bytes > 4 * GIB
     assert "fits no rank under any allowed option" in problem.message
-    assert "4.000 GiB DDR after the reservation" in problem.message
+    assert "needs 260.00 KiB HBM and 8.00 GiB DDR for one shard" in problem.message
+    assert "offers 870.40 MiB HBM and 4.00 GiB DDR after the reservation" in problem.message
     assert fitted.tables[1].options  # the other table is unaffected
 
 

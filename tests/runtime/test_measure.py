@@ -5,11 +5,13 @@ on two gloo ranks of pooled, weighted and sequence tables with two optimizers.""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
 from planner_service.plan.types import PlanRequest, ShardingPlan
+from planner_service.plan.units import size
 from runtime.measure import MeasureRefused, MeasureReport, MeasureSettings, Part, measure_plan
 from runtime.measure.batches import bag_lengths, collection_batch, rank_generator
 from runtime.measure.launch import RANK_BASE_BYTES, RANKS_PER_CPU, check_runnable
@@ -183,7 +185,7 @@ def test_more_cpu_ranks_than_the_machine_runs_are_refused():
 def test_more_memory_than_is_available_is_refused():
     plan = mixed_plan(mixed_request(2))
     needed = sum(s.hbm_bytes + s.ddr_bytes for s in plan.rank_stats) + 2 * RANK_BASE_BYTES
-    with pytest.raises(MeasureRefused, match="GiB available"):
+    with pytest.raises(MeasureRefused, match=re.escape(f"has {size(needed - 1)} available")):
         check_runnable(
             plan, DeviceKind.CPU, cpu_count=2, cuda_devices=0, available_bytes=needed - 1
         )

@@ -123,7 +123,7 @@ def test_does_not_fit_exits_3_with_the_reason_and_a_smallest_fix_that_works(run_
     assert "**Why** (binding constraint: memory):" in body
     assert (
         "- table 'users' fits no rank under any allowed option: its smallest option "
-        "(row_wise/fused) needs 11.921 GiB HBM" in body
+        "(row_wise/fused) needs 11.92 GiB HBM" in body
     )
     assert "- `world_size` 4 (same devices) fits\n" in body
     assert "- allow `fused_uvm_caching` for `users`: then the whole model fits\n" in body
@@ -314,9 +314,9 @@ def test_sweep_matrix_cells_are_the_checks_of_the_changed_requests(run_cli, too_
     lines = result.stderr.splitlines()
     assert len(lines) == 6
     assert lines[0].startswith(
-        "cell 1/6: world_size 2, HBM 8.000 GiB: no plan (world_size 4 fits) ("
+        "cell 1/6: world_size 2, HBM 8.00 GiB: no plan (world_size 4 fits) ("
     )
-    assert lines[5].startswith("cell 6/6: world_size 8, HBM 16.000 GiB: ")
+    assert lines[5].startswith("cell 6/6: world_size 8, HBM 16.00 GiB: ")
 
 
 def test_sweep_text_matrix(run_cli, too_big):
@@ -325,8 +325,8 @@ def test_sweep_text_matrix(run_cli, too_big):
     header, rule, row2, row4, legend = result.stdout.splitlines()
     assert [cell.strip() for cell in header.split(" | ")] == [
         "world size",
-        "HBM 8.000 GiB",
-        "HBM 16.000 GiB",
+        "HBM 8.00 GiB",
+        "HBM 16.00 GiB",
     ]
     assert [cell.strip() for cell in row2.split(" | ")][:2] == ["2", "no plan (world_size 4 fits)"]
     assert row4.startswith("4          | ") and " ms, " in row4 and "GiB free" in row4
@@ -339,7 +339,7 @@ def test_sweep_where_nothing_fits_exits_3(run_cli, too_big):
     result = run_cli("check", too_big, "--world-sizes", "1,2", "--format", "markdown")
     assert result.returncode == 3
     assert result.stdout.splitlines()[:4] == [
-        "| world size | HBM 8.000 GiB |",
+        "| world size | HBM 8.00 GiB |",
         "| --- | --- |",
         "| 1 | no plan (world_size 4 fits) |",
         "| 2 | no plan (world_size 4 fits) |",
@@ -380,8 +380,8 @@ def test_sweep_progress_bar_on_a_terminal(shardplan_exe, too_big):
             os.close(terminal)
     assert result.returncode == 0
     frames = shown.split("\r\x1b[K")
-    assert "[" + "#" * 24 + "] 4/4 world_size 4, HBM 16.000 GiB" in frames
-    assert "[" + "." * 24 + "] 0/4 world_size 2, HBM 8.000 GiB" in frames
+    assert "[" + "#" * 24 + "] 4/4 world_size 4, HBM 16.00 GiB" in frames
+    assert "[" + "." * 24 + "] 0/4 world_size 2, HBM 8.00 GiB" in frames
     assert frames[-1] == ""  # cleared at the end
     assert "cell 1/4" not in shown
 
@@ -448,7 +448,7 @@ def test_min_world_size_below_a_request_that_fits_is_the_least_that_fits(
     text = run_cli("check", roomy, "--min-world-size", "--hbm", "16GiB")
     header, _, line, legend = text.stdout.splitlines()
     assert header.startswith("HBM per rank | least world size | there: max-rank perf")
-    assert line.startswith(f"16.000 GiB   | {rows[0]['min_world_size']}  ")
+    assert line.startswith(f"16.00 GiB    | {rows[0]['min_world_size']}  ")
 
 
 def test_check_reads_the_request_from_stdin(shardplan_exe):

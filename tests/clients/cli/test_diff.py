@@ -165,7 +165,7 @@ def test_different_plans_exit_1_with_the_table_and_rank_changes(run_cli, plan_fi
     assert "tables: 1 changed, 0 added, 0 removed, 1 unchanged" in lines
     row = next(line for line in lines if line.startswith("a "))
     cells = [cell.strip() for cell in row.split("|")]
-    moved_gib = f"{3 / 4 * 4 * ELEMENTS / 2**30:.2f}"
+    moved = f"{3 / 4 * 4 * ELEMENTS / 2**10:.2f} KiB"  # not "0.00" GiB
     assert cells == [
         "a",
         "changed",
@@ -173,7 +173,7 @@ def test_different_plans_exit_1_with_the_table_and_rank_changes(run_cli, plan_fi
         "fused",
         "0 -> 0-3",
         "1 -> 4",
-        moved_gib,
+        moved,
     ]
     assert any(line.startswith("max rank perf ms ") for line in lines)
     assert result.stderr == ""
@@ -184,7 +184,7 @@ def test_markdown_is_a_pull_request_comment(run_cli, plan_files):
     assert result.returncode == 1
     text = result.stdout
     assert text.startswith("**plans differ**\n\n- old ")
-    assert "| table | status | sharding type | kernel | ranks | shards | moved GiB |" in text
+    assert "| table | status | sharding type | kernel | ranks | shards | moved |" in text
     assert "| a | changed | table_wise -> row_wise |" in text
     assert "more rank(s) changed (--top N shows N)" in text
 

@@ -89,7 +89,8 @@ def test_table_wise_to_row_wise_in_text(run_cli, tmp_path):
     lines = result.stdout.splitlines()
     assert lines[2].startswith("bytes: weights at 4 bytes (fp32), no optimizer state (sgd); ")
     assert lines[3] == (
-        f"moved: 0.00 GiB ({90 * ROW} bytes), 3 region(s) of 1 table(s) between 3 pair(s) of ranks"
+        f"moved: {90 * ROW / 1024:.2f} KiB ({90 * ROW} bytes), 3 region(s) of 1 table(s) "
+        "between 3 pair(s) of ranks"
     )
     assert "world size changes" not in result.stdout
     rows = [[cell.strip() for cell in line.split("|")] for line in lines if "|" in line]
