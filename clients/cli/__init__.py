@@ -5,9 +5,11 @@ Exit codes: 0 success; 1 the plan is invalid (``validate``; ``measure``, which t
 nothing) or the plans differ (``diff``); 2 bad input (usage, unreadable or invalid files,
 output paths that cannot be written, checked before solving, a command whose extra is not
 installed, or for ``measure`` a plan whose world size this machine cannot run, said
-before any rank starts; with ``--server``: what the service refused as input, an unknown
-plan id or alias, a missing or refused token); 3 no plan exists (a table fits nowhere, or
-the solver proves it; for ``check``: the model does not fit); 4 the service
+before any rank starts, or for ``serve`` an address it cannot listen on; with
+``--server``: what the service refused as input, an unknown plan id, prefix or alias, a
+prefix more than one plan starts with, a missing or refused token); 3 no plan exists (a
+table fits nowhere, or the solver proves it; for ``check``: the model does not fit, or a
+gate fails); 4 the service
 (``--server``) could not be reached, was overloaded after the retries, or failed (5xx),
 or for ``measure`` a rank raised, died or passed its deadline; 5 a plan or device profile
 from the service failed its integrity check (its content does not hash to its id: nothing

@@ -1,20 +1,31 @@
 """``shardplan serve``: run the planner service under uvicorn until stopped (Ctrl-C or
-SIGTERM: it finishes what it is answering, then exits). Needs ``shardplan[service]``; the
-only command that imports ``planner_service.service``, inside the command.
+SIGTERM: it finishes what it is answering, then exits). Needs ``shardplan[service]``;
+the only command that imports ``planner_service.service``, inside the command.
 
-Exit 0: stopped; 2: bad input (a flag or variable out of range, a store that cannot be
-created, the service extra missing)."""
+It binds its port before it says it serves or starts anything: a port it cannot listen on
+(another process has it, or it needs privileges) is one line naming the address, and exit
+2. ``--access-log`` (or ``SHARDPLAN_ACCESS_LOG=1``) logs one line per request on stdout;
+off by default, as at fleet scale a job's startup is thousands of lines.
+
+Exit 0: stopped by Ctrl-C; 2: bad input (a flag or variable, the store's path, the port or
+host it cannot bind, a missing extra). Stopped by SIGTERM, it ends as SIGTERM's default
+does (uvicorn raises the signal again once it has shut down gracefully).
+"""
 
 from __future__ import annotations
 
 import argparse
+import copy
+import errno
 import math
 import os
+import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from clients.cli.exits import EXIT_OK
+from clients.cli.exits import EXIT_BAD_INPUT, EXIT_OK, CommandFailed
 from clients.cli.extras import needs_extra
 from planner_service import __version__
 
@@ -25,6 +36,7 @@ DEFAULT_DATABASE = "var/shardplan.db"
 HOST_VARIABLE, DEFAULT_HOST = "SHARDPLAN_HOST", "127.0.0.1"
 PORT_VARIABLE, DEFAULT_PORT = "SHARDPLAN_PORT", 8000
 WORKERS_VARIABLE, DEFAULT_WORKERS = "SHARDPLAN_HTTP_WORKERS", 1
+ACCESS_LOG_VARIABLE = "SHARDPLAN_ACCESS_LOG"  # a service setting; --access-log sets it
 MAX_PORT = 65535
 # Connections waiting to be accepted (the kernel caps it at net.core.somaxconn): a job's
 # ranks all connect at startup, and uvicorn's default of 2,048 is half a 4,096-rank job.
@@ -55,12 +67,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="solver processes per HTTP worker (default: $SHARDPLAN_SOLVE_WORKERS, else the "
         "number of CPUs)",
     )
+    parser.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="log one line per request (client, request line, status) on stdout (default: "
+        f"${ACCESS_LOG_VARIABLE}, else off)",
+    )
     parser.set_defaults(command=run)
 
 
 def run(args: argparse.Namespace) -> int:
     with needs_extra("serve", "service"):
-        import uvicorn
+        import uvicorn  # noqa: F401 (here: a missing extra is one line, before anything)
 
         from planner_service.service.settings import SUPERVISOR_PID_VARIABLE, Settings
     host = args.host or os.environ.get(HOST_VARIABLE, "").strip() or DEFAULT_HOST
@@ -71,8 +90,12 @@ def run(args: argparse.Namespace) -> int:
         os.environ["SHARDPLAN_DATABASE_URL"] = args.db
     if args.solve_workers is not None:
         os.environ["SHARDPLAN_SOLVE_WORKERS"] = str(args.solve_workers)
+    if args.access_log is not None:
+        os.environ[ACCESS_LOG_VARIABLE] = "1" if args.access_log else "0"
     settings = Settings.from_env()  # refuse bad settings here, once, with a clear message
     _check_store_path(settings.database_url)
+    listening = listening_socket(host, port)
+    port = listening.getsockname()[1]  # the one the system chose for --port 0
     open_files = raise_open_files_limit()
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shardplan-metrics-")
@@ -88,17 +111,80 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
-        "planner_service.service.app:create_served_app",
+    serve_on(
+        listening,
+        app="planner_service.service.app:create_served_app",
         factory=True,
         host=host,
         port=port,
         workers=workers,
-        log_level="warning",
+        log_config=log_config(access_log=settings.access_log),
+        log_level=None,  # the levels are log_config's
+        access_log=settings.access_log,
         backlog=BACKLOG,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # uvicorn takes int s
     )
     return EXIT_OK
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The socket the service accepts on, bound as uvicorn binds one (``SO_REUSEADDR``;
+    IPv6 when the host has a colon) but here, before anything is printed or started, so
+    that a port it cannot have is one line and exit 2 rather than a line saying it serves
+    followed by uvicorn's error and exit 3. uvicorn's workers listen on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+        # Listening now claims the port: Linux lets several sockets bind one address with
+        # SO_REUSEADDR as long as none of them listens yet.
+        listening.listen(BACKLOG)
+    except OSError as error:
+        listening.close()
+        hint = _BIND_HINTS.get(error.errno or 0, "choose another --host or --port")
+        raise CommandFailed(
+            f"shardplan serve: cannot listen on {host}:{port}: {error.strerror or error}; {hint}",
+            EXIT_BAD_INPUT,
+        ) from None
+    listening.set_inheritable(True)
+    return listening
+
+
+_BIND_HINTS = {
+    errno.EADDRINUSE: "another process has it: stop that one, or choose another --port",
+    errno.EACCES: "ports below 1024 need privileges: choose another --port",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address: choose another --host",
+}
+
+
+def serve_on(listening: socket.socket, **options: Any) -> None:
+    """What ``uvicorn.run(**options)`` does, on a socket bound already: one server in this
+    process, or ``workers`` processes under uvicorn's supervisor, each accepting on
+    ``listening``."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    config = uvicorn.Config(**options)
+    try:
+        if config.workers > 1:
+            Multiprocess(config, sockets=[listening]).run()
+        else:
+            uvicorn.Server(config).run(sockets=[listening])
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down gracefully already
+        pass
+
+
+def log_config(*, access_log: bool) -> dict[str, Any]:
+    """uvicorn's logging, at warnings and errors only, and with ``access_log`` one line per
+    request on stdout (uvicorn's format: client address, request line, status)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config: dict[str, Any] = copy.deepcopy(LOGGING_CONFIG)
+    loggers = config["loggers"]
+    loggers["uvicorn"]["level"] = loggers["uvicorn.error"]["level"] = "WARNING"
+    loggers["uvicorn.access"]["level"] = "INFO" if access_log else "WARNING"
+    return config
 
 
 def raise_open_files_limit() -> int | None:

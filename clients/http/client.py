@@ -183,12 +183,16 @@ class PlannerClient(_Client[httpx.BaseTransport, httpx.Client]):
 
     def get_plan(self, plan_id: str) -> ShardingPlan:
         """GET /v1/plans/{plan_id}, or the cache when it holds the plan (plans never
-        change); fetched plans are kept there."""
+        change); fetched plans are kept there. ``plan_id`` may be a unique prefix of the
+        id (8 hex digits or more, as plans are printed short): then the service is always
+        asked, the plan's id must start with it, and ``NotFound`` or ``Conflict`` (more
+        than one plan starts with it: ``matching_plan_ids``) says when it names none or
+        several."""
         return self._run(self._core.get_plan(plan_id))
 
     def get_request(self, plan_id: str) -> PlanRequest:
         """The request the plan was made for (checked against the plan's request_hash),
-        from the cache when it holds it."""
+        from the cache when it holds it; ``plan_id`` as for ``get_plan``."""
         return self._run(self._core.get_request(plan_id))
 
     def resolve(self, alias: str, *, allow_stale_alias: bool = False) -> Resolved:
@@ -210,7 +214,8 @@ class PlannerClient(_Client[httpx.BaseTransport, httpx.Client]):
         return self._run(self._core.validate(request, plan))
 
     def set_alias(self, name: str, plan_id: str, *, comment: str | None = None) -> AliasRecord:
-        """PUT /v1/aliases/{name}: point ``name`` at a stored plan (needs a token)."""
+        """PUT /v1/aliases/{name}: point ``name`` at a stored plan, by its id or a unique
+        prefix of it (needs a token); the record names the whole id."""
         return self._run(self._core.set_alias(name, plan_id, comment))
 
     def import_plan(self, request: Request, plan: Plan) -> Imported:

@@ -46,6 +46,7 @@ from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.codec import parse_plan, parse_profile, parse_request, request_hash
 from planner_service.plan.encodings import ENCODINGS, plan_etag
 from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.plan_ids import is_full_plan_id, plan_id_problem
 from planner_service.plan.types import DeviceProfile, PlanRequest, ShardingPlan, profile_id_of
 
 log = logging.getLogger("shardplan.client")
@@ -182,8 +183,11 @@ class Core:
         raise UnexpectedResponse(f"GET {url}: job {job.status.value} without a plan or problem")
 
     def get_plan(self, plan_id: str) -> Operation[ShardingPlan]:
+        """The plan ``plan_id`` names: a whole id, answered from the cache when it holds
+        the plan (plans never change); or a prefix, always asked of the service (only it
+        knows whether the prefix names one plan), and verified to start with it."""
         check_plan_id(plan_id)
-        cached = self.cache.plan(plan_id) if self.cache else None
+        cached = self.cache.plan(plan_id) if self.cache and is_full_plan_id(plan_id) else None
         if cached is not None:
             return cached  # plans never change: no need to ask
         response = yield from self._exchange(Call("GET", f"/v1/plans/{plan_id}"))
@@ -193,6 +197,7 @@ class Core:
 
     def get_request(self, plan_id: str) -> Operation[PlanRequest]:
         plan = yield from self.get_plan(plan_id)
+        plan_id = plan.plan_id  # the whole id, when asked by a prefix
         cached = self.cache.request(plan) if self.cache else None
         if cached is not None:
             return cached
@@ -462,9 +467,10 @@ def _pair(request: PlanRequest, plan: ShardingPlan) -> bytes:
 
 
 def check_plan_id(plan_id: str) -> None:
-    if not isinstance(plan_id, str) or not PLAN_ID.fullmatch(plan_id):
-        message = "must be 64 lowercase hex digits (a plan's sha256 content address)"
-        raise InputError("argument", [FieldProblem("plan_id", message, plan_id)])
+    """A plan's whole id, or a prefix of it of at least 8 digits (``plan.plan_ids``)."""
+    problem = plan_id_problem(plan_id, "plan_id")
+    if problem is not None:
+        raise InputError("argument", [problem])
 
 
 def check_profile_id(profile_id: str) -> None:

@@ -8,8 +8,10 @@ narrowly as it needs::
     │   │   └── InvalidPlan         422: a plan breaks its request (.violations)
     │   ├── Unauthorized            401: no token, or reads are protected
     │   ├── Forbidden               403: a token the service does not accept
-    │   ├── NotFound                404: no such plan, alias or profile
-    │   ├── Conflict                409: a plan put at an address that is not its own
+    │   ├── NotFound                404: no such plan, alias or profile, or no plan id
+    │   │                                starts with the prefix asked for
+    │   ├── Conflict                409: a plan put at an address that is not its own, or
+    │   │                                a plan id prefix that more than one plan starts with
     │   ├── Overloaded              429, 503: busy or down for now (see retry_after_s)
     │   └── ServerError             500, 502, 504 and other 5xx
     ├── IntegrityError              a plan or profile whose content is not what its id addresses
@@ -145,12 +147,15 @@ class Forbidden(PlannerHTTPError):
 
 
 class NotFound(PlannerHTTPError):
-    """404: no plan with this id, or no alias with this name, is stored."""
+    """404: no plan with this id (or none whose id starts with this prefix), or no alias
+    with this name, is stored."""
 
 
 class Conflict(PlannerHTTPError):
-    """409: a plan whose content address is not the id it was put at. ``path_plan_id``,
-    ``plan_id`` (what the plan says) and ``computed_plan_id`` name the three."""
+    """409: a plan whose content address is not the id it was put at (``path_plan_id``,
+    ``plan_id``, what the plan says, and ``computed_plan_id`` name the three); or a plan id
+    prefix more than one stored plan starts with (``prefix``, ``matching_plan_ids``: the
+    first 10 in id order, ``more_matching``: whether there are others)."""
 
 
 class Overloaded(PlannerHTTPError):

@@ -1,5 +1,6 @@
 """A fetched plan must be what its id names: the sha256 of its content is computed again
-and compared with the plan's own ``plan_id`` and with the id that was asked for. So must a
+and compared with the plan's own ``plan_id`` and with the id that was asked for (asked for
+by a prefix, the plan's id must start with it). So must a
 fetched device profile (``verified_profile``): its content address (the sha256 of its
 canonical JSON) is computed again and compared with the ``profile_id`` asked for.
 
@@ -25,6 +26,7 @@ from clients.http.errors import IntegrityError
 from planner_service.plan.canonical import plan_id_of
 from planner_service.plan.codec import parse_plan_document, parse_profile
 from planner_service.plan.errors import InputError
+from planner_service.plan.plan_ids import is_full_plan_id
 from planner_service.plan.schema_version import check_schema_version
 from planner_service.plan.types import DeviceProfile, ShardingPlan, profile_id_of
 
@@ -65,7 +67,8 @@ def sealed_plan(data: bytes) -> ShardingPlan | None:
 
 def verified_plan(data: bytes, *, source: str, expected_plan_id: str | None) -> ShardingPlan:
     """The plan in ``data``, or IntegrityError when it cannot be read, its content does not
-    hash to its ``plan_id``, or that is not ``expected_plan_id``."""
+    hash to its ``plan_id``, or that is not ``expected_plan_id`` (a whole id, or a prefix
+    the plan's id must start with)."""
     plan = sealed_plan(data)
     if plan is not None:
         _check_expected(plan, source, expected_plan_id)
@@ -109,9 +112,16 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def _check_expected(plan: ShardingPlan, source: str, expected_plan_id: str | None) -> None:
-    if expected_plan_id is not None and plan.plan_id != expected_plan_id:
+    """The plan is the one asked for: its id is ``expected_plan_id``, or starts with it when
+    that is a prefix (a whole id starts only with itself)."""
+    if expected_plan_id is not None and not plan.plan_id.startswith(expected_plan_id):
+        asked = (
+            f"plan {expected_plan_id}"
+            if is_full_plan_id(expected_plan_id)
+            else f"a plan whose id starts with {expected_plan_id}"
+        )
         raise IntegrityError(
-            f"{source}: asked for plan {expected_plan_id}, got plan {plan.plan_id}",
+            f"{source}: asked for {asked}, got plan {plan.plan_id}",
             expected_plan_id=expected_plan_id,
             plan_id=plan.plan_id,
         )

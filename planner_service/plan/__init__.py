@@ -1,7 +1,8 @@
 """The plan vocabulary: what a request, a plan and its shards are (``types``), their
 canonical JSON and content addresses (``canonical``), the schema versions read and written
 (``schema_version``), request hashes, sealing and safe decoding (``codec``), input errors
-that name the field (``errors``), shard geometry (``shards``), usable capacity per rank
+that name the field (``errors``), plan ids as people type them, whole or a unique prefix
+(``plan_ids``), shard geometry (``shards``), usable capacity per rank
 (``capacity``), the bytes that move between ranks when a plan changes (``transfers``), the
 diff of two plans (``diff``) and the migration between them (``migrate``).
 

@@ -30,6 +30,8 @@ The layout, from the edge in:
     - ``paging.py``: ``limit``/``after`` query parameters and opaque cursors.
     - ``metrics.py``: Prometheus metrics and the request-counting middleware.
     - ``fetch.py``: a plan's prepared responses and the fast path that serves cached plans.
+- ``plan_ids.py``: plan ids in paths and bodies, whole or a unique prefix, resolved against
+  the store (404 none, 409 several, 422 malformed).
 - ``importing.py``: PUT /v1/plans/{plan_id}: a plan solved elsewhere, checked and stored.
 - ``pages.py``: the HTML pages for people (a plan, a job).
 - ``cpu.py``: the CPU lane: processes for CPU-bound work other than solving (validation,

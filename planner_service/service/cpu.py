@@ -73,9 +73,15 @@ class CpuLane:
                 initargs=(os.getpid(),),
             )
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, wait: bool = True) -> None:
+        """Stop the workers: calls not started are cancelled, running ones end first. With
+        ``wait`` (the service's own shutdown) this returns once the pool is gone, its
+        queues closed and their semaphores unlinked: uvicorn ends a SIGTERMed process by
+        raising SIGTERM again, so nothing at exit would unlink them, and Python's
+        resource tracker reported five leaked semaphores (a call queue's three, a result
+        queue's two) whenever the lane had run anything."""
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown(wait=wait, cancel_futures=True)
             self._executor = None
 
     async def run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -103,7 +109,7 @@ class CpuLane:
             return await asyncio.shield(future)
         except BrokenProcessPool:
             if self._executor is executor:  # not a new pool another caller started
-                self.shutdown()  # the next call starts a new pool
+                self.shutdown(wait=False)  # the next call starts a new pool
             raise _busy("a worker process died; the pool was restarted") from None
 
     def _release(self) -> None:

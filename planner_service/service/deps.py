@@ -1,6 +1,7 @@
 """What routes depend on, as ``Annotated`` aliases: the process's service state and solve
-jobs, the caller's identity (bearer tokens from SHARDPLAN_API_TOKENS), the plan-id, job-id
-and profile-id path parameters, and whether the caller asked for an asynchronous answer
+jobs, the caller's identity (bearer tokens from SHARDPLAN_API_TOKENS), the plan-id (a full
+id, or a unique prefix of one resolved to its plan: ``PlanInPath``), job-id and profile-id
+path parameters, and whether the caller asked for an asynchronous answer
 (RFC 7240 ``Prefer: respond-async``). Tests replace any of these with
 ``app.dependency_overrides``."""
 
@@ -11,7 +12,9 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Path, Request
 
+from planner_service.plan.plan_ids import PLAN_ID_OR_PREFIX_PATTERN
 from planner_service.service.http.problems import ProblemError
+from planner_service.service.plan_ids import PLAN_ID_DESCRIPTION, PlanRef, Where, resolve_plan_id
 from planner_service.service.settings import Settings
 from planner_service.service.solver.jobs import JOB_ID_PATTERN, SolveJobs
 from planner_service.service.state import ServiceState
@@ -91,6 +94,25 @@ Writer = Annotated[str, Depends(writer)]
 PlanId = Annotated[
     str, Path(pattern=PLAN_ID_PATTERN, description="a plan's content address (sha256, hex)")
 ]
+
+
+async def plan_in_path(
+    plan_id: Annotated[
+        str,
+        # Checked by resolve_plan_id, whose 422 says what is accepted in words; the pattern
+        # is here for the OpenAPI document.
+        Path(
+            description=PLAN_ID_DESCRIPTION,
+            json_schema_extra={"pattern": PLAN_ID_OR_PREFIX_PATTERN},
+        ),
+    ],
+    state: State,
+) -> PlanRef:
+    """The stored plan a path names by its id, or by a unique prefix of it."""
+    return await resolve_plan_id(state, plan_id, where=Where.PATH)
+
+
+PlanInPath = Annotated[PlanRef, Depends(plan_in_path)]
 ProfileId = Annotated[
     str,
     Path(

@@ -95,6 +95,8 @@ class Settings(BaseSettings):
     job_lease_s: float = Field(15.0, ge=0.5, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
     # Server-sent event streams (GET /v1/solves/{id}/events) open at once per HTTP worker.
     max_event_streams: int = Field(100, ge=1)
+    # One line per request on stdout (uvicorn's access log); `shardplan serve --access-log`.
+    access_log: Flag = False
 
     @property
     def auth_enabled(self) -> bool:

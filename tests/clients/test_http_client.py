@@ -44,6 +44,7 @@ from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.codec import parse_profile, parse_request, request_hash
 from planner_service.plan.errors import InputError
 from planner_service.plan.types import ShardingPlan, profile_id_of
+from tests.service.test_plan_ids import put_rows
 from tests.support import builders
 from tests.support.builders import request, table
 from tests.support.servers import Fault, FaultyProxy, Seen, free_port, started_service
@@ -247,6 +248,53 @@ def test_invalid_arguments_are_refused_before_anything_is_sent(connect, service)
         with pytest.raises(InputError, match="alias"):
             client.resolve("../etc")
         assert proxy.seen == []
+
+
+# --------------------------------------------------------------------------- id prefixes
+
+
+def test_a_plan_is_fetched_by_a_prefix_of_its_id_and_cached_under_the_whole(
+    connect, service, tmp_path
+):
+    client = connect(service.base, cache_dir=tmp_path)
+    plan = client.create_plan(small(unique("prefix")))
+    assert client.get_plan(plan.plan_id[:12]) == plan
+    assert client.get_request(plan.plan_id[:8]).tables[0].name.startswith("prefix")
+    assert [p.name for p in (tmp_path / "plans").iterdir()] == [f"{plan.plan_id}.json"]
+    assert [p.name for p in (tmp_path / "requests").iterdir()] == [f"{plan.plan_id}.json"]
+    record = client.set_alias(unique("short"), plan.plan_id[:10])
+    assert record.plan_id == plan.plan_id
+
+
+def test_a_prefix_that_names_no_plan_or_several_is_not_found_or_conflict(connect, service):
+    client = connect(service.base)
+    shared = [f"c0ffee00{index}" + "0" * 55 for index in range(2)]
+    put_rows(service, shared)
+    with pytest.raises(Conflict) as several:
+        client.get_plan("c0ffee00")
+    assert several.value.matching_plan_ids == shared and several.value.more_matching is False
+    with pytest.raises(NotFound, match="no plan id starts with c0ffee01"):
+        client.get_plan("c0ffee01")
+    with pytest.raises(InputError, match="plan_id = 'c0ffee0': must be a plan id"):
+        client.get_plan("c0ffee0")
+
+
+def test_a_plan_whose_id_does_not_start_with_the_prefix_is_an_integrity_error(
+    connect, service, tmp_path
+):
+    """The service answered a prefix with another plan (a row filed under the wrong id):
+    its content hashes to its own id, which is not the one asked for."""
+    client = connect(service.base, cache_dir=tmp_path)
+    plan = client.create_plan(small(unique("misfiled")))
+    misfiled = f"{int(plan.plan_id[:8], 16) ^ 0xFFFFFFFF:08x}"  # every digit differs
+    put_rows(service, [misfiled + "0" * 56], plan=canonical_bytes(plan))
+    with pytest.raises(IntegrityError) as refused:
+        client.get_plan(misfiled)
+    assert str(refused.value).endswith(
+        f"asked for a plan whose id starts with {misfiled}, got plan {plan.plan_id}"
+    )
+    assert (refused.value.expected_plan_id, refused.value.plan_id) == (misfiled, plan.plan_id)
+    assert [p.name for p in (tmp_path / "plans").iterdir()] == [f"{plan.plan_id}.json"]
 
 
 # --------------------------------------------------------------------------- retries

@@ -125,9 +125,11 @@ def run_page(
     bin_dir: Path,
     host: str | None,
     timeout: float,
+    env: dict[str, str] | None = None,
 ) -> list[Result]:
     """Run the commands in one bash session in ``workdir``; ``host`` replaces
-    ``localhost:8000``. Returns one result per command that ran (all, unless it timed out)."""
+    ``localhost:8000``; ``env`` adds to the environment. Returns one result per command
+    that ran (all, unless it timed out)."""
 
     def local(text: str) -> str:
         return text.replace(DOCUMENTED_HOST, host) if host else text
@@ -139,15 +141,16 @@ def run_page(
     script = ["exec 2>&1", "set -o pipefail"]
     for command in page_commands:
         script += [local(command.text), f"printf '\\n{_SENTINEL} %d\\n' \"$?\""]
-    env = {
+    environment = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",  # stdout and stderr interleave as in a terminal
+        **(env or {}),
     }
     _, stdout = run_bash(
         ["bash", "--noprofile", "--norc", "-c", "\n".join(script)],
         cwd=workdir,
-        env=env,
+        env=environment,
         timeout=timeout,
     )
     return _results(page_commands, stdout)

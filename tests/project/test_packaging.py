@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.installs import copy_distribution
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-# What `pip install .` reads: the metadata and the three packages.
-DISTRIBUTION = ("pyproject.toml", "README.md", "planner_service", "runtime", "clients")
 INSTALL_TIMEOUT_S = 600
 
 
@@ -103,15 +103,7 @@ def runtime_venv(tmp_path_factory) -> Iterator[Venv]:
     torch's CPU wheel in a local folder); --no-compile skips byte-compiling torch's 2,300
     modules, of which a test imports a few. About 25 s with a warm pip cache, 30 s cold."""
     directory = tmp_path_factory.mktemp("runtime-install")
-    source = directory / "source"
-    source.mkdir()
-    for name in DISTRIBUTION:
-        if (ROOT / name).is_dir():
-            shutil.copytree(
-                ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__")
-            )
-        else:
-            shutil.copy(ROOT / name, source / name)
+    source = copy_distribution(directory / "source")
     venv = directory / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     install = subprocess.run(

@@ -22,6 +22,7 @@ from planner_service.service.store import (
     open_store,
     zstd_plan,
 )
+from planner_service.service.store.plans import ids_in_range_sql
 
 QUEUED, RUNNING, DONE, FAILED = (
     SolveJobStatus.QUEUED,
@@ -440,3 +441,40 @@ def test_a_job_row_holds_its_status_value_and_reads_back_by_column_name(store, s
         "created_at": "2026-01-01T00:00:00", "started_at": "2026-01-01T00:00:01",
         "updated_at": "2026-01-01T00:00:02", "plan_id": None, "problem": None,
     }  # fmt: skip
+
+
+def test_plan_ids_by_prefix_are_the_ids_that_start_with_it_in_id_order(store):
+    ids = ["0123abcf" + "0" * 56, "0123abcf" + "9" * 56, "0123abd0" + "0" * 56, "f" * 64]
+    for plan_id in reversed(ids):
+        _put(store, plan_id)
+    found = store.plans.ids_starting_with
+    assert found("0123abcf", limit=11) == ids[:2]
+    assert found("0123abcf9", limit=11) == [ids[1]]
+    assert found("0123abc", limit=11) == ids[:2]  # not 0123abd0: the bound is exclusive
+    assert found("0123ab", limit=1) == ids[:1]
+    assert found("ffffffff", limit=11) == [ids[3]]  # a prefix of f's has no upper bound
+    assert found(ids[2], limit=11) == [ids[2]]
+    assert found("0123abce", limit=11) == []
+
+
+def test_the_prefix_query_is_a_range_scan_of_the_primary_key(store, store_url):
+    """Resolving a prefix reads the index, not the table: the planner of each database says
+    so for the store's own statement (PostgreSQL with sequential scans priced out, as a
+    table of millions of plans would price them; on a few rows it would scan them)."""
+    for index in range(20):
+        _put(store, f"{index:02x}" * 32)
+    for bounded in (True, False):
+        statement = store.database.sql(ids_in_range_sql(bounded=bounded))
+        arguments = ("0a0a0a0a", "0a0a0a0b")[: 2 if bounded else 1] + (11,)
+        with store.database.transaction() as cursor:
+            if store_url.startswith("postgresql://"):
+                cursor.execute("SET LOCAL enable_seqscan = off")
+                cursor.execute(f"EXPLAIN {statement}", arguments)
+                plan = " ".join(str(row[0]) for row in cursor.fetchall())
+                assert "Index Only Scan using plans_pkey" in plan, plan
+                assert "Index Cond: " in plan and "plan_id >= '0a0a0a0a'" in plan, plan
+            else:
+                cursor.execute(f"EXPLAIN QUERY PLAN {statement}", arguments)
+                plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+                bound = "plan_id>? AND plan_id<?" if bounded else "plan_id>?"
+                assert f"USING COVERING INDEX sqlite_autoindex_plans_1 ({bound})" in plan, plan

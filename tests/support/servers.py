@@ -108,8 +108,10 @@ class Service:
         env: dict[str, str] | None = None,
         workers: int = 1,
         port: int | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.exe = exe
+        self.args = args  # more of `shardplan serve`'s flags
         self.log_path = log_path
         self.db = db
         self.env = {**os.environ, "SHARDPLAN_SOLVE_WORKERS": "1", **(env or {})}
@@ -123,7 +125,7 @@ class Service:
         self.process = subprocess.Popen(
             [
                 str(self.exe), "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                "--db", self.db, "--workers", str(self.workers),
+                "--db", self.db, "--workers", str(self.workers), *self.args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

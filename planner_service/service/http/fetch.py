@@ -25,7 +25,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from planner_service.plan.encodings import GZIP, IDENTITY, ZSTD, plan_etag
 from planner_service.service.http import metrics
-from planner_service.service.http.responses import IMMUTABLE, JSON, etag_matches, negotiate_encoding
+from planner_service.service.http.responses import (
+    IMMUTABLE,
+    JSON,
+    NO_CACHE,
+    etag_matches,
+    negotiate_encoding,
+)
 from planner_service.service.store import PlanBodies
 
 PLAN_ROUTE = "/v1/plans/{plan_id}"
@@ -72,6 +78,19 @@ class PlanResponses:
         if etag_matches(if_none_match, chosen.etag):
             return 304, chosen.not_modified_headers, b""
         return 200, chosen.ok_headers, chosen.body
+
+
+def revalidated(headers: Headers, plan_id: str, *named: tuple[bytes, bytes]) -> Headers:
+    """A plan's prepared headers for an answer under a name whose plan can change (an
+    alias, which moves; an id prefix, which a plan stored later can make ambiguous):
+    ``no-cache`` instead of immutable, the plan named by ``X-Shardplan-Plan-Id``, then
+    ``named``."""
+    return [
+        *((key, value) for key, value in headers if key != b"cache-control"),
+        (b"cache-control", NO_CACHE.encode()),
+        (b"x-shardplan-plan-id", plan_id.encode()),
+        *named,
+    ]
 
 
 class PreparedResponse(Response):

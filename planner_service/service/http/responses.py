@@ -15,6 +15,7 @@ from planner_service.service.http.openapi import JsonObject, schema_ref
 
 JSON = "application/json"
 IMMUTABLE = "public, max-age=31536000, immutable"
+NO_CACHE = "no-cache"  # may be stored, but revalidated before each use
 PLAN_RESPONSE: JsonObject = {"content": {JSON: {"schema": schema_ref(ShardingPlan)}}}
 
 

@@ -15,8 +15,14 @@ from planner_service.plan.api import AliasHistory, AliasPage, AliasRecord
 from planner_service.plan.codec import load_json
 from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.errors import InputError, problems_from_validation_error
-from planner_service.service.deps import PLAN_ID_PATTERN, State, Writer, reader
-from planner_service.service.http.fetch import PreparedResponse, fetch_headers, negotiated
+from planner_service.plan.plan_ids import PLAN_ID_OR_PREFIX_PATTERN
+from planner_service.service.deps import State, Writer, reader
+from planner_service.service.http.fetch import (
+    PreparedResponse,
+    fetch_headers,
+    negotiated,
+    revalidated,
+)
 from planner_service.service.http.openapi import json_body
 from planner_service.service.http.paging import (
     DEFAULT_LIMIT,
@@ -28,6 +34,12 @@ from planner_service.service.http.paging import (
 )
 from planner_service.service.http.problems import PROBLEM_CONTENT, ProblemError
 from planner_service.service.http.responses import JSON, PLAN_RESPONSE
+from planner_service.service.plan_ids import (
+    AMBIGUOUS,
+    PLAN_ID_DESCRIPTION,
+    Where,
+    resolve_plan_id,
+)
 from planner_service.service.store import AliasChange, UnknownPlanError
 
 router = APIRouter(tags=["aliases"])
@@ -47,7 +59,12 @@ class AliasUpdate(BaseModel):
     """Body of PUT /v1/aliases/{name}."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    plan_id: str = Field(pattern=PLAN_ID_PATTERN, description="the plan to point at")
+    # Checked by resolve_plan_id (its 422 says what is accepted in words); the pattern is
+    # here for the OpenAPI document.
+    plan_id: str = Field(
+        description=f"the plan to point at: {PLAN_ID_DESCRIPTION}",
+        json_schema_extra={"pattern": PLAN_ID_OR_PREFIX_PATTERN},
+    )
     comment: str | None = Field(None, max_length=1000, description="why, for the history")
 
 
@@ -89,24 +106,27 @@ async def list_aliases(
     openapi_extra=json_body(AliasUpdate),
     responses={
         201: {"description": "alias created", "model": AliasRecord},
+        409: {"description": AMBIGUOUS, **PROBLEM_CONTENT},
         422: {"description": "bad body, or no such plan", **PROBLEM_CONTENT},
     },
 )
 async def put_alias(
     name: AliasName, http_request: Request, state: State, actor: Writer
 ) -> Response:
-    """Point ``name`` at a stored plan (200; 201 when the alias is new). Every change is
-    kept in the alias's history with who made it and when."""
+    """Point ``name`` at a stored plan, named by its id or a unique prefix of it (200; 201
+    when the alias is new). Every change is kept in the alias's history with who made it
+    and when, under the plan's whole id."""
     body = await http_request.body()
     document = load_json(body, "body")
     try:
         update = AliasUpdate.model_validate(document)
     except ValidationError as error:
         raise InputError("body", problems_from_validation_error(error, AliasUpdate)) from None
+    plan = await resolve_plan_id(state, update.plan_id, where=Where.BODY)
     store = state.store()
     try:
         change = await run_in_threadpool(
-            lambda: store.aliases.set(name, update.plan_id, actor=actor, comment=update.comment)
+            lambda: store.aliases.set(name, plan.plan_id, actor=actor, comment=update.comment)
         )
     except UnknownPlanError:
         raise ProblemError(
@@ -161,13 +181,8 @@ async def get_alias(name: AliasName, http_request: Request, state: State) -> Res
     responses = await state.plan_responses(current.plan_id)
     assert responses is not None  # aliases reference stored plans (foreign key); plans stay
     status, headers, body = responses.answer(encoding, if_none_match)
-    headers = [
-        *((key, value) for key, value in headers if key != b"cache-control"),
-        (b"cache-control", b"no-cache"),
-        (b"x-shardplan-plan-id", current.plan_id.encode()),
-        (b"x-shardplan-alias-version", str(current.version).encode()),
-    ]
-    return PreparedResponse(status, headers, body)
+    version = (b"x-shardplan-alias-version", str(current.version).encode())
+    return PreparedResponse(status, revalidated(headers, current.plan_id, version), body)
 
 
 @router.get(

@@ -1,6 +1,8 @@
 """Plans: POST /v1/plans (solve or return the stored plan), PUT /v1/plans/{plan_id} (store
 a plan solved elsewhere), GET /v1/plans (the list), GET /v1/plans/{plan_id} (the stored
-bytes, immutable and cacheable), its request, and its HTML view."""
+bytes, immutable and cacheable), its request, and its HTML view. The GETs take a plan's id
+or a unique prefix of it (``deps.PlanInPath``); PUT, which names a plan not stored yet, its
+whole id."""
 
 from __future__ import annotations
 
@@ -12,16 +14,26 @@ from planner_service.plan.api import PlanPage
 from planner_service.plan.codec import parse_plan, parse_request, request_hash
 from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.types import PlanRequest
-from planner_service.service.deps import Jobs, PlanId, RespondAsync, State, Writer, reader
+from planner_service.service.deps import (
+    Jobs,
+    PlanId,
+    PlanInPath,
+    RespondAsync,
+    State,
+    Writer,
+    reader,
+)
 from planner_service.service.http.fetch import (
     PLAN_ROUTE,
     PreparedResponse,
     fetch_headers,
     negotiated,
+    revalidated,
 )
 from planner_service.service.http.limits import decode_plan_request
 from planner_service.service.http.openapi import (
     REQUEST_EXAMPLE,
+    JsonObject,
     RequestAndPlan,
     json_body,
     schema_ref,
@@ -36,7 +48,6 @@ from planner_service.service.http.paging import (
 )
 from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
 from planner_service.service.http.responses import (
-    IMMUTABLE,
     JSON,
     PLAN_RESPONSE,
     job_content,
@@ -44,6 +55,7 @@ from planner_service.service.http.responses import (
 )
 from planner_service.service.importing import import_plan
 from planner_service.service.pages.plan import render_plan_page
+from planner_service.service.plan_ids import AMBIGUOUS
 from planner_service.service.solver.references import with_stored_references
 from planner_service.service.solver.run import no_plan, solve_and_store
 
@@ -158,38 +170,42 @@ async def list_plans(state: State, limit: Limit = DEFAULT_LIMIT, after: After = 
     )
 
 
-@router.api_route(
-    PLAN_ROUTE,
-    methods=["GET", "HEAD"],
-    dependencies=[Depends(reader)],
-    responses={
-        200: {
-            "description": "the plan's stored bytes, zstd- or gzip-encoded when "
-            "`Accept-Encoding` allows (`Content-Encoding`); HEAD gives the same headers "
-            "without a body",
-            **PLAN_RESPONSE,
-        },
-        304: {"description": "If-None-Match matched: the client's copy is current"},
-        404: {"description": "no such plan", **PROBLEM_CONTENT},
-        406: {
-            "description": "`Accept-Encoding` refuses identity and accepts neither zstd nor gzip",
-            **PROBLEM_CONTENT,
-        },
+PLAN_FETCH_RESPONSES: dict[int | str, JsonObject] = {
+    200: {
+        "description": "the plan's stored bytes, zstd- or gzip-encoded when "
+        "`Accept-Encoding` allows (`Content-Encoding`); HEAD gives the same headers "
+        "without a body. Named by a prefix of its id: `Cache-Control: no-cache`, "
+        "`X-Shardplan-Plan-Id` and `Content-Location` name the plan",
+        **PLAN_RESPONSE,
     },
-)
-async def get_plan(plan_id: PlanId, http_request: Request, state: State) -> Response:
+    304: {"description": "If-None-Match matched: the client's copy is current"},
+    404: {"description": "no such plan, or no plan id starts with the prefix", **PROBLEM_CONTENT},
+    406: {
+        "description": "`Accept-Encoding` refuses identity and accepts neither zstd nor gzip",
+        **PROBLEM_CONTENT,
+    },
+    409: {"description": AMBIGUOUS, **PROBLEM_CONTENT},
+}
+
+
+# GET and HEAD are two operations of the OpenAPI document, each with its own id (one route
+# with both methods gave both the same id).
+@router.head(PLAN_ROUTE, dependencies=[Depends(reader)], responses=PLAN_FETCH_RESPONSES)
+@router.get(PLAN_ROUTE, dependencies=[Depends(reader)], responses=PLAN_FETCH_RESPONSES)
+async def get_plan(plan: PlanInPath, http_request: Request, state: State) -> Response:
     """The stored plan, byte for byte, or its zstd or gzip encoding (stored beside it) as
     ``Accept-Encoding`` asks. Plans never change: ``ETag`` is the plan_id for the identity
     bytes and ``<plan_id>-zstd`` / ``<plan_id>-gzip`` for the encodings, ``If-None-Match``
     with the negotiated representation's tag gives 304, and responses may be cached
     forever (``Vary: Accept-Encoding``). A cached plan is answered before routing, from
     the same prepared responses (``fetch.py``): this route serves the first fetch and the
-    rest."""
+    rest. Named by a unique prefix of its id, the same plan, not cached without
+    revalidation (a plan stored later may share the prefix)."""
     accept, if_none_match = fetch_headers(http_request.headers.raw)
     encoding = negotiated(accept)
-    responses = await state.plan_responses(plan_id)
+    responses = await state.plan_responses(plan.plan_id)
     if responses is None:
-        raise _not_found(plan_id)
+        raise _not_found(plan.plan_id)
     if encoding is None:
         raise ProblemError(
             406,
@@ -198,6 +214,9 @@ async def get_plan(plan_id: PlanId, http_request: Request, state: State) -> Resp
             headers={"Vary": "Accept-Encoding"},
         )
     status, headers, body = responses.answer(encoding, if_none_match)
+    if plan.by_prefix:
+        location = (b"content-location", f"/v1/plans/{plan.plan_id}".encode())
+        headers = revalidated(headers, plan.plan_id, location)
     return PreparedResponse(status, headers, body)
 
 
@@ -214,30 +233,34 @@ def _not_found(plan_id: str) -> ProblemError:
             "content": {JSON: {"schema": schema_ref(PlanRequest)}},
         },
         404: {"description": "no such plan", **PROBLEM_CONTENT},
+        409: {"description": AMBIGUOUS, **PROBLEM_CONTENT},
     },
 )
-async def get_plan_request(plan_id: PlanId, state: State) -> Response:
+async def get_plan_request(plan: PlanInPath, state: State) -> Response:
     """The PlanRequest stored beside the plan (canonical JSON)."""
-    stored = await state.stored(plan_id)
+    stored = await state.stored(plan.plan_id)
     if stored is None:
-        raise _not_found(plan_id)
-    return Response(stored.request, media_type=JSON, headers={"Cache-Control": IMMUTABLE})
+        raise _not_found(plan.plan_id)
+    return Response(stored.request, media_type=JSON, headers=plan.headers("/request"))
 
 
 @router.get(
     "/v1/plans/{plan_id}/view",
     dependencies=[Depends(reader)],
     response_class=HTMLResponse,
-    responses={404: {"description": "no such plan", **PROBLEM_CONTENT}},
+    responses={
+        404: {"description": "no such plan", **PROBLEM_CONTENT},
+        409: {"description": AMBIGUOUS, **PROBLEM_CONTENT},
+    },
 )
-async def view_plan(plan_id: PlanId, state: State) -> HTMLResponse:
+async def view_plan(plan: PlanInPath, state: State) -> HTMLResponse:
     """A page for people: per-rank memory and perf bars, the tables, the solver report."""
-    stored = await state.stored(plan_id)
+    stored = await state.stored(plan.plan_id)
     if stored is None:
-        raise _not_found(plan_id)
+        raise _not_found(plan.plan_id)
     # Parsing and rendering take time in proportion to the plan: off the event loop.
     page = await state.cpu.run(_plan_page, stored.request, stored.plan)
-    return HTMLResponse(page, headers={"Cache-Control": IMMUTABLE})
+    return HTMLResponse(page, headers=plan.headers("/view"))
 
 
 def _plan_page(request_document: bytes, plan_document: bytes) -> str:

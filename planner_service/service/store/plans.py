@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner_service.plan.api import PlanListing, PlanSummary
+from planner_service.plan.plan_ids import id_range
 from planner_service.service.store.database import Database, named, now
 from planner_service.service.store.encodings import PlanBodies, gzip_plan, zstd_plan
 from planner_service.service.store.schema import summary_values
@@ -136,6 +137,19 @@ class Plans:
             gzipped, zstd = cursor.fetchone()
         return PlanBodies(data, bytes(gzipped), bytes(zstd))
 
+    def ids_starting_with(self, prefix: str, *, limit: int) -> list[str]:
+        """Up to ``limit`` stored plan ids that start with ``prefix`` (lowercase hex), in
+        id order: a range scan of the primary key's index (``plan_ids.id_range``), not a
+        scan of the table, so resolving a short id costs the same however many plans are
+        stored."""
+        low, high = id_range(prefix)
+        bounds = (low,) if high is None else (low, high)
+        with self.database.transaction() as cursor:
+            cursor.execute(
+                self.database.sql(ids_in_range_sql(bounded=high is not None)), (*bounds, limit)
+            )
+            return [str(row[0]) for row in cursor.fetchall()]
+
     def for_request(self, request_hash: str, planner_version: str) -> str | None:
         """The plan_id already planned for this request by this planner version, if any."""
         with self.database.transaction() as cursor:
@@ -148,6 +162,13 @@ class Plans:
             )
             row = cursor.fetchone()
         return None if row is None else str(row[0])
+
+
+def ids_in_range_sql(*, bounded: bool) -> str:
+    """The query of ``Plans.ids_starting_with``: ids from a lower bound, below an upper one
+    when ``bounded``, at most a limit (the tests EXPLAIN it on both databases)."""
+    below = "AND plan_id < ? " if bounded else ""
+    return f"SELECT plan_id FROM plans WHERE plan_id >= ? {below}ORDER BY plan_id LIMIT ?"
 
 
 def _listing(row: dict[str, Any]) -> PlanListing:

@@ -20,6 +20,7 @@ import pytest
 from clients.http import PlannerClient
 from planner_service.plan.units import GiB
 from tests.clients.cli.conftest import TOKEN
+from tests.service.test_plan_ids import put_rows
 from tests.support.servers import FaultyProxy, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -83,14 +84,40 @@ def test_unknown_plan_alias_and_bad_ids_exit_2(cli, service):
     assert "no alias 'nobody-here' on " + service.base in no_alias.stderr
     bad_id = cli("fetch", "ABC", "--server", service.base)
     assert bad_id.returncode == 2
-    assert "PLAN_ID = 'ABC': must be a plan id (64 lowercase hex digits) or alias:NAME" in (
-        bad_id.stderr
+    assert _one_line(bad_id.stderr) == (
+        "shardplan fetch: PLAN_ID = 'ABC': must be a plan id (64 lowercase hex digits) or a "
+        "unique prefix of one (8 to 64 digits), or alias:NAME"
     )
     bad_alias = cli("fetch", "alias:../etc", "--server", service.base)
     assert (bad_alias.returncode, bad_alias.stdout) == (2, "")
     assert "alias = '../etc'" in bad_alias.stderr
     no_server = cli("fetch", "e" * 64)
     assert no_server.returncode == 2 and "--server: is required" in no_server.stderr
+
+
+def test_fetch_by_a_prefix_of_the_id_says_which_plan(cli, service, stored, tmp_path):
+    plan_id, _, served = stored
+    output = tmp_path / "plan.json"
+    result = cli("fetch", plan_id[:12], "-o", output, "--server", service.base, token=None)
+    assert result.returncode == 0
+    assert _one_line(result.stderr) == f"{plan_id[:12]} -> plan {plan_id}"
+    assert output.read_bytes() == served
+
+
+def test_a_prefix_naming_no_plan_or_several_exits_2_with_one_line(cli, service):
+    shared = [f"feed5eed{index}" + "0" * 55 for index in range(2)]
+    put_rows(service, shared)
+    several = cli("fetch", "feed5eed", "--server", service.base)
+    assert (several.returncode, several.stdout) == (2, "")
+    assert _one_line(several.stderr) == (
+        f"shardplan fetch: 2 plans on {service.base} start with feed5eed ({', '.join(shared)}); "
+        "give more digits of the one you mean"
+    )
+    none = cli("fetch", "feed5eef", "--server", service.base)
+    assert (none.returncode, none.stdout) == (2, "")
+    assert _one_line(none.stderr) == (
+        f"shardplan fetch: no plan id starts with feed5eef on {service.base}"
+    )
 
 
 @pytest.mark.slow  # stops and restarts a server
