@@ -21,7 +21,6 @@ every HBM size has a least world size that passes the check there.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -194,18 +193,17 @@ def _baseline(text: str, client: PlannerClient | None) -> Baseline:
         raise _bad(
             "--baseline",
             text,
-            "is no plan file here; a plan id or alias:NAME is fetched from the planner "
-            "service: give --server URL (or set $SHARDPLAN_SERVER)",
+            "is no plan file here; a plan id (or a unique prefix of 8 or more hex digits) or "
+            "alias:NAME is fetched from the planner service: give --server URL (or set "
+            "$SHARDPLAN_SERVER)",
         )
-    if text.startswith("alias:"):
-        return Baseline(client.resolve(text.removeprefix("alias:")).plan, text)
-    if not re.fullmatch(r"[0-9a-f]{64}", text):
-        raise _bad(
-            "--baseline",
-            text,
-            "is no plan file here, nor a plan id (64 hex digits) or alias:NAME of the service",
-        )
-    return Baseline(client.get_plan(text), text)
+    from clients.cli.stored_plans import ACCEPTED, fetch_named, plan_name
+
+    try:
+        name = plan_name(text, command="shardplan check", argument="--baseline")
+    except ValueError:
+        raise _bad("--baseline", text, f"is no plan file here, nor {ACCEPTED}") from None
+    return Baseline(fetch_named(client, name, command="check"), text)
 
 
 def _bad(option: str, value: str, message: str) -> Exception:

@@ -40,6 +40,7 @@ class Where(Enum):
     """Where a request names a plan: its problem's ``in``, and what an unknown id is."""
 
     PATH = "path"
+    QUERY = "query"
     BODY = "body"
 
 
@@ -95,14 +96,16 @@ def _malformed(problem: FieldProblem, where: Where) -> Exception:
     if where is Where.BODY:
         return InputError(where.value, [problem])
     return ProblemError(
-        422, f"{where.value} {problem.render()}", errors=[{**problem.as_dict(), "in": "path"}]
+        422,
+        f"{where.value} {problem.render()}",
+        errors=[{**problem.as_dict(), "in": where.value}],
     )
 
 
 def _unknown(prefix: str, where: Where, field: str) -> Exception:
     message = f"no plan id starts with {prefix} here"
-    if where is Where.PATH:
-        return ProblemError(404, message)
+    if where is not Where.BODY:
+        return ProblemError(404, f"{field} {message}" if where is Where.QUERY else message)
     return InputError(where.value, [FieldProblem(field, message, prefix)])
 
 

@@ -20,13 +20,14 @@ from planner_service.service.deps import State, reader
 from planner_service.service.http.limits import decode_plan_request
 from planner_service.service.http.openapi import REQUEST_EXAMPLE, json_body
 from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
+from planner_service.service.plan_ids import Where, resolve_plan_id
 from planner_service.service.solver.references import with_stored_references
 from planner_service.service.solver.run import solve_only
 
 router = APIRouter(tags=["plans"])
 
 _ALIAS = r"alias:[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-BASELINE_PATTERN = rf"^(?:[0-9a-f]{{64}}|{_ALIAS})$"
+BASELINE_PATTERN = rf"^(?:[0-9a-f]{{8,64}}|{_ALIAS})$"
 _KERNELS = ", ".join(kernel.value for kernel in ComputeKernel)
 
 
@@ -63,7 +64,8 @@ async def check(
         str | None,
         Query(
             pattern=BASELINE_PATTERN,
-            description="compare with this stored plan: its id, or alias:NAME",
+            description="compare with this stored plan: its id (or a unique prefix of 8 or "
+            "more hex digits), or alias:NAME",
         ),
     ] = None,
     max_regression: Annotated[
@@ -129,14 +131,16 @@ def _kernels(text: str) -> list[ComputeKernel]:
 
 
 async def _baseline(state: State, text: str) -> Baseline:
-    """The stored plan ``text`` names (an id, or alias:NAME: the plan it points at now)."""
-    plan_id = text
+    """The stored plan ``text`` names (an id or a unique prefix of one, or alias:NAME: the
+    plan it points at now)."""
     if text.startswith("alias:"):
         name = text.removeprefix("alias:")
         current = await run_in_threadpool(state.store().aliases.get, name)
         if current is None:
             raise ProblemError(404, f"query baseline = {text!r}: no alias named {name!r}")
         plan_id = current.plan_id
+    else:
+        plan_id = (await resolve_plan_id(state, text, where=Where.QUERY, field="baseline")).plan_id
     document = await state.plan_bytes(plan_id)
     if document is None:
         raise ProblemError(404, f"query baseline = {text!r}: no plan with this id is stored")

@@ -253,13 +253,17 @@ def test_post_check_applies_the_gates_the_cli_applies(cli, service, paths, produ
     assert remote == via_cli
     assert [g["passed"] for g in remote["gates"]] == [False, False, False]
     assert remote["baseline"]["plan_id"] == plan_id
-    by_id = httpx.post(
-        f"{service.base}/v1/check",
-        params={"baseline": plan_id, "max_regression": "0.05"},
-        content=spills.read_bytes(),
-        timeout=60,
-    )
-    assert by_id.json()["baseline"]["change"] == remote["baseline"]["change"]
+    for named in (plan_id, plan_id[:10]):  # an id, or a unique prefix of one
+        by_id = httpx.post(
+            f"{service.base}/v1/check",
+            params={"baseline": named, "max_regression": "0.05"},
+            content=spills.read_bytes(),
+            timeout=60,
+        )
+        assert by_id.json()["baseline"]["change"] == remote["baseline"]["change"]
+    short = cli("check", spills, "--baseline", plan_id[:12], "--server", service.base)
+    assert short.returncode == 0, short.stderr  # no gate set: the comparison only
+    assert f"plan {plan_id[:12]} ({plan_id[:12]})" in short.stdout
 
 
 @pytest.mark.parametrize(
@@ -271,6 +275,8 @@ def test_post_check_applies_the_gates_the_cli_applies(cli, service, paths, produ
         ({"max_hbm_utilization": "1.5"}, 422, "max_hbm_utilization"),
         ({"baseline": "not-a-plan"}, 422, "baseline"),
         ({"baseline": "0" * 64}, 404, "baseline"),
+        ({"baseline": "0" * 9}, 404, "no plan id starts with 000000000"),
+        ({"baseline": "0" * 7}, 422, "baseline"),
         ({"baseline": "alias:no-such-alias-here"}, 404, "no-such-alias-here"),
     ],
 )
