@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate, pairwise
 from typing import Any
 
 import torch
@@ -59,8 +60,12 @@ class SequenceOutputDistribution:
                 *exchange.dims,
             ),
         )
-        # Receiving side: the chunks in a row of each kernel feature.
+        # Receiving side: the chunks in a row of each kernel feature, and where each kernel's
+        # (kernel feature, sender) segments start in their list.
         self.kernel_chunks = index_tensor([w // unit for w in exchange.kernel_widths], device)
+        self.kernel_segments = list(
+            accumulate((n * exchange.world_size for n in exchange.kernel_features), initial=0)
+        )
         # Sending side: the blocks that come back, the chunks in a row of each and where
         # their rows land (in chunks): column and feature dim.
         self.block_rank = index_tensor(
@@ -106,12 +111,19 @@ class SequenceOutputDistribution:
         bags = index_tensor([b for _ in widths for b in received.batches], self.device)
         ids = segment_sums(received.lengths, bags).view(len(widths), world)
         chunks = (ids * self.kernel_chunks[:, None]).view(-1).tolist()
-        flat = concat([r.reshape(-1, self.unit) for r in rows])
-        if not self.exchange.back_identity:  # (kernel feature, sender) -> sender-major
-            segments = flat.split(chunks)
-            flat = torch.cat([segments[s] for s in self.exchange.back_order])
         per_sender = [sum(chunks[j * world + s] for j in range(len(widths))) for s in range(world)]
-        return flat, per_sender
+        pieces = [r.reshape(-1, self.unit) for r in rows]
+        if self.exchange.back_identity:
+            return concat(pieces), per_sender
+        # (kernel feature, sender) -> sender-major, in one copy straight from the kernels' rows,
+        # not a concatenation and then a copy of it in another order (7.5 MB of rows from five
+        # kernels: 0.2 ms instead of 0.5 to 0.75)
+        segments = [
+            segment
+            for piece, (start, end) in zip(pieces, pairwise(self.kernel_segments), strict=True)
+            for segment in piece.split(chunks[start:end])
+        ]
+        return torch.cat([segments[s] for s in self.exchange.back_order]), per_sender
 
     def _expected(self, sent: Sent) -> tuple[torch.Tensor, list[int]]:
         """The rows in each block that comes back, and the chunks from each rank."""
