@@ -138,24 +138,7 @@ class SequenceOutputDistribution:
     ) -> dict[str, JaggedTensor]:
         """Put the returned rows into each feature's ``[ids, dim]`` block: block ``b``'s
         ``k``-th row is the id at ``sent.positions`` of its segment's ``k``-th sent id."""
-        block_of_row = torch.repeat_interleave(ids)
-        # Per block: where its rows' ids are in ``sent.positions`` (less the rows before
-        # it) and where in the output (in chunks) an id at batch position 0 would land.
-        sent_at = exclusive_cumsum(sent.counts)[self.block_segment] - exclusive_cumsum(ids)
-        feature = self.block_feature
-        id_start = exclusive_cumsum(local.per_feature)[feature]
-        out_start = exclusive_cumsum(local.per_feature * self.dim_chunks)[feature]
-        base = out_start - id_start * self.block_dim + self.block_column
-        rows = torch.arange(block_of_row.numel(), device=self.device)
-        position = sent.positions[sent_at[block_of_row] + rows]
-        target = base[block_of_row] + position * self.block_dim[block_of_row]
-        ghost = None if self.block_ghost is None else self.block_ghost[block_of_row]
-        if not self.one_chunk_rows:  # a row of several chunks: their targets follow on
-            per_row = self.block_chunks[block_of_row]
-            first = torch.repeat_interleave(exclusive_cumsum(per_row), per_row)
-            chunk = torch.arange(back.shape[0], device=self.device) - first
-            target = torch.repeat_interleave(target, per_row) + chunk
-            ghost = None if ghost is None else torch.repeat_interleave(ghost, per_row)
+        target, ghost = self._targets(back.shape[0], ids, sent, local)
         sizes = (local.per_feature * self.dims).tolist()
         out = _place_chunks(back, target, ghost, sum(sizes) // self.unit).reshape(-1)
         lengths = local.lengths.view(len(self.keys), local.batch)
@@ -165,6 +148,43 @@ class SequenceOutputDistribution:
                 zip(self.keys, out.split(sizes), self.exchange.dims, strict=True)
             )
         }
+
+    def _targets(
+        self, chunks: int, ids: torch.Tensor, sent: Sent, local: LocalBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Where in the output (in chunks) each returned chunk lands, and which are ghosts.
+
+        A block's values reach its rows by ``repeat_interleave`` and ``index_select``, not by
+        indexing with each row's block: advanced indexing took 3.5 times as long (53,760
+        rows of 8 blocks: 0.12 ms against 0.034 ms a gather). Every ``repeat_interleave`` is
+        told its output's size, so that on cuda only the row count waits for the device."""
+        returned = int(ids.sum())
+
+        def per_row(values: torch.Tensor) -> torch.Tensor:  # each block's value, row by row
+            return torch.repeat_interleave(values, ids, output_size=returned)
+
+        # Per block: where its rows' ids are in ``sent.positions`` (less the rows before
+        # it) and where in the output (in chunks) an id at batch position 0 would land.
+        sent_at = exclusive_cumsum(sent.counts)[self.block_segment] - exclusive_cumsum(ids)
+        feature = self.block_feature
+        id_start = exclusive_cumsum(local.per_feature)[feature]
+        out_start = exclusive_cumsum(local.per_feature * self.dim_chunks)[feature]
+        base = out_start - id_start * self.block_dim + self.block_column
+        rows = torch.arange(returned, device=self.device)
+        position = sent.positions.index_select(0, per_row(sent_at) + rows)
+        target = per_row(base) + position * per_row(self.block_dim)
+        ghost = None if self.block_ghost is None else per_row(self.block_ghost)
+        if self.one_chunk_rows:
+            return target, ghost
+        # A row of several chunks: chunk ``k`` of the returned ones lands ``k`` less its
+        # row's first chunk after the row's target.
+        per_chunk = per_row(self.block_chunks)
+        first = exclusive_cumsum(per_chunk)
+        target = torch.repeat_interleave(target - first, per_chunk, output_size=chunks)
+        target += torch.arange(chunks, device=self.device)
+        if ghost is not None:
+            ghost = torch.repeat_interleave(ghost, per_chunk, output_size=chunks)
+        return target, ghost
 
 
 def _place_chunks(
@@ -179,7 +199,7 @@ def _place_chunks(
     # -1 where nothing lands, so a chunk the exchange failed to cover raises, not reads
     # uninitialised memory.
     source = torch.full((total,), -1, dtype=torch.int64, device=chunks.device)
-    source[placed] = keep
+    source.scatter_(0, placed, keep)  # (2.5 times as fast as ``source[placed] = keep``)
     result: torch.Tensor = _Permute.apply(chunks, source, target)
     return result
 
