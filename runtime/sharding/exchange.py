@@ -261,6 +261,7 @@ class SequenceExchange:
     rank: int
     world_size: int
     kernel_widths: tuple[int, ...]  # columns of each kernel feature of this rank
+    kernel_features: tuple[int, ...]  # kernel features of each of this rank's kernels
     back_order: tuple[int, ...]  # the (kernel feature, sender) segment of each sent segment
     blocks_from: tuple[int, ...]  # blocks each rank sends back
     block_segment: tuple[int, ...]  # the segment this rank sent, whose ids the block's rows are
@@ -300,6 +301,7 @@ def sequence_exchange(
         rank=rank,
         world_size=world,
         kernel_widths=tuple(widths),
+        kernel_features=tuple(len(group.features) for group in me.groups),
         back_order=tuple(j * world + s for s in range(world) for j in range(len(widths))),
         blocks_from=tuple(blocks_from),
         block_segment=tuple(b[0] for b in blocks),

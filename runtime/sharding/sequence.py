@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate, pairwise
 from typing import Any
 
 import torch
@@ -59,8 +60,12 @@ class SequenceOutputDistribution:
                 *exchange.dims,
             ),
         )
-        # Receiving side: the chunks in a row of each kernel feature.
+        # Receiving side: the chunks in a row of each kernel feature, and where each kernel's
+        # (kernel feature, sender) segments start in their list.
         self.kernel_chunks = index_tensor([w // unit for w in exchange.kernel_widths], device)
+        self.kernel_segments = list(
+            accumulate((n * exchange.world_size for n in exchange.kernel_features), initial=0)
+        )
         # Sending side: the blocks that come back, the chunks in a row of each and where
         # their rows land (in chunks): column and feature dim.
         self.block_rank = index_tensor(
@@ -106,12 +111,19 @@ class SequenceOutputDistribution:
         bags = index_tensor([b for _ in widths for b in received.batches], self.device)
         ids = segment_sums(received.lengths, bags).view(len(widths), world)
         chunks = (ids * self.kernel_chunks[:, None]).view(-1).tolist()
-        flat = concat([r.reshape(-1, self.unit) for r in rows])
-        if not self.exchange.back_identity:  # (kernel feature, sender) -> sender-major
-            segments = flat.split(chunks)
-            flat = torch.cat([segments[s] for s in self.exchange.back_order])
         per_sender = [sum(chunks[j * world + s] for j in range(len(widths))) for s in range(world)]
-        return flat, per_sender
+        pieces = [r.reshape(-1, self.unit) for r in rows]
+        if self.exchange.back_identity:
+            return concat(pieces), per_sender
+        # (kernel feature, sender) -> sender-major, in one copy straight from the kernels' rows,
+        # not a concatenation and then a copy of it in another order (7.5 MB of rows from five
+        # kernels: 0.2 ms instead of 0.5 to 0.75)
+        segments = [
+            segment
+            for piece, (start, end) in zip(pieces, pairwise(self.kernel_segments), strict=True)
+            for segment in piece.split(chunks[start:end])
+        ]
+        return torch.cat([segments[s] for s in self.exchange.back_order]), per_sender
 
     def _expected(self, sent: Sent) -> tuple[torch.Tensor, list[int]]:
         """The rows in each block that comes back, and the chunks from each rank."""
@@ -126,24 +138,7 @@ class SequenceOutputDistribution:
     ) -> dict[str, JaggedTensor]:
         """Put the returned rows into each feature's ``[ids, dim]`` block: block ``b``'s
         ``k``-th row is the id at ``sent.positions`` of its segment's ``k``-th sent id."""
-        block_of_row = torch.repeat_interleave(ids)
-        # Per block: where its rows' ids are in ``sent.positions`` (less the rows before
-        # it) and where in the output (in chunks) an id at batch position 0 would land.
-        sent_at = exclusive_cumsum(sent.counts)[self.block_segment] - exclusive_cumsum(ids)
-        feature = self.block_feature
-        id_start = exclusive_cumsum(local.per_feature)[feature]
-        out_start = exclusive_cumsum(local.per_feature * self.dim_chunks)[feature]
-        base = out_start - id_start * self.block_dim + self.block_column
-        rows = torch.arange(block_of_row.numel(), device=self.device)
-        position = sent.positions[sent_at[block_of_row] + rows]
-        target = base[block_of_row] + position * self.block_dim[block_of_row]
-        ghost = None if self.block_ghost is None else self.block_ghost[block_of_row]
-        if not self.one_chunk_rows:  # a row of several chunks: their targets follow on
-            per_row = self.block_chunks[block_of_row]
-            first = torch.repeat_interleave(exclusive_cumsum(per_row), per_row)
-            chunk = torch.arange(back.shape[0], device=self.device) - first
-            target = torch.repeat_interleave(target, per_row) + chunk
-            ghost = None if ghost is None else torch.repeat_interleave(ghost, per_row)
+        target, ghost = self._targets(back.shape[0], ids, sent, local)
         sizes = (local.per_feature * self.dims).tolist()
         out = _place_chunks(back, target, ghost, sum(sizes) // self.unit).reshape(-1)
         lengths = local.lengths.view(len(self.keys), local.batch)
@@ -153,6 +148,43 @@ class SequenceOutputDistribution:
                 zip(self.keys, out.split(sizes), self.exchange.dims, strict=True)
             )
         }
+
+    def _targets(
+        self, chunks: int, ids: torch.Tensor, sent: Sent, local: LocalBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Where in the output (in chunks) each returned chunk lands, and which are ghosts.
+
+        A block's values reach its rows by ``repeat_interleave`` and ``index_select``, not by
+        indexing with each row's block: advanced indexing took 3.5 times as long (53,760
+        rows of 8 blocks: 0.12 ms against 0.034 ms a gather). Every ``repeat_interleave`` is
+        told its output's size, so that on cuda only the row count waits for the device."""
+        returned = int(ids.sum())
+
+        def per_row(values: torch.Tensor) -> torch.Tensor:  # each block's value, row by row
+            return torch.repeat_interleave(values, ids, output_size=returned)
+
+        # Per block: where its rows' ids are in ``sent.positions`` (less the rows before
+        # it) and where in the output (in chunks) an id at batch position 0 would land.
+        sent_at = exclusive_cumsum(sent.counts)[self.block_segment] - exclusive_cumsum(ids)
+        feature = self.block_feature
+        id_start = exclusive_cumsum(local.per_feature)[feature]
+        out_start = exclusive_cumsum(local.per_feature * self.dim_chunks)[feature]
+        base = out_start - id_start * self.block_dim + self.block_column
+        rows = torch.arange(returned, device=self.device)
+        position = sent.positions.index_select(0, per_row(sent_at) + rows)
+        target = per_row(base) + position * per_row(self.block_dim)
+        ghost = None if self.block_ghost is None else per_row(self.block_ghost)
+        if self.one_chunk_rows:
+            return target, ghost
+        # A row of several chunks: chunk ``k`` of the returned ones lands ``k`` less its
+        # row's first chunk after the row's target.
+        per_chunk = per_row(self.block_chunks)
+        first = exclusive_cumsum(per_chunk)
+        target = torch.repeat_interleave(target - first, per_chunk, output_size=chunks)
+        target += torch.arange(chunks, device=self.device)
+        if ghost is not None:
+            ghost = torch.repeat_interleave(ghost, per_chunk, output_size=chunks)
+        return target, ghost
 
 
 def _place_chunks(
@@ -167,7 +199,7 @@ def _place_chunks(
     # -1 where nothing lands, so a chunk the exchange failed to cover raises, not reads
     # uninitialised memory.
     source = torch.full((total,), -1, dtype=torch.int64, device=chunks.device)
-    source[placed] = keep
+    source.scatter_(0, placed, keep)  # (2.5 times as fast as ``source[placed] = keep``)
     result: torch.Tensor = _Permute.apply(chunks, source, target)
     return result
 

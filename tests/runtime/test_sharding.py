@@ -302,6 +302,7 @@ def test_sequence_rows_come_back_to_their_columns_from_every_holder():
     zero = sequence_exchange(SEQUENCE, layouts, 0)
     # Rank 0 sends rank 0 its routes a1, a2, b (segments 0..2), rank 1 a1, a2, b, c (3..6).
     assert zero.kernel_widths == (4, 4, 4, 4, 4)
+    assert zero.kernel_features == (4, 1)  # a's two shards, two features each; b's block
     assert zero.back_order == (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)  # (feature, sender) by sender
     assert zero.blocks_from == (5, 4)
     assert zero.block_segment == (0, 1, 0, 1, 2, 3, 4, 5, 6)
