@@ -26,5 +26,6 @@ def needs_extra(command: str, extra: str) -> Iterator[None]:
             raise
         raise MissingExtraError(
             f"shardplan {command}: this install lacks the {extra!r} extra (no module named "
-            f"{error.name!r}): pip install 'shardplan[{extra}]'"
+            f"{error.name!r}): install shardplan with it, e.g. pip install './[{extra}]' in a "
+            "checkout (docs/getting-started.md)"
         ) from None

@@ -448,11 +448,13 @@ printf '%s\\n' "$@" > "$STUB_RECORD/pip.args"
 
 
 def _ci_workspace(tmp_path: Path, request_text: str) -> tuple[Path, Path, dict[str, str]]:
-    """A checkout holding the pull request's ``model/request.json``, the stand-ins, and
-    the environment a job step starts from."""
+    """A checkout holding the pull request's ``model/request.json`` and the plan of today,
+    the stand-ins, and the environment a job step starts from."""
     workspace = tmp_path / "workspace"
     (workspace / "model").mkdir(parents=True)
     (workspace / "model" / "request.json").write_text(request_text)
+    # The plan of today: the example's (the request that fits is the example)
+    shutil.copy(ROOT / "examples" / "plan.json", workspace / "model" / "plan.json")
     stubs, record = tmp_path / "stubs", tmp_path / "record"
     stubs.mkdir()
     record.mkdir()
@@ -543,8 +545,10 @@ def _assert_comment(body: str, case: str, heading: str) -> None:
         assert lines[0] == "<!-- shardplan-check -->"
         assert "| HBM headroom | rank | free | used | usable |" in lines
         assert any(line.startswith("**Binding constraint:** perf: rank 2") for line in lines)
+        assert any(line.startswith("| `--max-regression` | ✅ passed |") for line in lines)
     elif case == "does_not_fit":
         assert "- `world_size` 4 (same devices) fits" in lines
+        assert any(line.startswith("| `--max-regression` | ❌ failed |") for line in lines)
         assert "- allow `fused_uvm_caching` for `users`: then the whole model fits" in lines
     else:
         assert (

@@ -150,14 +150,16 @@ def test_runtime_install_cli_names_the_extra_a_command_needs(runtime_venv):
         2,
         "",
         "shardplan plan: this install lacks the 'planner' extra (no module named 'ortools'): "
-        "pip install 'shardplan[planner]'\n",
+        "install shardplan with it, e.g. pip install './[planner]' in a "
+        "checkout (docs/getting-started.md)\n",
     )
     served = runtime_venv.run("shardplan", "serve", "--port", "1")
     assert (served.returncode, served.stdout, served.stderr) == (
         2,
         "",
         "shardplan serve: this install lacks the 'service' extra (no module named 'uvicorn'): "
-        "pip install 'shardplan[service]'\n",
+        "install shardplan with it, e.g. pip install './[service]' in a "
+        "checkout (docs/getting-started.md)\n",
     )
     # The commands that need no extra work as usual.
     validated = runtime_venv.run("shardplan", "validate", str(request), str(plan))

@@ -520,7 +520,8 @@ def test_a_missing_extra_is_one_line_naming_it():
         import shardplan_no_such_library  # noqa: F401
     assert str(missing.value) == (
         "shardplan plan: this install lacks the 'planner' extra (no module named "
-        "'shardplan_no_such_library'): pip install 'shardplan[planner]'"
+        "'shardplan_no_such_library'): install shardplan with it, e.g. pip install './[planner]' in a "
+        "checkout (docs/getting-started.md)"
     )
 
 

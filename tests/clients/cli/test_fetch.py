@@ -294,5 +294,6 @@ def test_check_on_the_server_needs_no_ortools_but_the_least_world_size_search_do
     assert (below.returncode, below.stdout) == (2, "")
     assert below.stderr == (
         "shardplan check --min-world-size: this install lacks the 'planner' extra (no module "
-        "named 'ortools'): pip install 'shardplan[planner]'\n"
+        "named 'ortools'): install shardplan with it, e.g. pip install './[planner]' in a "
+        "checkout (docs/getting-started.md)\n"
     )
