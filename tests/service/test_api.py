@@ -981,7 +981,6 @@ MIGRATION = {
             "plan.migration.ranks[0].rank",
         ),
         ({"tables_moved": 99, "moved_bytes": 7}, "plan.migration.moved_bytes"),
-        ({}, "request.options.previous_plan_id"),
     ],
 )
 def test_imported_migrations_that_do_not_add_up_are_422(client, migration, path):
@@ -1023,9 +1022,6 @@ def test_an_imported_plan_never_stands_in_for_this_planners_answer(client):
     )
     assert put.status_code == 201, put.text
     assert put.headers["x-shardplan-solver-report"] == "unverified"
-    assert client.get(f"/v1/plans/{plan.plan_id}").headers["x-shardplan-solver-report"] == (
-        "unverified"
-    )
     posted = client.post("/v1/plans", json=req_json)
     assert posted.status_code == 201 and posted.headers["x-shardplan-cache"] == "miss"
     assert posted.headers["x-shardplan-plan-id"] != plan.plan_id
