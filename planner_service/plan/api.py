@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from planner_service.plan.json_data import JsonObject
 from planner_service.plan.types import (
@@ -342,6 +342,19 @@ class PlanListing(_Document):
     planner_version: str = Field(description="the planner that made the plan")
     created_at: str = Field(description="when this service stored it: ISO 8601, UTC")
     summary: PlanSummary
+    imported: bool | None = Field(
+        None,
+        description="true for a plan stored by PUT /v1/plans/{plan_id} (made elsewhere): "
+        "its solver report (status, bound, gap) is the importer's word, unverified here; "
+        "absent for plans this service's planner made",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unless_imported(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
+        data: JsonObject = handler(self)
+        if not data.get("imported"):
+            data.pop("imported", None)
+        return data
 
 
 class PlanPage(_Document):

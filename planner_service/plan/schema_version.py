@@ -16,8 +16,9 @@ SCHEMA_VERSION = "1.2"  # 1.1: solver.stop_reason; 1.2: migration
 # Plans are written at the oldest schema that has their fields: a plan without a
 # ``migration`` section stays 1.1, byte for byte what earlier versions wrote.
 SCHEMA_VERSION_WITHOUT_MIGRATION = "1.1"
-# "major.minor", each at most 9 ASCII digits: read without int() on unbounded text.
-SCHEMA_VERSION_PATTERN = r"^[0-9]{1,9}\.[0-9]{1,9}$"
+# "major.minor", each at most 9 ASCII digits without leading zeros ("01.01" is not "1.1":
+# one version, one spelling): read without int() on unbounded text.
+SCHEMA_VERSION_PATTERN = r"^(?:0|[1-9][0-9]{0,8})\.(?:0|[1-9][0-9]{0,8})$"
 
 
 def check_schema_version(version: object, *, source: str = "plan") -> None:

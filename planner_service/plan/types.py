@@ -39,6 +39,7 @@ from planner_service.plan.schema_version import (
     SCHEMA_VERSION_PATTERN,
     schema_version_problem,
 )
+from planner_service.plan.text import FreeText, IdentifierText
 from planner_service.plan.units import GiB, parse_byte_size
 
 # TorchRec's public defaults (torchrec/distributed/planner/constants.py), converted to bytes/s.
@@ -81,11 +82,14 @@ MAX_PLAN_BYTES = 2**63 - 1
 MAX_MOVE_COST_MS_PER_GIB = 1e6
 
 Bool = Annotated[bool, Strict()]
-Name = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
-NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
-LoadFactor = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+# Names and versions: no control characters, bidi overrides or surrounding spaces (plan.text).
+Name = Annotated[str, Strict(), Field(min_length=1, max_length=256), IdentifierText]
+# Every number is strict: a JSON number, never a string ("5") or a boolean.
+StrictFloat = Annotated[float, Strict()]
+NonNegativeFloat = Annotated[StrictFloat, Field(ge=0.0, allow_inf_nan=False)]
+PositiveFloat = Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)]
+Fraction = Annotated[StrictFloat, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
+LoadFactor = Annotated[StrictFloat, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 Sha256Hex = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{64}$")]
 WorldSize = Annotated[int, Strict(), Field(ge=1, le=MAX_WORLD_SIZE)]
 Rank = Annotated[int, Strict(), Field(ge=0, lt=MAX_WORLD_SIZE)]
@@ -125,13 +129,13 @@ ByteSize = Annotated[
     ),
 ]
 Bandwidth = Annotated[
-    float,
+    StrictFloat,
     Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S, allow_inf_nan=False),
 ]
 NumRows = Annotated[int, Strict(), Field(ge=0, le=MAX_NUM_EMBEDDINGS)]
 NumColumns = Annotated[int, Strict(), Field(ge=0, le=MAX_EMBEDDING_DIM)]
 BatchSize = Annotated[int, Strict(), Field(ge=1, le=MAX_BATCH_SIZE)]
-PoolingFactor = Annotated[float, Field(ge=0.0, le=MAX_POOLING_FACTOR, allow_inf_nan=False)]
+PoolingFactor = Annotated[StrictFloat, Field(ge=0.0, le=MAX_POOLING_FACTOR, allow_inf_nan=False)]
 
 
 class ShardingType(StrEnum):
@@ -553,13 +557,15 @@ MAX_WEIGHTED_FACTOR = 100.0
 MAX_RUNTIME_SCALE = 100.0
 
 # A coefficient of the calibrated model: finite, non-negative, bounded.
-UsPerId = Annotated[float, Field(ge=0.0, le=MAX_US_PER_ID, allow_inf_nan=False)]
-NsPerByte = Annotated[float, Field(ge=0.0, le=MAX_NS_PER_BYTE, allow_inf_nan=False)]
-FixedMs = Annotated[float, Field(ge=0.0, le=MAX_FIXED_MS, allow_inf_nan=False)]
-RelativeError = Annotated[float, Field(ge=0.0, le=MAX_PROFILE_RELATIVE_ERROR, allow_inf_nan=False)]
-Text = Annotated[str, Strict(), Field(max_length=1024)]
-WeightedFactor = Annotated[float, Field(ge=1.0, le=MAX_WEIGHTED_FACTOR, allow_inf_nan=False)]
-RuntimeScale = Annotated[float, Field(ge=0.0, le=MAX_RUNTIME_SCALE, allow_inf_nan=False)]
+UsPerId = Annotated[StrictFloat, Field(ge=0.0, le=MAX_US_PER_ID, allow_inf_nan=False)]
+NsPerByte = Annotated[StrictFloat, Field(ge=0.0, le=MAX_NS_PER_BYTE, allow_inf_nan=False)]
+FixedMs = Annotated[StrictFloat, Field(ge=0.0, le=MAX_FIXED_MS, allow_inf_nan=False)]
+RelativeError = Annotated[
+    StrictFloat, Field(ge=0.0, le=MAX_PROFILE_RELATIVE_ERROR, allow_inf_nan=False)
+]
+Text = Annotated[str, Strict(), Field(max_length=1024), FreeText]
+WeightedFactor = Annotated[StrictFloat, Field(ge=1.0, le=MAX_WEIGHTED_FACTOR, allow_inf_nan=False)]
+RuntimeScale = Annotated[StrictFloat, Field(ge=0.0, le=MAX_RUNTIME_SCALE, allow_inf_nan=False)]
 
 
 class Collective(StrEnum):
@@ -577,7 +583,7 @@ class FitQuality(_Value):
     and the median and largest relative residual |predicted − measured| / measured."""
 
     samples: Annotated[int, Strict(), Field(ge=1, le=MAX_FIT_SAMPLES)]
-    r2: Annotated[float, Field(ge=-MAX_PROFILE_RELATIVE_ERROR, le=1.0, allow_inf_nan=False)]
+    r2: Annotated[StrictFloat, Field(ge=-MAX_PROFILE_RELATIVE_ERROR, le=1.0, allow_inf_nan=False)]
     rms_residual_ms: FixedMs
     median_relative_error: RelativeError
     max_relative_error: RelativeError
@@ -697,8 +703,8 @@ class DeviceProfile(_Value):
     compute_device: ComputeDevice
     measured_at: Text = ""
     machine: MachineInfo
-    budget_s: Annotated[float, Field(ge=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] = 0.0
-    wall_s: Annotated[float, Field(ge=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] = 0.0
+    budget_s: Annotated[StrictFloat, Field(ge=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] = 0.0
+    wall_s: Annotated[StrictFloat, Field(ge=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] = 0.0
     kernels: list[KernelCoefficients] = Field(min_length=1, max_length=MAX_PROFILE_ENTRIES)
     collectives: list[CollectiveCoefficients] = Field(max_length=MAX_PROFILE_ENTRIES)
     runtime: RuntimeCoefficients
@@ -792,9 +798,9 @@ class PlanOptions(_Value):
     relative gap of the optimum (0.02: at most 2% slower than the best plan there is). 0
     searches until the plan is proven optimal or ``time_limit_s`` is spent."""
 
-    time_limit_s: Annotated[float, Field(gt=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] = (
-        DEFAULT_TIME_LIMIT_S
-    )
+    time_limit_s: Annotated[
+        StrictFloat, Field(gt=0.0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)
+    ] = DEFAULT_TIME_LIMIT_S
     gap_limit: Fraction = DEFAULT_GAP_LIMIT
     seed: Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)] = 0
     objective: Objective = Objective.MAX_RANK_COST
@@ -805,7 +811,8 @@ class PlanOptions(_Value):
     previous_plan: ShardingPlan | None = None
     max_moved_bytes: ByteSize | None = None
     move_cost_ms_per_gib: (
-        Annotated[float, Field(ge=0.0, le=MAX_MOVE_COST_MS_PER_GIB, allow_inf_nan=False)] | None
+        Annotated[StrictFloat, Field(ge=0.0, le=MAX_MOVE_COST_MS_PER_GIB, allow_inf_nan=False)]
+        | None
     ) = None
     # The calibrated model's coefficients (docs/cost-model.md, "Calibrating for your
     # hardware"): inline, or by id from the service, which fills in the profile. An inline
@@ -873,6 +880,7 @@ class PlanOptions(_Value):
                     at="previous_plan.plan_id",
                     value=previous.plan_id,
                 )
+            check_previous_layout(previous, "previous_plan.")
             if self.previous_plan_id is not None and self.previous_plan_id != previous.plan_id:
                 raise _error(
                     "previous_plan_mismatch",
@@ -1154,9 +1162,148 @@ class ShardingPlan(_Value):
     solver: SolverReport
     migration: Migration | None = None
 
+    @model_validator(mode="after")
+    def _check_consistent(self) -> Self:
+        """What a plan says about itself that no request is needed to check: its schema
+        has its fields and its migration adds up (the validator checks its shards against
+        the request; ``check_previous_layout`` checks them without one)."""
+        _check_schema_fields(self)
+        if self.migration is not None:
+            _check_migration(self.migration, self.world_size, len(self.tables))
+        return self
+
     @model_serializer(mode="wrap")
     def _omit_absent_migration(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
         return _without_absent(handler(self), ("migration",))
+
+
+def _check_schema_fields(plan: ShardingPlan) -> None:
+    """A field exists from the schema that added it on: 1.0 plans have no
+    ``solver.stop_reason``, plans before 1.2 no ``migration``."""
+    major, _, minor = plan.schema_version.partition(".")
+    version = (int(major), int(minor))
+    if plan.solver.stop_reason is not None and version < (1, 1):
+        raise _error(
+            "schema_field",
+            "solver.stop_reason is a field of plan schema 1.1 and later; this plan says "
+            "schema_version {version!r}",
+            version=plan.schema_version,
+            at="solver.stop_reason",
+            value=plan.solver.stop_reason.value,
+        )
+    if plan.migration is not None and version < (1, 2):
+        raise _error(
+            "schema_field",
+            "migration is a field of plan schema 1.2 and later; this plan says "
+            "schema_version {version!r}",
+            version=plan.schema_version,
+            at="migration",
+            value=plan.schema_version,
+        )
+
+
+def _check_rank(rank: int, world_size: int, at: str) -> None:
+    if rank >= world_size:
+        raise _error(
+            "rank_range",
+            "{where} is rank {rank}, out of range for the plan's world_size {world}; ranks "
+            "are 0..{last}",
+            where=at,
+            at=at,
+            rank=rank,
+            world=world_size,
+            last=world_size - 1,
+            value=rank,
+        )
+
+
+def check_previous_layout(plan: ShardingPlan, at: str) -> None:
+    """A plan given without its request (``options.previous_plan``: its request is gone)
+    checked as far as it can be: every rank it names exists, and each table's shards tile
+    the rectangle they span, so nothing is computed from a shard on rank 100 of 4."""
+    for name, sharding in plan.tables.items():
+        _check_shards(name, sharding, plan.world_size, at)
+    for i, stats in enumerate(plan.rank_stats):
+        _check_rank(stats.rank, plan.world_size, f"{at}rank_stats[{i}].rank")
+
+
+def _check_shards(name: str, sharding: ParameterSharding, world_size: int, at: str) -> None:
+    """Shards on the plan's ranks that cover the rectangle they span exactly once by area
+    (the validator, with the request, checks the tiling itself); data-parallel shards are
+    each the whole table."""
+    for i, rank in enumerate(sharding.ranks):
+        _check_rank(rank, world_size, f"{at}tables.{name}.ranks[{i}]")
+    for i, shard in enumerate(sharding.shards):
+        _check_rank(shard.rank, world_size, f"{at}tables.{name}.shards[{i}].rank")
+    rows = max(shard.offsets[0] + shard.sizes[0] for shard in sharding.shards)
+    cols = max(shard.offsets[1] + shard.sizes[1] for shard in sharding.shards)
+    if sharding.sharding_type is ShardingType.DATA_PARALLEL:
+        whole = ((0, 0), (rows, cols))
+        tiled = all((shard.offsets, shard.sizes) == whole for shard in sharding.shards)
+    else:
+        tiled = sum(shard.sizes[0] * shard.sizes[1] for shard in sharding.shards) == rows * cols
+    if not tiled:
+        raise _error(
+            "tiling",
+            "the shards of table {name!r} do not tile the {rows} x {cols} rectangle they "
+            "span: each row and column of a table is in exactly one shard (every shard the "
+            "whole table, for data_parallel)",
+            name=name,
+            rows=rows,
+            cols=cols,
+            at=f"{at}tables.{name}.shards",
+            value=len(sharding.shards),
+        )
+
+
+def _check_migration(migration: Migration, world_size: int, num_tables: int) -> None:
+    """Per-rank moves on the plan's ranks, each rank once, in order, summing to
+    ``moved_bytes`` both ways; at most every table moved."""
+    previous = -1
+    for i, moves in enumerate(migration.ranks):
+        _check_rank(moves.rank, world_size, f"migration.ranks[{i}].rank")
+        if moves.rank <= previous:
+            raise _error(
+                "rank_order",
+                "migration.ranks[{i}].rank {rank} is not after the rank before it; list each "
+                "rank once, in rank order",
+                i=i,
+                rank=moves.rank,
+                at=f"migration.ranks[{i}].rank",
+                value=moves.rank,
+            )
+        previous = moves.rank
+    for field in ("received_bytes", "sent_bytes"):
+        total = sum(getattr(moves, field) for moves in migration.ranks)
+        if total != migration.moved_bytes:
+            raise _error(
+                "migration_sum",
+                "migration.moved_bytes {moved} is not the sum of the ranks' {field}, {total}",
+                moved=migration.moved_bytes,
+                field=field,
+                total=total,
+                at="migration.moved_bytes",
+                value=migration.moved_bytes,
+            )
+    if migration.tables_moved > num_tables:
+        raise _error(
+            "tables_moved",
+            "migration.tables_moved {moved} is more than the plan's {count} tables",
+            moved=migration.tables_moved,
+            count=num_tables,
+            at="migration.tables_moved",
+            value=migration.tables_moved,
+        )
+    if (migration.moved_bytes == 0) != (migration.tables_moved == 0):
+        raise _error(
+            "tables_moved",
+            "migration.tables_moved {moved} with moved_bytes {moved_bytes}: tables move "
+            "exactly when bytes do",
+            moved=migration.tables_moved,
+            moved_bytes=migration.moved_bytes,
+            at="migration.tables_moved",
+            value=migration.tables_moved,
+        )
 
 
 PlanOptions.model_rebuild()

@@ -3,9 +3,10 @@
 A request may give any byte field as an integer or as a size string, ``"80GiB"`` or
 ``"512 MB"``: a decimal number (digits, optionally a fraction) and one unit, ``B``,
 ``KB``/``MB``/``GB``/``TB`` (powers of 1000) or ``KiB``/``MiB``/``GiB``/``TiB`` (powers of
-1024), spaces allowed around and between them. Units are case-sensitive, because ``Gb``
-and ``mb`` usually mean bits or a typo; the size must come to a whole number of bytes
-(``"1.5KiB"`` is 1536, ``"0.3B"`` is refused). The integer is the canonical form: a
+1024), ASCII spaces allowed around and between them (not tabs, line breaks or Unicode
+spaces, which read as a space or a line and are not one). Units are case-sensitive,
+because ``Gb`` and ``mb`` usually mean bits or a typo; the size must come to a whole
+number of bytes (``"1.5KiB"`` is 1536, ``"0.3B"`` is refused). The integer is the canonical form: a
 request reads the same, and hashes the same, however its sizes are written.
 """
 
@@ -21,7 +22,7 @@ DECIMAL_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 BINARY_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 BYTE_UNITS = {**DECIMAL_UNITS, **BINARY_UNITS}
 # At most 20 digits either side of the point: Fraction() never sees a long text.
-_SIZE = re.compile(r"\s*([0-9]{1,20}(?:\.[0-9]{1,20})?)\s*([A-Za-z]{1,8})\s*")
+_SIZE = re.compile(r" *([0-9]{1,20}(?:\.[0-9]{1,20})?) *([A-Za-z]{1,8}) *")
 _UNITS_TEXT = ", ".join(BYTE_UNITS)
 
 

@@ -7,10 +7,12 @@ run with a longer time limit) after checking it as the service checks its own.
   violation), the check ``shardplan validate`` and ``POST /v1/validate`` make. That
   includes the plan's ``request_hash``, and the per-rank totals recomputed with this
   service's cost model.
-- Key: stored as a POST would store it, by the request's hash, under the planner version
-  that made the plan (``plan.planner_version``). A POST of the same request is answered
-  with it only when that is this service's planner version: a plan made by another version
-  is fetched by id or alias, never handed out as this planner's answer.
+- Key: stored by the request's hash under the planner version the plan names
+  (``plan.planner_version``), marked imported. Its solver report (status, lower bound, gap)
+  is the importer's word: the objective and critical path are recomputed, the bound cannot
+  be. So an imported plan is fetched by id or alias, listed with ``imported: true`` and
+  answered with ``X-Shardplan-Solver-Report: unverified``, and never handed out as this
+  planner's answer to a POST, whatever version it claims.
 
 Decoding and validating take time in proportion to the plan, so they run in the CPU lane
 (``cpu.py``), never on the event loop, and the body is bounded by
@@ -35,6 +37,9 @@ from planner_service.service.store import PlanBodies
 from planner_service.validate.validator import validate_plan
 
 SHOWN_VIOLATIONS = 5
+# Said of an imported plan: its solver report is the importer's word, unverified here.
+SOLVER_REPORT_HEADER = "X-Shardplan-Solver-Report"
+UNVERIFIED = "unverified"
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ async def import_plan(
             plan=checked.plan,
             bodies=bodies,
             summary=checked.summary,
+            imported=True,
         )
     )
     state.cache.put(checked.plan_id, bodies)

@@ -17,6 +17,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from planner_service.plan.errors import FieldProblem, InputError
+from planner_service.plan.text import identifier_problem
 
 DEFAULT_DATABASE = "var/shardplan.db"
 MAX_SOLVE_GRACE_S = 3600.0
@@ -57,6 +58,11 @@ def _tokens(value: Any) -> Any:
         if len(token) < MIN_TOKEN_CHARS:
             short.append(f"{token[:2]}…")  # never the token itself
             continue
+        problem = identifier_problem(name) if name else None
+        if problem is not None:  # the name is stored as the actor of alias changes
+            raise PydanticCustomError(
+                "token_name", "token name {name!r} {problem}", {"name": name, "problem": problem}
+            )
         tokens[name or "token-" + hashlib.sha256(token.encode()).hexdigest()[:8]] = token
     if short:
         raise PydanticCustomError("short_tokens", _SHORT_TOKENS, {"shown": short})

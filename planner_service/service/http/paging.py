@@ -16,6 +16,7 @@ from typing import Annotated, TypeVar
 from fastapi import Query
 
 from planner_service.plan.api import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from planner_service.plan.text import identifier_problem
 from planner_service.service.http.problems import ProblemError
 
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,1024}$"
@@ -43,13 +44,15 @@ def encode_cursor(*key: str) -> str:
 
 
 def decode_cursor(cursor: str, fields: int) -> tuple[str, ...]:
-    """The sort key a cursor holds; 422 naming ``after`` when it holds none."""
+    """The sort key a cursor holds; 422 naming ``after`` when it holds none. Its parts
+    are compared with stored text, so each must be text both stores keep (``plan.text``):
+    a NUL would be a 503 from PostgreSQL and an empty page from SQLite."""
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         text = ""
     key = tuple(text.split(_SEPARATOR))
-    if len(key) != fields or not all(key):
+    if len(key) != fields or not all(key) or any(map(identifier_problem, key)):
         message = "not a cursor this service made: pass the `next` of a previous page"
         raise ProblemError(
             422,

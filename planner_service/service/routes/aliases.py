@@ -16,6 +16,7 @@ from planner_service.plan.codec import load_json
 from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.errors import InputError, problems_from_validation_error
 from planner_service.plan.plan_ids import PLAN_ID_OR_PREFIX_PATTERN
+from planner_service.plan.text import FreeText
 from planner_service.service.deps import State, Writer, reader
 from planner_service.service.http.fetch import (
     PreparedResponse,
@@ -65,7 +66,9 @@ class AliasUpdate(BaseModel):
         description=f"the plan to point at: {PLAN_ID_DESCRIPTION}",
         json_schema_extra={"pattern": PLAN_ID_OR_PREFIX_PATTERN},
     )
-    comment: str | None = Field(None, max_length=1000, description="why, for the history")
+    comment: Annotated[str, FreeText] | None = Field(
+        None, max_length=1000, description="why, for the history"
+    )
 
 
 def alias_record(change: AliasChange) -> AliasRecord:

@@ -53,7 +53,7 @@ from planner_service.service.http.responses import (
     job_content,
     job_response,
 )
-from planner_service.service.importing import import_plan
+from planner_service.service.importing import SOLVER_REPORT_HEADER, UNVERIFIED, import_plan
 from planner_service.service.pages.plan import render_plan_page
 from planner_service.service.plan_ids import AMBIGUOUS
 from planner_service.service.solver.references import with_stored_references
@@ -148,7 +148,9 @@ async def put_plan(plan_id: PlanId, http_request: Request, state: State, actor: 
     of that planner version. The body is the stored plan, as from POST."""
     del actor
     checked, inserted = await import_plan(state, plan_id, await http_request.body())
-    return _plan_response(checked.plan_id, checked.plan, status=201 if inserted else 200)
+    response = _plan_response(checked.plan_id, checked.plan, status=201 if inserted else 200)
+    response.headers[SOLVER_REPORT_HEADER] = UNVERIFIED  # the importer's word (importing.py)
+    return response
 
 
 @router.get(

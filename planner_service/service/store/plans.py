@@ -45,10 +45,12 @@ class Plans:
         plan: bytes,
         summary: PlanSummary,
         bodies: PlanBodies | None = None,
+        imported: bool = False,
     ) -> bool:
         """Insert a plan once, with its encodings (``bodies``, made here unless given);
         True when this call stored it, False when it already was. ``for_request`` finds
-        it by ``request_hash`` and ``planner_version``. Returns after the commit."""
+        it by ``request_hash`` and ``planner_version`` unless it was ``imported`` (made
+        elsewhere: never this planner's answer). Returns after the commit."""
         encoded = PlanBodies.of(plan) if bodies is None else bodies
         assert encoded.identity == plan
         with self.database.transaction(write=True) as cursor:
@@ -56,11 +58,12 @@ class Plans:
                 self.database.sql(
                     "INSERT INTO plans (plan_id, request_hash, planner_version, request, plan, "
                     "created_at, world_size, num_tables, objective, status, plan_gzip, "
-                    "plan_zstd) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "plan_zstd, imported) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT (plan_id) DO NOTHING"
                 ),
                 (plan_id, request_hash, planner_version, request, plan, now(),
-                 *summary_values(summary), encoded.gzip, encoded.zstd),
+                 *summary_values(summary), encoded.gzip, encoded.zstd,
+                 1 if imported else None),
             )  # fmt: skip
             return bool(cursor.rowcount == 1)
 
@@ -76,7 +79,7 @@ class Plans:
             cursor.execute(
                 self.database.sql(
                     "SELECT plan_id, planner_version, created_at, world_size, num_tables, "
-                    f"objective, status FROM plans {where}"
+                    f"objective, status, imported FROM plans {where}"
                     "ORDER BY created_at DESC, plan_id DESC LIMIT ?"
                 ),
                 (*arguments, limit),
@@ -151,12 +154,14 @@ class Plans:
             return [str(row[0]) for row in cursor.fetchall()]
 
     def for_request(self, request_hash: str, planner_version: str) -> str | None:
-        """The plan_id already planned for this request by this planner version, if any."""
+        """The plan_id this planner version already made for this request, if any: an
+        imported plan claims the version but its report is unverified (issue 36, item 7),
+        so it never stands in for a solve."""
         with self.database.transaction() as cursor:
             cursor.execute(
                 self.database.sql(
                     "SELECT plan_id FROM plans WHERE request_hash = ? AND planner_version = ? "
-                    "ORDER BY created_at LIMIT 1"
+                    "AND imported IS NULL ORDER BY created_at LIMIT 1"
                 ),
                 (request_hash, planner_version),
             )
@@ -183,4 +188,5 @@ def _listing(row: dict[str, Any]) -> PlanListing:
         planner_version=row["planner_version"],
         created_at=row["created_at"],
         summary=summary,
+        imported=True if row["imported"] else None,
     )

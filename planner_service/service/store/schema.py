@@ -82,7 +82,9 @@ _SUMMARY_COLUMNS = {
 _BACKFILL_BATCH = 100
 # Columns added after the first release, each NULL in rows stored before it: ``plan_gzip``
 # and ``plan_zstd`` are filled the first time such a plan is fetched (``Plans.bodies``).
-_LATER_COLUMNS = {"plan_gzip": "BLOB", "plan_zstd": "BLOB"}
+# ``imported`` is 1 for plans stored by PUT /v1/plans/{plan_id}, whose solver report nothing
+# here verified (NULL: made by the planner, or imported before the column existed).
+_LATER_COLUMNS = {"plan_gzip": "BLOB", "plan_zstd": "BLOB", "imported": "INTEGER"}
 
 
 def create_schema(cursor: Cursor, dialect: Dialect) -> None:
