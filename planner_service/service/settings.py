@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     # An async solve's job whose process has not renewed its lease for this long is taken
     # over by another service process (solver/jobs.py); renewed every third of it.
     job_lease_s: float = Field(15.0, ge=0.5, le=MAX_SOLVE_GRACE_S, allow_inf_nan=False)
+    # Async jobs accepted while no solver process had room: they wait in the store (every
+    # replica sharing it together) until one has; beyond this many, 503 (solver/jobs.py).
+    job_queue: int = Field(100, ge=0)
     # Server-sent event streams (GET /v1/solves/{id}/events) open at once per HTTP worker.
     max_event_streams: int = Field(100, ge=1)
     # One line per request on stdout (uvicorn's access log); `shardplan serve --access-log`.

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -33,6 +34,7 @@ from planner_service.validate.validator import validate_plan
 from tests.conftest import BACKENDS, database_url
 from tests.service.test_api import infeasible_request, slow_request, small_request
 from tests.service.test_solver_pool import solver_pids
+from tests.service.test_store import fetch_one
 from tests.support.servers import Service
 
 # Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
@@ -221,8 +223,8 @@ def test_bad_job_ids_and_bad_requests_are_problems(service):
         assert plain.status_code in (200, 201) and "preference-applied" not in plain.headers
 
 
-def test_a_full_pool_refuses_a_new_job_but_not_the_one_it_runs(shardplan_exe, tmp_path):
-    env = {**LEASE_ENV, "SHARDPLAN_SOLVE_QUEUE": "0"}  # one solve at a time
+def test_a_full_pool_and_queue_refuse_a_new_job_but_not_the_one_it_runs(shardplan_exe, tmp_path):
+    env = {**LEASE_ENV, "SHARDPLAN_SOLVE_QUEUE": "0", "SHARDPLAN_JOB_QUEUE": "0"}
     server = Service(shardplan_exe, tmp_path / "log", db=str(tmp_path / "plans.db"), env=env)
     server.start()
     try:
@@ -231,7 +233,8 @@ def test_a_full_pool_refuses_a_new_job_but_not_the_one_it_runs(shardplan_exe, tm
             assert running.status_code == 202
             refused = http.post("/v1/plans", json=timed_request(19, 3.0), headers=ASYNC)
             assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
-            assert refused.json()["title"] == "Solver pool full"
+            assert refused.json()["title"] == "Job queue full"
+            assert "SHARDPLAN_JOB_QUEUE (0)" in refused.json()["detail"]
             other_job = job_id_for(request_hash(parse_request(json.dumps(timed_request(19, 3.0)))))
             assert http.get(f"/v1/solves/{other_job}").status_code == 404  # nothing recorded
             # The job in flight is asked for again: joined, not refused.
@@ -239,6 +242,43 @@ def test_a_full_pool_refuses_a_new_job_but_not_the_one_it_runs(shardplan_exe, tm
             assert again.status_code == 202 and again.json()["job_id"] == running.json()["job_id"]
             done = wait_for(http, running.json()["job_id"], lambda job: job.status.ended)
             assert done.status is SolveJobStatus.DONE and done.attempts == 1
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_accepted_jobs_beyond_the_pool_wait_in_the_store_and_all_run(
+    backend, request, shardplan_exe, tmp_path
+):
+    """Room for 3 solves (one solver process, a queue of 2) and for 2 jobs waiting in the
+    store; 8 distinct async POSTs at once: 3 go to the pool, 2 wait, 3 are refused at once
+    (503, Retry-After), and every job accepted ends with its plan, started once. (Before,
+    all 8 were accepted and the ones the pool had no room for failed later.)"""
+    postgres = request.getfixturevalue("postgres") if backend == "postgres" else None
+    db = database_url(backend, postgres, tmp_path)
+    env = {**LEASE_ENV, "SHARDPLAN_SOLVE_QUEUE": "2", "SHARDPLAN_JOB_QUEUE": "2"}
+    server = Service(shardplan_exe, tmp_path / "log", db=db, env=env).start()
+    documents = [timed_request(40 + index, 1.0) for index in range(8)]
+    try:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            with ThreadPoolExecutor(len(documents)) as threads:
+                answers = list(
+                    threads.map(
+                        lambda document: http.post("/v1/plans", json=document, headers=ASYNC),
+                        documents,
+                    )
+                )
+            accepted = [answer.json() for answer in answers if answer.status_code == 202]
+            refused = [answer for answer in answers if answer.status_code == 503]
+            assert (len(accepted), len(refused)) == (5, 3), [a.status_code for a in answers]
+            assert sorted(job["attempts"] for job in accepted) == [0, 0, 1, 1, 1]
+            for answer in refused:
+                assert answer.json()["title"] == "Job queue full"
+                assert int(answer.headers["retry-after"]) >= 1
+            for job in accepted:
+                ended = wait_for(http, job["job_id"], lambda job: job.status.ended)
+                assert ended.status is SolveJobStatus.DONE, ended.problem
+                assert ended.attempts == 1
     finally:
         server.stop()
 
@@ -349,6 +389,44 @@ def test_a_job_survives_its_server_killed_mid_solve(backend, request, shardplan_
     assert canonical_bytes(plan) == canonical_bytes(parse_plan(stored))
     assert validate_plan(parse_request(json.dumps(document)), plan) == []
     assert seen[-1].status is SolveJobStatus.DONE and seen[-1].attempts == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_resumed_job_names_the_plan_a_sync_post_stored_meanwhile(
+    backend, request, shardplan_exe, tmp_path
+):
+    """Async submit, SIGKILL the server mid-solve, restart it, and POST the same request
+    synchronously inside the job's lease: that POST stores plan A. The job, resumed once
+    its lease lapses, ends with A rather than solving again and storing B: the store holds
+    one plan for the request, and the job and every POST name it."""
+    postgres = request.getfixturevalue("postgres") if backend == "postgres" else None
+    db = database_url(backend, postgres, tmp_path)
+    env = {"SHARDPLAN_JOB_LEASE_S": "20"}
+    document = timed_request(31, 2.0)
+    key = request_hash(parse_request(json.dumps(document)))
+    server = Service(shardplan_exe, tmp_path / "log", db=db, env=env).start()
+    restarted = Service(shardplan_exe, tmp_path / "log2", db=db, env=env, port=server.port)
+    try:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            job_id = http.post("/v1/plans", json=document, headers=ASYNC).json()["job_id"]
+            wait_for(http, job_id, lambda job: job.status is SolveJobStatus.RUNNING)
+        server.kill()
+        restarted.start()
+        with httpx.Client(base_url=restarted.base, timeout=60) as http:
+            sync = http.post("/v1/plans", json=document)
+            assert sync.status_code == 201, sync.text
+            plan_id = sync.headers["x-shardplan-plan-id"]
+            job = wait_for(http, job_id, lambda job: job.status.ended, timeout_s=90)
+            assert job.status is SolveJobStatus.DONE and job.attempts == 2
+            assert job.plan_id == plan_id
+            assert solves_counted(http) == 1  # the resumed job solved nothing
+            again = http.post("/v1/plans", json=document)
+            assert again.status_code == 200 and again.headers["x-shardplan-plan-id"] == plan_id
+        assert "resuming it (attempt 2)" in restarted.log()
+    finally:
+        server.stop()
+        restarted.stop()
+    assert fetch_one(db, "SELECT COUNT(*) FROM plans WHERE request_hash = {0}", key) == (1,)
 
 
 def test_a_stopped_server_hands_its_jobs_on_at_once(shardplan_exe, tmp_path):

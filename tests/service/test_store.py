@@ -14,6 +14,7 @@ import zstandard
 from planner_service.plan.api import PlanSummary, SolveJobStatus
 from planner_service.plan.types import ComputeDevice
 from planner_service.service.store import (
+    NewPlan,
     NewSolve,
     PlanBodies,
     StoreUnavailableError,
@@ -369,8 +370,8 @@ def test_a_solve_is_claimed_once_then_taken_over_when_its_lease_lapses(store):
     assert (running.status, running.stage, running.objective, running.lower_bound) == (
         RUNNING, "cp-sat", 2.0, 1.5,
     )  # fmt: skip
-    assert store.jobs.lapsed("2026-01-01T00:00:02", 10) == []
-    assert store.jobs.lapsed("2026-01-01T00:00:03", 10) == ["j" * 64]
+    assert store.jobs.to_take("2026-01-01T00:00:02", 10) == []
+    assert store.jobs.to_take("2026-01-01T00:00:03", 10) == ["j" * 64]
     # Lapsed: b takes it over; a can no longer record progress on it.
     row, claimed = _claim(store, "b", "2026-01-01T00:01:00", "2026-01-01T00:00:03")
     assert claimed and (row.status, row.owner, row.attempts, row.stage) == (QUEUED, "b", 2, None)
@@ -389,7 +390,7 @@ def test_a_solve_is_claimed_once_then_taken_over_when_its_lease_lapses(store):
         1.9,
         False,
     )
-    assert store.jobs.lapsed("9999", 10) == []
+    assert store.jobs.to_take("9999", 10) == []
     row, claimed = _claim(store, "c", "2026-01-02", "9999", new=_new_solve())
     assert not claimed and row.status is DONE
 
@@ -415,7 +416,7 @@ def test_released_solves_lapse_at_once_and_done_solves_are_recorded_as_done(stor
     store.jobs.renew("a", "2026-01-01T00:05:00")
     assert store.jobs.get("j" * 64).heartbeat_at == "2026-01-01T00:05:00"
     store.jobs.release("a")
-    assert store.jobs.lapsed("0", 10) == ["j" * 64]  # before any time at all
+    assert store.jobs.to_take("0", 10) == ["j" * 64]  # before any time at all
     done = store.jobs.add_done(_new_solve("k" * 64), "p" * 64, "2026-01-01")
     assert (done.status, done.plan_id, done.attempts) == (DONE, "p" * 64, 0)
     marked = store.jobs.add_done(_new_solve(), "q" * 64, "2026-01-02")
@@ -478,3 +479,112 @@ def test_the_prefix_query_is_a_range_scan_of_the_primary_key(store, store_url):
                 plan = " ".join(str(row[-1]) for row in cursor.fetchall())
                 bound = "plan_id>? AND plan_id<?" if bounded else "plan_id>?"
                 assert f"USING COVERING INDEX sqlite_autoindex_plans_1 ({bound})" in plan, plan
+
+
+# --------------------------------------------------------------------------- one planner plan per key
+
+
+def _put_planned(store, plan_id: str, request_hash: str = "r" * 64, data: bytes = b"{}"):
+    return store.plans.put_planned(
+        NewPlan(plan_id, request_hash, "v1", b'{"req":1}', data, SUMMARY)
+    )
+
+
+def test_a_key_holds_one_planner_plan_and_a_second_gets_the_first(store, store_url):
+    first = _put_planned(store, "a" * 64, data=b'{"a":1}')
+    assert (first.plan_id, first.inserted) == ("a" * 64, True)
+    # A second solve of the same request (a resumed job, another replica): not stored,
+    # answered with the first.
+    second = _put_planned(store, "b" * 64, data=b'{"b":1}')
+    assert (second.plan_id, second.inserted) == ("a" * 64, False)
+    assert store.plans.get("b" * 64) is None and _count_plans(store_url) == 1
+    assert store.plans.for_request("r" * 64, "v1") == "a" * 64
+    # Another planner version, another request: keys of their own.
+    assert _put_planned(store, "c" * 64, request_hash="s" * 64).inserted
+    # An imported plan of the key is stored, and answers no request while the key holds
+    # a planner plan; an imported one answers a key with none.
+    assert _put(store, "d" * 64) is True
+    assert store.plans.for_request("r" * 64, "v1") == "a" * 64
+    _put(store, "e" * 64, request_hash="t" * 64)
+    assert store.plans.for_request("t" * 64, "v1") == "e" * 64
+
+
+def test_planner_plans_of_one_key_stored_at_once_are_one(store, store_url):
+    """Eight writers (threads: the replicas of a shared store) store eight different plans
+    for one key at once: one is stored, and every writer is answered with it."""
+    answers: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def write(index: int) -> None:
+        barrier.wait()
+        answers.append(_put_planned(store, f"{index:064x}", data=b"{}").plan_id)
+
+    threads = [threading.Thread(target=write, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(answers)) == 1 and len(answers) == 8
+    assert _count_plans(store_url) == 1
+    assert store.plans.for_request("r" * 64, "v1") == answers[0]
+
+
+def test_an_older_store_with_two_plans_for_one_key_keeps_the_first(store_url):
+    """A store made before ``planner_plans`` (simulated by dropping it), holding two plans
+    of one key, as a resumed job stored them, and a job naming the second: opened, the
+    first answers the key, the second stays fetchable, and the job names the first."""
+    opened = open_store(store_url)
+    try:
+        _put(opened, "b" * 64, data=b'{"first":1}')  # stored first ...
+        _put(opened, "a" * 64, data=b'{"second":1}')  # ... a lower id stored later
+        _put(opened, "c" * 64, request_hash="s" * 64)
+        opened.jobs.claim(
+            "j" * 64, owner="x", now="1", stale_before="0", max_attempts=3, new=_new_solve()
+        )
+        opened.jobs.end("j" * 64, DONE, plan_id="a" * 64, problem=None, now="2")
+        with opened.database.transaction(write=True) as cursor:
+            cursor.execute("DROP TABLE planner_plans")
+    finally:
+        opened.close()
+    upgraded = open_store(store_url)
+    try:
+        assert upgraded.plans.for_request("r" * 64, "v1") == "b" * 64
+        assert upgraded.plans.for_request("s" * 64, "v1") == "c" * 64
+        assert upgraded.plans.get("a" * 64).plan == b'{"second":1}'  # kept, by id
+        assert upgraded.jobs.get("j" * 64).plan_id == "b" * 64
+        assert _put_planned(upgraded, "d" * 64).plan_id == "b" * 64
+        assert fetch_one(store_url, "SELECT COUNT(*) FROM planner_plans") == (2,)
+    finally:
+        upgraded.close()
+    reopened = open_store(store_url)  # filled once: a later open changes nothing
+    try:
+        assert fetch_one(store_url, "SELECT COUNT(*) FROM planner_plans") == (2,)
+    finally:
+        reopened.close()
+
+
+# --------------------------------------------------------------------------- the job queue
+
+
+def test_jobs_wait_in_a_bounded_queue_until_a_process_takes_them(store):
+    from planner_service.service.store import JobQueueFullError
+
+    for index, job_id in enumerate(("k" * 64, "m" * 64)):
+        waiting = store.jobs.enqueue(_new_solve(job_id), now=f"2026-01-0{index + 1}", max_waiting=2)
+        assert (waiting.status, waiting.owner, waiting.attempts) == (QUEUED, None, 0)
+        assert waiting.waiting
+    with pytest.raises(JobQueueFullError) as full:
+        store.jobs.enqueue(_new_solve("n" * 64), now="2026-01-03", max_waiting=2)
+    assert (full.value.waiting, full.value.time_limits_s) == (2, 10.0)
+    assert store.jobs.get("n" * 64) is None
+    # One already waiting is answered as it stands, full or not.
+    assert store.jobs.enqueue(_new_solve("k" * 64), now="2026-01-04", max_waiting=2).waiting
+    # Waiting jobs never lapse into attempts: they are taken in order of arrival, each
+    # started once, whatever their age.
+    assert store.jobs.to_take("2025", 10) == ["k" * 64, "m" * 64]
+    row, claimed = store.jobs.claim(
+        "k" * 64, owner="a", now="2026-02-01", stale_before="2026-01-31", max_attempts=1
+    )
+    assert claimed and (row.owner, row.attempts, row.waiting) == ("a", 1, False)
+    assert store.jobs.to_take("2026-01-31", 10) == ["m" * 64]
+    assert store.jobs.enqueue(_new_solve("n" * 64), now="2026-02-02", max_waiting=2).waiting

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import uuid
@@ -40,6 +41,7 @@ from planner_service.plan.api import SolveJob, SolveJobStatus
 from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.codec import parse_request
 from planner_service.plan.types import PlanRequest, gap
+from planner_service.service.http import metrics
 from planner_service.service.http.problems import ProblemError
 from planner_service.service.solver.pool import (
     ShuttingDownError,
@@ -50,9 +52,21 @@ from planner_service.service.solver.pool import (
 )
 from planner_service.service.solver.run import no_plan, solve_and_store, unavailable
 from planner_service.service.state import ServiceState
-from planner_service.service.store import NewSolve, StoredSolve, StoreUnavailableError
+from planner_service.service.store import (
+    JobQueueFullError,
+    NewSolve,
+    StoredSolve,
+    StoreUnavailableError,
+)
 
 log = logging.getLogger("shardplan.api")
+
+
+class QueueFullError(SolveUnavailableError):
+    """SHARDPLAN_JOB_QUEUE accepted jobs wait already: a new one is refused, not failed later."""
+
+    title = "Job queue full"
+
 
 MAX_ATTEMPTS = 3  # a job whose process stopped this many times is not resumed again
 RECORD_INTERVAL_S = 1.0  # progress is written to the store at most this often per job
@@ -98,6 +112,7 @@ class SolveJobs:
         self._by_key: dict[str, str] = {}  # pool key -> job id
         self._sweeper: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()  # set: sweep now (a place in the pool is free)
 
     @property
     def lease_s(self) -> float:
@@ -157,11 +172,13 @@ class SolveJobs:
 
     async def submit(self, request: PlanRequest, request_hash: str) -> SolveJob:
         """The job for ``request``: done at once when its plan is stored, else started
-        here unless it is running somewhere already. 503 when the pool is full."""
+        here unless it is running somewhere already, else queued in the store until a
+        process has room. 503 when the queue is full: an accepted job runs."""
         try:
             return await self._submit(request, request_hash)
-        except SolveUnavailableError as error:
-            raise unavailable(error) from None
+        except JobQueueFullError as error:
+            metrics.REJECTED.inc()
+            raise unavailable(self._queue_full(error)) from None
 
     async def _submit(self, request: PlanRequest, request_hash: str) -> SolveJob:
         job_id = job_id_for(request_hash)
@@ -177,14 +194,39 @@ class SolveJobs:
         if existing is not None:
             done = await run_in_threadpool(store.jobs.add_done, new, existing[0], _stamp(_now()))
             return self._resource(done)
-        if job_id not in self._running:
-            self.state.pool.admit("plan:" + request_hash)
+        if job_id in self._running:
+            return await self.get(job_id) or self._resource(self._running[job_id].row)
+        key = "plan:" + request_hash
+        if not self.state.pool.reserve(key):  # no await between the check and the hold
+            waiting = await run_in_threadpool(
+                lambda: store.jobs.enqueue(
+                    new, now=_stamp(_now()), max_waiting=self.state.settings.job_queue
+                )
+            )
+            return self._resource(waiting)
+        try:
             row, claimed = await self._claim(job_id, new)
-            assert row is not None
-            if claimed:
-                self._begin(row, request)
-            return await self.get(job_id) or self._resource(row)
-        return await self.get(job_id) or self._resource(self._running[job_id].row)
+        except BaseException:
+            self.state.pool.release(key)
+            raise
+        assert row is not None
+        if claimed:
+            self._begin(row, request)
+        else:
+            self.state.pool.release(key)
+        return await self.get(job_id) or self._resource(row)
+
+    def _queue_full(self, error: JobQueueFullError) -> QueueFullError:
+        """Retry-After: when this process could start one more solve, plus the waiting
+        jobs' time limits shared over its solver processes (long: other replicas help)."""
+        pool = self.state.pool
+        retry_after_s = pool.retry_after_s() + math.ceil(error.time_limits_s / pool.workers)
+        return QueueFullError(
+            f"{error.waiting} accepted job(s) wait for a solver process already, the most "
+            f"SHARDPLAN_JOB_QUEUE ({self.state.settings.job_queue}) allows; nothing was "
+            "queued",
+            retry_after_s,
+        )
 
     async def _claim(self, job_id: str, new: NewSolve | None) -> tuple[StoredSolve | None, bool]:
         now = _now()
@@ -209,6 +251,8 @@ class SolveJobs:
     async def _solve(self, running: _Running, request: PlanRequest | None) -> None:
         job_id = running.row.job_id
         try:
+            if await self._stored_meanwhile(running):
+                return
             if request is None:  # resumed: the request is in the store
                 document = await run_in_threadpool(self.state.store().jobs.request, job_id)
                 assert document is not None
@@ -237,7 +281,23 @@ class SolveJobs:
         finally:
             self._running.pop(job_id, None)
             self._by_key.pop(running.key, None)
+            self.state.pool.release(running.key)
             running.changed.set()
+            self._wake.set()  # a place is free: a waiting job may take it now
+
+    async def _stored_meanwhile(self, running: _Running) -> bool:
+        """End the job with the plan its request has now, if it has one: stored by a sync
+        POST, another replica or an earlier attempt while this job waited or its process
+        was gone. A resumed job never solves a request that is answered already."""
+        existing = await self.state.plan_for_request(running.row.request_hash)
+        if existing is None:
+            return False
+        plan_id, plan = existing
+        report = await asyncio.to_thread(_solver_report, plan)
+        await self._end(
+            running.row.job_id, SolveJobStatus.DONE, running, plan_id=plan_id, final=report
+        )
+        return True
 
     async def _end(
         self,
@@ -298,16 +358,19 @@ class SolveJobs:
     # ------------------------------------------------------------------ resume
 
     async def _sweep_forever(self) -> None:
+        """Sweep every lease/3, and at once when one of this process's jobs ends."""
         while True:
             try:
                 await self.sweep()
             except StoreUnavailableError as error:
                 log.warning("jobs: the store is not reachable: %s", error)
-            await asyncio.sleep(self.lease_s / 3)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.lease_s / 3)
+            self._wake.clear()
 
     async def sweep(self) -> None:
-        """Renew this process's leases, then take over jobs whose leases lapsed, as many
-        as the pool has room for."""
+        """Renew this process's leases, then take jobs waiting in the queue and jobs whose
+        leases lapsed, oldest first, as many as the pool has room for."""
         store = self.state.store()
         if self._running:
             await run_in_threadpool(store.jobs.renew, self.owner, _stamp(_now()))
@@ -315,15 +378,24 @@ class SolveJobs:
         if room <= 0:
             return
         stale_before = _stamp(_now() - timedelta(seconds=self.lease_s))
-        for job_id in await run_in_threadpool(store.jobs.lapsed, stale_before, room):
+        for job_id in await run_in_threadpool(store.jobs.to_take, stale_before, room):
             await self._take_over(job_id)
 
     async def _take_over(self, job_id: str) -> StoredSolve | None:
-        if job_id in self._running or self.state.pool.depth >= self.state.pool.capacity:
+        """Take a waiting or lapsed job when the pool has room. A place is held while the
+        store is asked (under a key of its own: the request's is not known yet), then
+        handed to the job's solve with no await between."""
+        hold = "take:" + job_id
+        if job_id in self._running or not self.state.pool.reserve(hold):
             return None
-        row, claimed = await self._claim(job_id, None)
+        try:
+            row, claimed = await self._claim(job_id, None)
+        finally:
+            self.state.pool.release(hold)
         if row is not None and claimed and job_id not in self._running:
-            log.warning("job %s: resuming it (attempt %d)", job_id, row.attempts)
+            self.state.pool.reserve("plan:" + row.request_hash)
+            if row.attempts > 1:
+                log.warning("job %s: resuming it (attempt %d)", job_id, row.attempts)
             self._begin(row, None)
         return row
 
@@ -336,7 +408,8 @@ class SolveJobs:
         if running is not None:
             return self._live(running)
         row = await run_in_threadpool(self.state.store().jobs.get, job_id)
-        if row is not None and row.active and row.heartbeat_at < self._stale_before():
+        lapsed = row is not None and row.active and row.heartbeat_at < self._stale_before()
+        if row is not None and (row.waiting or lapsed):
             row = await self._take_over(job_id) or row
             running = self._running.get(job_id)
             if running is not None:

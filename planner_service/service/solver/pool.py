@@ -6,7 +6,9 @@ long-lived ``spawn``-started solver processes, warm (each imports the solver sta
 one job at a time over its own pipe; the event loop only awaits them.
 
 - Admission: at most ``workers + queue`` solves at once; beyond that ``PoolFullError``
-  (503) with a Retry-After estimated from the time limits of what runs and waits.
+  (503) with a Retry-After estimated from the time limits of what runs and waits. A caller
+  that must await something before it asks for its solve (a job) ``reserve``s its place
+  first, so that no other solve is admitted into it meanwhile.
 - Identical requests in flight share one solve. A solve continues when its caller goes
   away, so its plan is still stored for the retry.
 - Watchdog: a solve still running ``grace_s`` past its ``options.time_limit_s`` has its
@@ -303,6 +305,7 @@ class SolvePool:
         self._solvers: list[_Solver] = []
         self._waiting: deque[_Job] = deque()
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
+        self._reserved: set[str] = set()  # keys whose solve is to be asked for (``reserve``)
         # How far recent solves that ran to their time limits went past them (Retry-After
         # errs by this much); solves that stopped early (gap reached) say nothing about it.
         self._overshoot_s: deque[float] = deque(maxlen=RECENT_SOLVES)
@@ -317,8 +320,8 @@ class SolvePool:
 
     @property
     def depth(self) -> int:
-        """Solves admitted and not finished (running + queued)."""
-        return len(self._in_flight)
+        """Solves admitted and not finished (running + queued), and places reserved."""
+        return len(self._in_flight) + len(self._reserved)
 
     def start(self) -> None:
         """Start the solver processes, from the event loop's thread (the app's lifespan):
@@ -358,8 +361,12 @@ class SolvePool:
         not cancel it, so its plan is still stored for the retry."""
         task = self._in_flight.get(key)
         if task is not None:
+            self.release(key)
             return await asyncio.shield(task), True
-        self.admit(key)
+        if key in self._reserved:
+            self._reserved.discard(key)  # the place held for it, counted in depth until now
+        else:
+            self.admit(key)
         self.start()
         task = asyncio.create_task(self._run(key, request_document, time_limit_s, finish))
         self._in_flight[key] = task
@@ -376,6 +383,25 @@ class SolvePool:
                 f"{self.queue} is full",
                 self.retry_after_s(),
             )
+
+    def reserve(self, key: str) -> bool:
+        """Hold a place for a solve of ``key`` that its caller asks for after some awaits
+        (a job: claimed in the store first), so that the place ``admit`` saw free is not
+        given to another meanwhile; False when the pool is full. ``solve`` of ``key`` takes
+        the place; ``release`` gives it back when no solve is asked for."""
+        if key in self._in_flight or key in self._reserved:
+            return True
+        if self.depth >= self.capacity:
+            return False
+        self._reserved.add(key)
+        self._on_depth(self.depth)
+        return True
+
+    def release(self, key: str) -> None:
+        """Give back the place ``reserve`` held for ``key``, if it still holds it."""
+        if key in self._reserved:
+            self._reserved.discard(key)
+            self._on_depth(self.depth)
 
     def progress(self, key: str) -> SolveState | None:
         """Where the solve of ``key`` is, while it is in flight."""

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 from planner_service import PLANNER_VERSION
+from planner_service.plan.api import PlanSummary
 from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
 from planner_service.service.http import metrics
@@ -25,7 +27,7 @@ from planner_service.service.solver.pool import (
 )
 from planner_service.service.solver.references import with_stored_references
 from planner_service.service.state import ServiceState
-from planner_service.service.store import PlanBodies
+from planner_service.service.store import NewPlan, PlanBodies, PlanStore
 
 
 async def solve_and_store(
@@ -33,7 +35,9 @@ async def solve_and_store(
 ) -> tuple[SolveResult, bool]:
     """The solve's result, and whether this call stored a new plan (not when an identical
     request in flight shared the solve, nor when the plan was already stored). The plan is
-    stored by the solve itself, so it is kept even when this caller has gone away."""
+    stored by the solve itself, so it is kept even when this caller has gone away. When
+    the request's key holds a planner plan already (stored by another replica, or a sync
+    POST while a job's process was gone), the result is that plan: one key, one answer."""
     store = state.store()
     request = await with_stored_references(state, request)
     request_document = canonical_bytes(request)
@@ -42,23 +46,36 @@ async def solve_and_store(
         if result.plan is None or result.plan_id is None or result.summary is None:
             return result, False
         bodies = PlanBodies.of(result.plan)
-        inserted = store.plans.put(
-            plan_id=result.plan_id,
-            request_hash=key,
-            planner_version=PLANNER_VERSION,
-            request=request_document,
-            plan=result.plan,
-            bodies=bodies,
-            summary=result.summary,
+        planned = store.plans.put_planned(
+            NewPlan(
+                result.plan_id,
+                key,
+                PLANNER_VERSION,
+                request_document,
+                result.plan,
+                result.summary,
+                bodies,
+            )
         )
+        if planned.plan_id != result.plan_id:
+            return _stored_instead(store, result, planned.plan_id), False
         state.cache.put(result.plan_id, bodies)
-        return result, inserted
+        return result, planned.inserted
 
     (result, inserted), shared = await _solve(
         state, "plan:" + key, request, request_document, finish
     )
     metrics.cache_counter(CacheLookup.SHARED if shared else CacheLookup.MISS).inc()
     return result, inserted and not shared
+
+
+def _stored_instead(store: PlanStore, result: SolveResult, plan_id: str) -> SolveResult:
+    """The result, holding the plan its key held already instead of the one just solved
+    (which is not stored)."""
+    bodies = store.plans.bodies(plan_id)
+    assert bodies is not None  # stored plans are never deleted
+    summary = PlanSummary.of_stored(bodies.identity)
+    return replace(result, plan_id=plan_id, plan=bodies.identity, summary=summary)
 
 
 async def solve_only(state: ServiceState, request: PlanRequest, key: str) -> SolveResult:

@@ -2,8 +2,9 @@
 PostgreSQL, with one text of SQL for both.
 
 - ``plan_store.py``: ``PlanStore``, the object the service holds, composing
-- ``plans.py`` (immutable plans by content address), ``aliases.py`` (names for plans, with
-  their history), ``jobs.py`` (the leased queue of async solves) and ``profiles.py``
+- ``plans.py`` (immutable plans by content address, one planner plan per request and
+  planner version), ``aliases.py`` (names for plans, with
+  their history), ``jobs.py`` (the leased, bounded queue of async solves) and ``profiles.py``
   (immutable device profiles by content address);
 - ``encodings.py``: the gzip and zstd bytes each plan is stored with;
 - ``schema.py``: the tables, and bringing an older store up to date when it is opened;
@@ -19,18 +20,21 @@ from __future__ import annotations
 from planner_service.service.store.aliases import AliasChange, UnknownPlanError
 from planner_service.service.store.database import StoreUnavailableError
 from planner_service.service.store.encodings import PlanBodies, gzip_plan, zstd_plan
-from planner_service.service.store.jobs import NewSolve, StoredSolve
+from planner_service.service.store.jobs import JobQueueFullError, NewSolve, StoredSolve
 from planner_service.service.store.plan_store import PlanStore
-from planner_service.service.store.plans import StoredPlan
+from planner_service.service.store.plans import NewPlan, PlannedPlan, StoredPlan
 from planner_service.service.store.postgres import PostgresStore
 from planner_service.service.store.profiles import StoredProfile
 from planner_service.service.store.sqlite import SqliteStore
 
 __all__ = [
     "AliasChange",
+    "JobQueueFullError",
+    "NewPlan",
     "NewSolve",
     "PlanBodies",
     "PlanStore",
+    "PlannedPlan",
     "PostgresStore",
     "SqliteStore",
     "StoreUnavailableError",

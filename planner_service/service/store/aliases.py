@@ -89,8 +89,8 @@ class Aliases:
     def _lock(self, cursor: Cursor, name: str) -> None:
         """Serialise concurrent changes of one alias (where the transaction's write lock
         does not already: SQLite's BEGIN IMMEDIATE does)."""
-        if self.database.dialect.alias_lock is not None:
-            cursor.execute(self.database.dialect.alias_lock, (name,))
+        if self.database.dialect.key_lock is not None:
+            cursor.execute(self.database.dialect.key_lock, (name,))
 
     def _next_change(
         self, cursor: Cursor, name: str, plan_id: str, *, actor: str, comment: str | None

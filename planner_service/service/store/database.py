@@ -43,9 +43,12 @@ class Dialect:
     placeholder: str
     blob_type: str
     columns_query: str  # the names of the columns of ``plans``, one per row
+    tables_query: str  # the names of the store's tables, one per row
     bytewise: str  # the collation that orders text by its bytes ("": the default does)
     for_update: str  # locks the rows a SELECT reads inside a write transaction
-    alias_lock: str | None  # serialises changes of one alias (None: the write lock does)
+    # serialises the write transactions that take one key (an alias's changes, the job
+    # queue's admissions); None: the write lock does already
+    key_lock: str | None
 
     def sql(self, text: str) -> str:
         """``text`` with its ``?`` parameters in this dialect's placeholder."""

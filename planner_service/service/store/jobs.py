@@ -1,8 +1,10 @@
 """The leased job queue behind ``Prefer: respond-async`` solves: one row of ``solves`` per
 job id (the request, its status and progress, and the lease of the service process running
-it, renewed while it runs), so that a job outlives the process that started it. A row
-still queued or running whose lease has lapsed is taken over (``SolveJobs.claim``) and
-solved again; one whose processes keep stopping is given up after ``max_attempts``.
+it, renewed while it runs), so that a job outlives the process that started it. A job no
+process had room for waits in the table with no owner (``enqueue``, bounded) until one with
+room takes it. A row still queued or running whose lease has lapsed is taken over
+(``SolveJobs.claim``) and solved again; one whose processes keep stopping is given up after
+``max_attempts``.
 
 Statuses are ``SolveJobStatus`` here; their values are what the ``status`` column holds.
 """
@@ -55,8 +57,25 @@ class StoredSolve(BaseModel):
     def active(self) -> bool:
         return not self.status.ended
 
+    @property
+    def waiting(self) -> bool:
+        """Queued with no process to run it yet: it waits for one with room."""
+        return self.status is QUEUED and self.owner is None
+
 
 _COLUMNS = ", ".join(StoredSolve.model_fields)
+# Jobs accepted with no process to run them yet: the durable queue that ``enqueue`` bounds.
+_WAITING = f"status = '{QUEUED.value}' AND owner IS NULL"
+_QUEUE_LOCK = "solves:queue"  # the key_lock of admissions (no alias name holds a colon)
+
+
+class JobQueueFullError(RuntimeError):
+    """``max_waiting`` jobs wait already: ``waiting`` of them, ``time_limits_s`` in all."""
+
+    def __init__(self, waiting: int, time_limits_s: float) -> None:
+        super().__init__(f"{waiting} job(s) wait for a solver process")
+        self.waiting = waiting
+        self.time_limits_s = time_limits_s
 
 
 @dataclass(frozen=True)
@@ -99,21 +118,24 @@ class SolveJobs:
         new: NewSolve | None = None,
     ) -> tuple[StoredSolve | None, bool]:
         """Take job ``job_id`` for ``owner`` to solve, and say whether it was taken: a new
-        job (``new``, inserted), one queued or running whose lease lapsed (heartbeat
-        before ``stale_before``: its process is gone), or one that failed (asked for
-        again). Not taken: done, no plan, or running with a live lease. A lapsed job that
-        already had ``max_attempts`` fails instead (``gave up`` problem). The row as it
-        stands after this, None when there is no such job."""
+        job (``new``, inserted), one waiting in the queue (``enqueue``), one queued or
+        running whose lease lapsed (heartbeat before ``stale_before``: its process is
+        gone), or one that failed (asked for again). Not taken: done, no plan, or running
+        with a live lease. A lapsed job that already had ``max_attempts`` fails instead
+        (``gave up`` problem). The row as it stands after this, None when there is no
+        such job."""
         with self.database.transaction(write=True) as cursor:
             inserted = new is not None and self._insert(cursor, new, owner=owner, now=now)
             stored = self._select(cursor, job_id, lock=True)
             if stored is None or inserted:
                 return stored, inserted
             lapsed = stored.active and stored.heartbeat_at < stale_before
-            if lapsed and stored.attempts >= max_attempts:
+            if stored.waiting or stored.status is FAILED:
+                self._requeue(cursor, stored, owner=owner, now=now, lapsed=stored.waiting)
+            elif lapsed and stored.attempts >= max_attempts:
                 self._end(cursor, job_id, FAILED, None, _gave_up(stored), now)
-            elif lapsed or stored.status is FAILED:
-                self._requeue(cursor, stored, owner=owner, now=now, lapsed=lapsed)
+            elif lapsed:
+                self._requeue(cursor, stored, owner=owner, now=now, lapsed=True)
             else:
                 return stored, False
             after = self._select(cursor, job_id)
@@ -140,13 +162,46 @@ class SolveJobs:
         assert done is not None
         return done
 
-    def lapsed(self, stale_before: str, limit: int) -> list[str]:
-        """Ids of up to ``limit`` jobs queued or running whose lease lapsed, oldest first."""
+    def enqueue(self, new: NewSolve, *, now: str, max_waiting: int) -> StoredSolve:
+        """A job no process has room to start now: its row as it stands, inserted (or a
+        failed one queued again) to wait without an owner, in order of arrival, until a
+        process with room takes it (``claim``). ``JobQueueFullError`` rather than a
+        ``max_waiting``-th waiting job, counted across every process sharing the store
+        (admissions take one lock, so the count is exact)."""
+        with self.database.transaction(write=True) as cursor:
+            if self.database.dialect.key_lock is not None:
+                cursor.execute(self.database.dialect.key_lock, (_QUEUE_LOCK,))
+            stored = self._select(cursor, new.job_id, lock=True)
+            if stored is not None and stored.status is not FAILED:
+                return stored
+            self._check_room(cursor, max_waiting)
+            if stored is None:
+                self._insert(cursor, new, owner=None, now=now)
+            else:
+                self._requeue(cursor, stored, owner=None, now=now, lapsed=False)
+            after = self._select(cursor, new.job_id)
+        assert after is not None
+        return after
+
+    def _check_room(self, cursor: Cursor, max_waiting: int) -> None:
+        cursor.execute(
+            self.database.sql(
+                f"SELECT COUNT(*), COALESCE(SUM(time_limit_s), 0) FROM solves WHERE {_WAITING}"
+            )
+        )
+        waiting, time_limits_s = cursor.fetchone()
+        if int(waiting) >= max_waiting:
+            raise JobQueueFullError(int(waiting), float(time_limits_s))
+
+    def to_take(self, stale_before: str, limit: int) -> list[str]:
+        """Ids of up to ``limit`` jobs a process with room should take: waiting ones, and
+        ones queued or running whose lease lapsed; oldest first."""
         with self.database.transaction() as cursor:
             cursor.execute(
                 self.database.sql(
                     f"SELECT job_id FROM solves WHERE {_ACTIVE} "
-                    "AND heartbeat_at < ? ORDER BY heartbeat_at, job_id LIMIT ?"
+                    "AND (owner IS NULL OR heartbeat_at < ?) "
+                    "ORDER BY heartbeat_at, job_id LIMIT ?"
                 ),
                 (stale_before, limit),
             )
@@ -233,32 +288,41 @@ class SolveJobs:
         row = cursor.fetchone()
         return None if row is None else StoredSolve(**named(cursor, row))
 
-    def _insert(self, cursor: Cursor, new: NewSolve, *, owner: str, now: str) -> bool:
-        """Queue a new job for ``owner``; False when its row exists already."""
+    def _insert(self, cursor: Cursor, new: NewSolve, *, owner: str | None, now: str) -> bool:
+        """Queue a new job for ``owner`` (its first attempt), or to wait for one (None: no
+        attempt yet); False when its row exists already."""
         cursor.execute(
             self.database.sql(
                 "INSERT INTO solves (job_id, request_hash, planner_version, request, "
                 "time_limit_s, status, attempts, owner, heartbeat_at, created_at, "
-                "updated_at) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?) "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (job_id) DO NOTHING"
             ),
             (new.job_id, new.request_hash, new.planner_version, new.request,
-             new.time_limit_s, QUEUED.value, owner, now, now, now),
+             new.time_limit_s, QUEUED.value, 0 if owner is None else 1, owner, now, now, now),
         )  # fmt: skip
         return bool(cursor.rowcount == 1)
 
     def _requeue(
-        self, cursor: Cursor, stored: StoredSolve, *, owner: str, now: str, lapsed: bool
+        self, cursor: Cursor, stored: StoredSolve, *, owner: str | None, now: str, lapsed: bool
     ) -> None:
-        """Queue the job again for ``owner``, its progress cleared: one more attempt when
-        its lease lapsed, the first of a new run when it had failed."""
+        """Queue the job again for ``owner`` (None: to wait for one), its progress cleared:
+        one more attempt when its lease lapsed or it waited, the first of a new run when it
+        had failed (none yet when it is to wait)."""
         cursor.execute(
             self.database.sql(
                 "UPDATE solves SET status = ?, stage = NULL, objective = NULL, "
                 "lower_bound = NULL, attempts = ?, owner = ?, heartbeat_at = ?, "
                 "started_at = NULL, updated_at = ?, problem = NULL WHERE job_id = ?"
             ),
-            (QUEUED.value, stored.attempts + 1 if lapsed else 1, owner, now, now, stored.job_id),
+            (
+                QUEUED.value,
+                _attempts(stored, owner=owner, lapsed=lapsed),
+                owner,
+                now,
+                now,
+                stored.job_id,
+            ),
         )
 
     def _end(
@@ -277,6 +341,14 @@ class SolveJobs:
             ),
             (status.value, plan_id, problem, now, job_id),
         )
+
+
+def _attempts(stored: StoredSolve, *, owner: str | None, lapsed: bool) -> int:
+    """A requeued job's starts: none yet when it is to wait, one more after a lapse or a
+    wait, the first of a new run after a failure."""
+    if owner is None:
+        return 0
+    return stored.attempts + 1 if lapsed else 1
 
 
 def _gave_up(stored: StoredSolve) -> bytes:

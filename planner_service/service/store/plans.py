@@ -1,6 +1,7 @@
 """Stored plans: inserted once by ``plan_id`` (their content address) with the request and
 a summary (world size, tables, objective, status: what a list shows) beside them, never
-updated or deleted.
+updated or deleted. A plan the planner made is also its key's one planner plan
+(``planner_plans``: one per request hash and planner version, ``put_planned``).
 
 ``Plans.put`` returns only after the commit, so a plan the API reports as stored is
 durable. Lists are pages in a fixed order with a keyset cursor (the last row's sort key),
@@ -16,9 +17,32 @@ from typing import Any
 
 from planner_service.plan.api import PlanListing, PlanSummary
 from planner_service.plan.plan_ids import id_range
-from planner_service.service.store.database import Database, named, now
+from planner_service.service.store.database import Cursor, Database, named, now
 from planner_service.service.store.encodings import PlanBodies, gzip_plan, zstd_plan
 from planner_service.service.store.schema import summary_values
+
+
+@dataclass(frozen=True)
+class NewPlan:
+    """A plan to store, its request, its key (``request_hash``, ``planner_version``), its
+    summary and its encodings (made when it is stored, unless given)."""
+
+    plan_id: str
+    request_hash: str
+    planner_version: str
+    request: bytes
+    plan: bytes
+    summary: PlanSummary
+    bodies: PlanBodies | None = None
+
+
+@dataclass(frozen=True)
+class PlannedPlan:
+    """What ``Plans.put_planned`` leaves: the planner plan its key holds, and whether this
+    call stored it (False: another solve's plan, stored first, is the answer)."""
+
+    plan_id: str
+    inserted: bool
 
 
 @dataclass(frozen=True)
@@ -35,6 +59,27 @@ class Plans:
     def __init__(self, database: Database) -> None:
         self.database = database
 
+    def put_planned(self, new: NewPlan) -> PlannedPlan:
+        """Store a plan the planner made, unless the key (``request_hash``,
+        ``planner_version``) holds a planner plan already: one key never holds two
+        (``planner_plans``' primary key, taken first in the same transaction, so a second
+        writer waits and then finds the first's). Returns the plan the key holds after
+        this, which every caller answers with. Returns after the commit."""
+        with self.database.transaction(write=True) as cursor:
+            cursor.execute(
+                self.database.sql(
+                    "INSERT INTO planner_plans (request_hash, planner_version, plan_id) "
+                    "VALUES (?, ?, ?) ON CONFLICT (request_hash, planner_version) DO NOTHING"
+                ),
+                (new.request_hash, new.planner_version, new.plan_id),
+            )
+            if cursor.rowcount != 1:
+                held = _planner_plan(self.database, cursor, new.request_hash, new.planner_version)
+                assert held is not None
+                return PlannedPlan(plan_id=held, inserted=False)
+            inserted = self._insert(cursor, new)
+        return PlannedPlan(plan_id=new.plan_id, inserted=inserted)
+
     def put(
         self,
         *,
@@ -50,22 +95,27 @@ class Plans:
         """Insert a plan once, with its encodings (``bodies``, made here unless given);
         True when this call stored it, False when it already was. ``for_request`` finds
         it by ``request_hash`` and ``planner_version`` unless it was ``imported`` (made
-        elsewhere: never this planner's answer). Returns after the commit."""
-        encoded = PlanBodies.of(plan) if bodies is None else bodies
-        assert encoded.identity == plan
+        elsewhere: its report unverified, never this planner's answer). Returns after the
+        commit."""
+        new = NewPlan(plan_id, request_hash, planner_version, request, plan, summary, bodies)
         with self.database.transaction(write=True) as cursor:
-            cursor.execute(
-                self.database.sql(
-                    "INSERT INTO plans (plan_id, request_hash, planner_version, request, plan, "
-                    "created_at, world_size, num_tables, objective, status, plan_gzip, "
-                    "plan_zstd, imported) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (plan_id) DO NOTHING"
-                ),
-                (plan_id, request_hash, planner_version, request, plan, now(),
-                 *summary_values(summary), encoded.gzip, encoded.zstd,
-                 1 if imported else None),
-            )  # fmt: skip
-            return bool(cursor.rowcount == 1)
+            return self._insert(cursor, new, imported=imported)
+
+    def _insert(self, cursor: Cursor, new: NewPlan, *, imported: bool = False) -> bool:
+        encoded = PlanBodies.of(new.plan) if new.bodies is None else new.bodies
+        assert encoded.identity == new.plan
+        cursor.execute(
+            self.database.sql(
+                "INSERT INTO plans (plan_id, request_hash, planner_version, request, plan, "
+                "created_at, world_size, num_tables, objective, status, plan_gzip, "
+                "plan_zstd, imported) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (plan_id) DO NOTHING"
+            ),
+            (new.plan_id, new.request_hash, new.planner_version, new.request, new.plan, now(),
+             *summary_values(new.summary), encoded.gzip, encoded.zstd,
+             1 if imported else None),
+        )  # fmt: skip
+        return bool(cursor.rowcount == 1)
 
     def page(self, *, limit: int, before: Sequence[str] | None = None) -> list[PlanListing]:
         """Up to ``limit`` plans, newest first (by ``created_at``, then ``plan_id``), only
@@ -154,10 +204,14 @@ class Plans:
             return [str(row[0]) for row in cursor.fetchall()]
 
     def for_request(self, request_hash: str, planner_version: str) -> str | None:
-        """The plan_id this planner version already made for this request, if any: an
-        imported plan claims the version but its report is unverified (issue 36, item 7),
-        so it never stands in for a solve."""
+        """The plan_id this planner version already made for this request, if any: the
+        planner's plan (``put_planned``), else the first one stored before that table
+        existed. An imported plan claims the version but its report is unverified, so it
+        never stands in for a solve."""
         with self.database.transaction() as cursor:
+            planned = _planner_plan(self.database, cursor, request_hash, planner_version)
+            if planned is not None:
+                return planned
             cursor.execute(
                 self.database.sql(
                     "SELECT plan_id FROM plans WHERE request_hash = ? AND planner_version = ? "
@@ -167,6 +221,19 @@ class Plans:
             )
             row = cursor.fetchone()
         return None if row is None else str(row[0])
+
+
+def _planner_plan(
+    database: Database, cursor: Cursor, request_hash: str, planner_version: str
+) -> str | None:
+    cursor.execute(
+        database.sql(
+            "SELECT plan_id FROM planner_plans WHERE request_hash = ? AND planner_version = ?"
+        ),
+        (request_hash, planner_version),
+    )
+    row = cursor.fetchone()
+    return None if row is None else str(row[0])
 
 
 def ids_in_range_sql(*, bounded: bool) -> str:

@@ -19,9 +19,12 @@ POSTGRES = Dialect(
         "SELECT column_name FROM information_schema.columns "
         "WHERE table_schema = current_schema() AND table_name = 'plans'"
     ),
+    tables_query=(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+    ),
     bytewise=' COLLATE "C"',
     for_update=" FOR UPDATE",
-    alias_lock="SELECT pg_advisory_xact_lock(hashtext(%s))",
+    key_lock="SELECT pg_advisory_xact_lock(hashtext(%s))",
 )
 _SCHEMA_LOCK = 0x5348415244  # pg_advisory_xact_lock key: replicas create the schema once
 

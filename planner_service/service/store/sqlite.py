@@ -19,9 +19,10 @@ SQLITE = Dialect(
     placeholder="?",
     blob_type="BLOB",
     columns_query="SELECT name FROM pragma_table_info('plans')",
+    tables_query="SELECT name FROM sqlite_master WHERE type = 'table'",
     bytewise="",  # SQLite's default collation orders text by its bytes
     for_update="",  # BEGIN IMMEDIATE has locked the whole database already
-    alias_lock=None,
+    key_lock=None,
 )
 
 
