@@ -184,6 +184,8 @@ def test_head_on_an_alias_gives_the_headers_of_get(served):
         assert put.status_code in (200, 201), put.text
         got = http.get("/v1/aliases/headed")
         head = http.head("/v1/aliases/headed")
+        operations = http.get("/openapi.json").json()["paths"]["/v1/aliases/{name}"]
+    assert operations["get"]["operationId"] != operations["head"]["operationId"]
     assert head.status_code == 200
     assert head.content == b""
     for name in ("etag", "content-length", "x-shardplan-plan-id", "x-shardplan-alias-version"):
