@@ -41,6 +41,8 @@ MAX_PORT = 65535
 # Connections waiting to be accepted (the kernel caps it at net.core.somaxconn): a job's
 # ranks all connect at startup, and uvicorn's default of 2,048 is half a 4,096-rank job.
 BACKLOG = 4096
+# uvicorn's httptools protocol with limits on request heads (``http/heads.py``).
+BOUNDED_PROTOCOL = "planner_service.service.http.heads:BoundedHttpToolsProtocol"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         listening,
         app="planner_service.service.app:create_served_app",
         factory=True,
+        http=BOUNDED_PROTOCOL,  # 431 past SHARDPLAN_MAX_HEADER_BYTES / _REQUEST_HEAD_BYTES
         host=host,
         port=port,
         workers=workers,

@@ -222,7 +222,10 @@ def allowed_kernels(
     return [kernel for kernel in supported if kernel in allowed]
 
 
-@functools.cache
+# Keyed by what requests send (a table's dim and min_partition) in long-lived solver
+# processes: bounded, and so is each entry (the divisors of a dim <= MAX_EMBEDDING_DIM, at
+# most 120 widths), so the memo holds a few MiB at most.
+@functools.lru_cache(maxsize=4096)
 def column_widths(dim: int, min_partition: int) -> list[int]:
     """Column-shard widths to try, widest first: the whole dim, then every multiple of 4
     that divides it and is at least ``min_partition`` (dim 512 -> 512, 256, 128).

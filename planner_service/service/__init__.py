@@ -27,6 +27,8 @@ The layout, from the edge in:
     - ``openapi.py``: OpenAPI schemas of bodies the routes decode themselves, and
       ``JsonObject``, the type of JSON fragments at the edge.
     - ``limits.py``: body size and request-size limits (413, 422).
+    - ``heads.py``: request-head limits (431), in the HTTP protocol ``shardplan serve``
+      runs.
     - ``paging.py``: ``limit``/``after`` query parameters and opaque cursors.
     - ``metrics.py``: Prometheus metrics and the request-counting middleware.
     - ``fetch.py``: a plan's prepared responses and the fast path that serves cached plans.

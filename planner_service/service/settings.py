@@ -21,6 +21,10 @@ from planner_service.plan.text import identifier_problem
 
 DEFAULT_DATABASE = "var/shardplan.db"
 MAX_SOLVE_GRACE_S = 3600.0
+# The range SHARDPLAN_MAX_HEADER_BYTES and SHARDPLAN_MAX_REQUEST_HEAD_BYTES accept: a bearer
+# token and a few ordinary headers fit in the least; the most is what one connection may hold.
+MIN_HEADER_BYTES = 1024
+MAX_HEAD_BYTES = 1024 * 1024
 ENV_PREFIX = "SHARDPLAN_"
 # Not a setting: `shardplan serve --workers N` names its own pid here, so that each uvicorn
 # worker process it supervises dies with it (state.py).
@@ -84,6 +88,10 @@ class Settings(BaseSettings):
     api_tokens: Tokens = Field(default_factory=dict, repr=False)
     protect_reads: Flag = False
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    # One header field (name and value), and the request line with every header: past
+    # either, `shardplan serve` answers 431 before the request reaches the app (http/heads.py).
+    max_header_bytes: int = Field(8 * 1024, ge=MIN_HEADER_BYTES, le=MAX_HEAD_BYTES)
+    max_request_head_bytes: int = Field(32 * 1024, ge=MIN_HEADER_BYTES, le=MAX_HEAD_BYTES)
     max_tables: int = Field(100_000, ge=1)
     max_world_size: int = Field(65_536, ge=1)
     max_time_limit_s: float = Field(60.0, ge=0.0, allow_inf_nan=False)
@@ -123,6 +131,22 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _header_fits_head(self) -> Settings:
+        """A header the per-header limit lets through must fit in the whole head."""
+        if self.max_header_bytes > self.max_request_head_bytes:
+            raise PydanticCustomError(
+                "header_over_head",
+                "is {header} bytes, more than {head} ({head_variable}): one header must fit "
+                "in the request head",
+                {
+                    "header": self.max_header_bytes,
+                    "head": self.max_request_head_bytes,
+                    "head_variable": _variable("max_request_head_bytes"),
+                },
+            )
+        return self
+
     @classmethod
     def from_env(cls) -> Settings:
         try:
@@ -151,6 +175,9 @@ def _problems(error: ValidationError) -> list[FieldProblem]:
         if details["type"] == "unprotected_reads":
             value = details["input"]["protect_reads"]  # the variable's text
             problems.append(FieldProblem(_variable("protect_reads"), details["msg"], value))
+        elif details["type"] == "header_over_head":
+            value = details["ctx"]["header"]
+            problems.append(FieldProblem(_variable("max_header_bytes"), details["msg"], value))
         else:
             problems += _field_problems(details)
     return problems

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -71,6 +73,9 @@ class ServiceState:
     pool: SolvePool
     cache: PlanCache
     cpu: CpuLane = field(default_factory=CpuLane)
+    # Set once SIGTERM or SIGINT asks this process to stop: what never ends by itself (an
+    # event stream) ends then, within the graceful shutdown.
+    stopping: threading.Event = field(default_factory=threading.Event)
     _store: PlanStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -86,6 +91,7 @@ class ServiceState:
     async def running(self) -> AsyncIterator[None]:
         """A worker process's life: the app's lifespan."""
         _die_with_supervisor()
+        _notice_stop_signals(self.stopping)
         try:
             self.store()
         except StoreUnavailableError as error:  # serve anyway; /readyz says why
@@ -132,6 +138,28 @@ class ServiceState:
 
     async def stored(self, plan_id: str) -> StoredPlan | None:
         return await run_in_threadpool(lambda: self.store().plans.get(plan_id))
+
+
+def _notice_stop_signals(stopping: threading.Event) -> None:
+    """Sets ``stopping`` on SIGTERM and SIGINT, then hands the signal on to the handler in
+    place (uvicorn's). uvicorn's handler starts a graceful shutdown that tells the app
+    nothing and waits for every response to end, so an event stream ran to the end of the
+    grace and was cancelled: a ``CancelledError`` traceback each and no chunked terminator
+    (issue 36). Signals are the main thread's; elsewhere (an app in a test) nothing is done."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for number in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(number)
+        if callable(handler):
+            signal.signal(number, _chained(stopping, handler))
+
+
+def _chained(stopping: threading.Event, handler: Callable[[int, Any], Any]) -> Callable[..., None]:
+    def chained(number: int, frame: Any) -> None:
+        stopping.set()
+        handler(number, frame)
+
+    return chained
 
 
 def _die_with_supervisor() -> None:

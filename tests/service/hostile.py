@@ -1,11 +1,16 @@
 """Hostile inputs for the service and the decoders: numbers at and past every documented
 maximum, bodies nested too deep, numbers too long to convert. Each once gave a 500 or held
 a solver for minutes (issue 18, section 2); each must now be a 422 that names the field,
-the value and the limit. Shared by the in-process and the real-server tests."""
+the value and the limit. Shared by the in-process and the real-server tests.
+
+On the wire (issue 36): request heads over their limits (431 naming the limit), and
+clients that go away mid-body on every route that reads one (499, never a 500)."""
 
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -266,3 +271,41 @@ ROUTES = {
 
 def every_case() -> list[tuple[str, Hostile]]:
     return [(route, case) for route, cases in ROUTES.items() for case in cases()]
+
+
+# --------------------------------------------------------------------------- the wire
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+HALF_BODY = b"{"  # of the 1,000 bytes a half-sent request declares
+
+
+def half_sent(port: int, route: str) -> None:
+    """``route`` ("METHOD /path") with ``Content-Length: 1000``, one byte of its body, and
+    the connection closed: a client that went away mid-body (issue 36's ``nc -q1``)."""
+    method, path = route.split(" ")
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(head + HALF_BODY)
+        time.sleep(0.2)  # the request reaches the route, waiting for the rest of its body
+
+
+def oversized_heads(header_bytes: int, head_bytes: int) -> list[tuple[str, dict[str, str], str]]:
+    """(name, headers, the variable its 431 must name) for a head over each limit: one
+    header, a huge one (16 MiB was once served 200), and many headers each within the
+    per-header limit."""
+    value = header_bytes - len("x-big")
+    many = head_bytes // (header_bytes // 2) + 1
+    return [
+        ("one header one byte over", {"x-big": "a" * (value + 1)}, "SHARDPLAN_MAX_HEADER_BYTES"),
+        # Refused while it arrives, before it ends: by the whole head's limit.
+        (
+            "16 MiB Accept-Encoding",
+            {"accept-encoding": "b" * 16 * 2**20},
+            "SHARDPLAN_MAX_REQUEST_HEAD_BYTES",
+        ),
+        (
+            "headers over the head",
+            {f"x-{i}": "c" * (header_bytes // 2) for i in range(many)},
+            "SHARDPLAN_MAX_REQUEST_HEAD_BYTES",
+        ),
+    ]

@@ -3,12 +3,13 @@ plan, prepared once when the plan enters the in-memory cache, and the ASGI fast 
 sends them to a fetch that hits the cache.
 
 A training job's ranks all fetch one immutable plan at startup. Once the plan is cached,
-answering such a fetch is choosing bytes: the encoding from ``Accept-Encoding`` (memoized:
-fleets send few distinct headers), the representation's ETag against ``If-None-Match``,
-then one send of headers and one of a body prepared beforehand. No routing, no dependency
-injection, no JSON, no database, and nothing allocated in proportion to the plan. A fetch
-the fast path does not answer (a cache miss, reads behind tokens, a refused encoding, a
-malformed id) goes to the FastAPI route, which answers with the same prepared responses.
+answering such a fetch is choosing bytes: the encoding from ``Accept-Encoding`` (memoized,
+bounded in bytes: fleets send few distinct headers), the representation's ETag against
+``If-None-Match``, then one send of headers and one of a body prepared beforehand. No
+routing, no dependency injection, no JSON, no database, and nothing allocated in
+proportion to the plan. A fetch the fast path does not answer (a cache miss, reads behind
+tokens, a refused encoding, a malformed id) goes to the FastAPI route, which answers with
+the same prepared responses.
 """
 
 from __future__ import annotations
@@ -120,10 +121,25 @@ def _representation(plan_id: str, encoding: str, body: bytes) -> Representation:
     return Representation(encoding, etag, body, ok, common)
 
 
-@functools.lru_cache(maxsize=1024)
+# The memo of negotiated encodings holds at most MEMO_ENTRIES headers of at most
+# MEMO_KEY_CHARS each (1,024 x 256: 256 KiB and the entries' overhead): bounded in bytes, as
+# a memo keyed by what clients send must be. Real headers are short ("gzip, deflate, br,
+# zstd" is 23 characters); a longer one is negotiated each time, never kept.
+MEMO_ENTRIES = 1024
+MEMO_KEY_CHARS = 256
+
+
 def negotiated(accept_encoding: str | None) -> str | None:
-    """``negotiate_encoding``, memoized: a fleet's clients send a handful of distinct
-    headers, so after the first of each this is a dictionary lookup (bounded: 1,024)."""
+    """``negotiate_encoding``, memoized for headers of a fleet's usual size: a fleet's
+    clients send a handful of distinct headers, so after the first of each this is a
+    dictionary lookup."""
+    if accept_encoding is not None and len(accept_encoding) > MEMO_KEY_CHARS:
+        return negotiate_encoding(accept_encoding)
+    return _memoized(accept_encoding)
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
+def _memoized(accept_encoding: str | None) -> str | None:
     return negotiate_encoding(accept_encoding)
 
 

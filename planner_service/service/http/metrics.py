@@ -123,13 +123,22 @@ class MetricsMiddleware:
             observe(getattr(route, "path", None) or "unmatched", scope["method"], status, start)
 
 
+# A request whose client went away before it was answered (nginx's code; no response is
+# sent): not a server error, so not a 500.
+CLIENT_CLOSED = 499
+# Methods counted under their own name; any other is counted as OTHER_METHOD, so that a
+# client cannot grow the label set (or this process's memory) by inventing methods.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "OTHER"
 _children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
 
 def observe(template: str, method: str, status: int, started: float) -> None:
     """Counts one request to the route ``template`` and times it from ``started``
     (``time.perf_counter()``). The labelled children are looked up once per combination:
-    templates, methods and statuses are few."""
+    templates, methods (``METHODS``) and statuses are few."""
+    if method not in METHODS:
+        method = OTHER_METHOD
     key = (template, method, status)
     children = _children.get(key)
     if children is None:

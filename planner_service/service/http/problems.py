@@ -11,8 +11,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from planner_service.plan.errors import FieldProblem, InputError, json_path
+from planner_service.service.http.metrics import CLIENT_CLOSED
 from planner_service.service.http.openapi import JsonObject, schema_ref
 from planner_service.service.store import StoreUnavailableError
 
@@ -31,6 +33,8 @@ TITLES = {
     413: "Content too large",
     415: "Unsupported media type",
     422: "Invalid input",
+    431: "Request header fields too large",
+    499: "Client closed request",
     500: "Internal error",
     503: "Service unavailable",
 }
@@ -175,6 +179,13 @@ def add_exception_handlers(app: FastAPI) -> None:
             str(error.detail),
             headers=dict(error.headers or {}),
         )
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, _: ClientDisconnect) -> JSONResponse:
+        """The client went away before its body arrived: counted as 499, one line at info
+        (a flaky network is not a server error, and no one is left to answer)."""
+        log.info("client went away during %s %s", request.method, request.url.path)
+        return problem(CLIENT_CLOSED, TITLES[CLIENT_CLOSED], "the client closed the connection")
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:

@@ -24,7 +24,7 @@ from planner_service.service.http.fetch import (
     negotiated,
     revalidated,
 )
-from planner_service.service.http.openapi import json_body
+from planner_service.service.http.openapi import JsonObject, json_body
 from planner_service.service.http.paging import (
     DEFAULT_LIMIT,
     After,
@@ -147,23 +147,24 @@ async def put_alias(
     )
 
 
-@router.get(
-    "/v1/aliases/{name}",
-    dependencies=[Depends(reader)],
-    responses={
-        200: {
-            "description": "the plan the alias points at, zstd- or gzip-encoded when "
-            "`Accept-Encoding` allows",
-            **PLAN_RESPONSE,
-        },
-        304: {"description": "If-None-Match matched the current plan's representation"},
-        404: {"description": "no such alias", **PROBLEM_CONTENT},
-        406: {
-            "description": "`Accept-Encoding` refuses identity and accepts neither zstd nor gzip",
-            **PROBLEM_CONTENT,
-        },
+ALIAS_FETCH_RESPONSES: dict[int | str, JsonObject] = {
+    200: {
+        "description": "the plan the alias points at, zstd- or gzip-encoded when "
+        "`Accept-Encoding` allows; HEAD gives the same headers without the body",
+        **PLAN_RESPONSE,
     },
-)
+    304: {"description": "If-None-Match matched the current plan's representation"},
+    404: {"description": "no such alias", **PROBLEM_CONTENT},
+    406: {
+        "description": "`Accept-Encoding` refuses identity and accepts neither zstd nor gzip",
+        **PROBLEM_CONTENT,
+    },
+}
+
+
+# GET and HEAD as for plans (routes/plans.py): two operations, each with its own id.
+@router.head("/v1/aliases/{name}", dependencies=[Depends(reader)], responses=ALIAS_FETCH_RESPONSES)
+@router.get("/v1/aliases/{name}", dependencies=[Depends(reader)], responses=ALIAS_FETCH_RESPONSES)
 async def get_alias(name: AliasName, http_request: Request, state: State) -> Response:
     """The plan the alias points at now, in the encoding ``Accept-Encoding`` negotiates (as
     ``GET /v1/plans/{plan_id}``); ``X-Shardplan-Plan-Id`` names the plan and ``ETag`` the

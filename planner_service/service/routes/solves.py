@@ -6,10 +6,13 @@ GET /v1/solves/{job_id}/view shows it to people."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from planner_service.plan.api import SolveJob
 from planner_service.service.deps import JobId, Jobs, State, reader
@@ -64,7 +67,24 @@ async def solve_events(
     """The job as a stream of server-sent events, one per change (progress at most twice a
     second), ending with the job's final state; poll GET /v1/solves/{job_id} instead when
     a stream cannot be held open."""
-    limit = state.settings.max_event_streams
+    _reserve_stream(jobs, state.settings.max_event_streams)
+    try:
+        first = await _job(jobs, job_id)
+    except BaseException:
+        jobs.streams -= 1
+        raise
+    return _CountedStream(
+        jobs,
+        _events(jobs, first, http_request, state.stopping),
+        media_type=EVENT_STREAM,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+def _reserve_stream(jobs: SolveJobs, limit: int) -> None:
+    """Counts a stream in before anything awaits, or refuses it: checked and counted across
+    an await, 8 of 40 opens at once got through a cap of 3 (issue 36). The cap is per HTTP
+    worker process (docs/operations.md)."""
     if jobs.streams >= limit:
         raise ProblemError(
             503,
@@ -72,41 +92,52 @@ async def solve_events(
             "(SHARDPLAN_MAX_EVENT_STREAMS); poll GET /v1/solves/{job_id} instead, or retry",
             headers={"Retry-After": "5"},
         )
-    first = await _job(jobs, job_id)
-    jobs.streams += 1  # counted from here: the generator's finally uncounts it
-    return StreamingResponse(
-        _events(jobs, first, http_request),
-        media_type=EVENT_STREAM,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    jobs.streams += 1
 
 
-async def _events(jobs: SolveJobs, job: SolveJob, http_request: Request) -> AsyncIterator[str]:
+class _CountedStream(StreamingResponse):
+    """An event stream that counts itself out when its response ends, however it ends (an
+    async generator never started runs no ``finally``: a client gone before the first event
+    would have kept its count for good)."""
+
+    def __init__(self, jobs: SolveJobs, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.jobs = jobs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.jobs.streams -= 1
+
+
+async def _events(
+    jobs: SolveJobs, job: SolveJob, http_request: Request, stopping: threading.Event
+) -> AsyncIterator[str]:
     """Each change of the job (elapsed time aside) as an event, a comment every
-    ``HEARTBEAT_S`` without one, until the job ends or the client goes away (looked for
-    every ``POLL_S`` at most, so a stream left behind stops counting within it)."""
+    ``HEARTBEAT_S`` without one, until the job ends, the client goes away or the server is
+    stopping (each looked for every ``POLL_S`` at most, so that a stream left behind stops
+    counting within it, and a stopping server's streams end cleanly within its grace; the
+    client reconnects to a replica that serves)."""
     loop = asyncio.get_running_loop()
-    try:
-        sent: str | None = None  # the last job sent, without its clock fields
-        last_write = loop.time()
-        number = 0
-        while True:
-            seen = job.model_dump_json(exclude={"elapsed_s", "updated_at"})
-            if seen != sent:
-                number += 1
-                yield f"event: solve\nid: {number}\ndata: {job.model_dump_json()}\n\n"
-                sent, last_write = seen, loop.time()
-                if job.status.ended:
-                    return
-            elif loop.time() - last_write >= HEARTBEAT_S:
-                yield ": keep-alive\n\n"
-                last_write = loop.time()
-            await jobs.changed(job.job_id, POLL_S)
-            if await http_request.is_disconnected():
+    sent: str | None = None  # the last job sent, without its clock fields
+    last_write = loop.time()
+    number = 0
+    while True:
+        seen = job.model_dump_json(exclude={"elapsed_s", "updated_at"})
+        if seen != sent:
+            number += 1
+            yield f"event: solve\nid: {number}\ndata: {job.model_dump_json()}\n\n"
+            sent, last_write = seen, loop.time()
+            if job.status.ended:
                 return
-            job = await jobs.get(job.job_id) or job
-    finally:
-        jobs.streams -= 1
+        elif loop.time() - last_write >= HEARTBEAT_S:
+            yield ": keep-alive\n\n"
+            last_write = loop.time()
+        await jobs.changed(job.job_id, POLL_S)
+        if stopping.is_set() or await http_request.is_disconnected():
+            return
+        job = await jobs.get(job.job_id) or job
 
 
 @router.get(
