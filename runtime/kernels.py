@@ -52,6 +52,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 from torch import nn
 
 from planner_service.plan.types import DataType, OptimizerType
+from runtime.choices import choice
 from runtime.kernel_key import KernelKey, Memory
 from runtime.modules import BaseEmbeddingConfig
 from runtime.plan import PlanMismatchError
@@ -273,19 +274,14 @@ def fused_optimizer(fused_params: FusedParams | None) -> FusedOptimizer:
     if fused_params is None:
         return FusedOptimizer(OptimizerType.SGD, {"learning_rate": DEFAULT_LEARNING_RATE})
     params = dict(fused_params)
-    name = str(params.pop("optimizer", OptimizerType.SGD.value))
-    if name not in OPTIMIZERS:
-        raise ValueError(
-            f"fused_params optimizer {name!r} is not supported; use one of "
-            f"{sorted(o.value for o in OPTIMIZERS)}"
-        )
+    named = params.pop("optimizer", OptimizerType.SGD)
+    optimizer = choice(OptimizerType, named, "optimizer", owner="fused_params", accepted=OPTIMIZERS)
     unknown = sorted(set(params) - set(HYPERPARAMETERS))
     if unknown:
         raise ValueError(
             f"fused_params has unknown keys {unknown}; accepted: optimizer, "
             f"{', '.join(HYPERPARAMETERS)}"
         )
-    optimizer = OptimizerType(name)
     unused = sorted(set(params) - set(ADAM_HYPERPARAMETERS))
     if optimizer is OptimizerType.ADAM and unused:
         raise ValueError(

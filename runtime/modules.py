@@ -14,12 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from planner_service.plan.types import DataType, PoolingType, Table
+from runtime.choices import choice
 from runtime.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 TORCH_DTYPES = {
@@ -27,6 +29,7 @@ TORCH_DTYPES = {
     DataType.FP16: torch.float16,
     DataType.BF16: torch.bfloat16,
 }
+POOLED = (PoolingType.SUM, PoolingType.MEAN)  # an EmbeddingBagConfig's pooling
 
 
 def check_table_name(name: str, prefix: str = "embedding_bags") -> None:
@@ -60,6 +63,12 @@ class BaseEmbeddingConfig:
 
     def __post_init__(self) -> None:
         check_table_name(self.name, self.state_prefix)
+        self._coerce("data_type", DataType, tuple(TORCH_DTYPES))
+        if isinstance(self.feature_names, str):
+            raise ValueError(
+                f"table {self.name!r}: feature_names {self.feature_names!r} is a string; give "
+                f"a list of names ([{self.feature_names!r}])"
+            )
         if not self.feature_names:
             object.__setattr__(self, "feature_names", [self.name])
         if self.num_embeddings <= 0 or self.embedding_dim <= 0:
@@ -67,15 +76,20 @@ class BaseEmbeddingConfig:
                 f"table {self.name!r}: num_embeddings ({self.num_embeddings}) and "
                 f"embedding_dim ({self.embedding_dim}) must be positive"
             )
-        if self.data_type not in TORCH_DTYPES:
-            raise ValueError(
-                f"table {self.name!r} has data_type {self.data_type.value!r}; the runtime "
-                f"trains {sorted(d.value for d in TORCH_DTYPES)}"
-            )
 
     @property
     def dtype(self) -> torch.dtype:
         return TORCH_DTYPES[self.data_type]
+
+    def _coerce(
+        self, field_name: str, kind: type[StrEnum], accepted: Sequence[StrEnum] | None = None
+    ) -> None:
+        """Hold the member of ``kind`` that the field's member or string value names."""
+        value = getattr(self, field_name)
+        owner = f"table {self.name!r}"
+        object.__setattr__(
+            self, field_name, choice(kind, value, field_name, owner=owner, accepted=accepted)
+        )
 
 
 @dataclass(frozen=True)
@@ -87,10 +101,16 @@ class EmbeddingBagConfig(BaseEmbeddingConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.pooling is PoolingType.NONE:
+        if self.pooling == PoolingType.NONE:
             raise ValueError(
                 f"table {self.name!r} has pooling 'none'; an EmbeddingBagCollection pools "
                 "(use 'sum' or 'mean', or an EmbeddingConfig in an EmbeddingCollection)"
+            )
+        self._coerce("pooling", PoolingType, POOLED)
+        if not isinstance(self.is_weighted, bool):
+            raise ValueError(
+                f"table {self.name!r}: is_weighted {self.is_weighted!r} is not supported; use "
+                "True or False"
             )
 
     @staticmethod

@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from planner_service.plan.canonical import plan_id_of
 from planner_service.plan.codec import parse_plan
+from planner_service.plan.errors import problems_from_validation_error
 from planner_service.plan.shards import COLUMN_ALIGNMENT, column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
     ComputeKernel,
@@ -25,6 +28,7 @@ from planner_service.plan.types import (
     Topology,
 )
 from planner_service.validate.validator import check_layout
+from runtime.choices import choice
 from runtime.modules import BaseEmbeddingConfig
 
 ROW_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
@@ -42,6 +46,10 @@ class ModulePlan:
     tables: Mapping[str, ParameterSharding]
     plan_id: str | None = None
 
+    def __post_init__(self) -> None:
+        tables = {name: _parameter_sharding(name, s) for name, s in self.tables.items()}
+        object.__setattr__(self, "tables", tables)
+
     @staticmethod
     def of(plan: ModulePlan | ShardingPlan | bytes | str | Mapping[str, object]) -> ModulePlan:
         """The runtime's view of a plan; a planner plan (object, JSON or its data) must be
@@ -56,6 +64,24 @@ class ModulePlan:
             raise TypeError(f"plan must be a ShardingPlan, its JSON or a ModulePlan; got {plan!r}")
         check_plan_id(plan)
         return ModulePlan(plan.world_size, dict(plan.tables), plan.plan_id)
+
+
+def _parameter_sharding(table: str, sharding: object) -> ParameterSharding:
+    """A ``ModulePlan`` table's sharding: a ``ParameterSharding``, or its JSON data (enums
+    as their string values), read once here."""
+    if isinstance(sharding, ParameterSharding):
+        return sharding
+    if not isinstance(sharding, Mapping):
+        raise PlanMismatchError(
+            f"table {table!r}: its sharding is a {type(sharding).__name__}; give a "
+            "ParameterSharding (a plan builder's) or its JSON data"
+        )
+    try:
+        return ParameterSharding.model_validate(sharding)
+    except ValidationError as error:
+        problems = problems_from_validation_error(error, ParameterSharding)
+        details = "; ".join(problem.render() for problem in problems)
+        raise PlanMismatchError(f"table {table!r}: {details}") from None
 
 
 def check_plan_id(plan: ShardingPlan) -> None:
@@ -80,12 +106,19 @@ def check_plan_id(plan: ShardingPlan) -> None:
 TableSharder = Callable[[BaseEmbeddingConfig, int, int], ParameterSharding]
 
 
+def _kernel(kernel: object, builder: str) -> ComputeKernel:
+    """The builder's ``kernel``, read when the builder is called (not when it builds)."""
+    return choice(ComputeKernel, kernel, "kernel", owner=builder)
+
+
 def _sharding(kind: ShardingType, kernel: ComputeKernel, shards: list[Shard]) -> ParameterSharding:
     ranks = [s.rank for s in shards]
     return ParameterSharding(sharding_type=kind, compute_kernel=kernel, ranks=ranks, shards=shards)
 
 
 def table_wise(rank: int, kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
+    kernel = _kernel(kernel, "table_wise")
+
     def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         shard = Shard(offsets=(0, 0), sizes=(table.num_embeddings, table.embedding_dim), rank=rank)
         return _sharding(ShardingType.TABLE_WISE, kernel, [shard])
@@ -106,6 +139,7 @@ def column_wise(
     kernel: ComputeKernel = ComputeKernel.FUSED,
 ) -> TableSharder:
     """Column shards left to right on ``ranks`` (a rank may repeat: [0, 1, 0])."""
+    kernel = _kernel(kernel, "column_wise")
 
     def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         cut = list(widths) if widths is not None else _even_widths(table.embedding_dim, len(ranks))
@@ -119,6 +153,7 @@ def table_column_wise(
     host: int, ranks: Sequence[int] | None = None, kernel: ComputeKernel = ComputeKernel.FUSED
 ) -> TableSharder:
     """Column shards on ranks of one host (default: each local rank of ``host`` once)."""
+    kernel = _kernel(kernel, "table_column_wise")
 
     def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         on = list(ranks) if ranks is not None else list(range(host * local, (host + 1) * local))
@@ -130,6 +165,8 @@ def table_column_wise(
 
 
 def row_wise(kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
+    kernel = _kernel(kernel, "row_wise")
+
     def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         shards = row_wise_shards(table.num_embeddings, table.embedding_dim, range(world))
         return _sharding(ShardingType.ROW_WISE, kernel, shards)
@@ -138,6 +175,8 @@ def row_wise(kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
 
 
 def table_row_wise(host: int, kernel: ComputeKernel = ComputeKernel.FUSED) -> TableSharder:
+    kernel = _kernel(kernel, "table_row_wise")
+
     def build(table: BaseEmbeddingConfig, world: int, local: int) -> ParameterSharding:
         on = range(host * local, (host + 1) * local)
         shards = row_wise_shards(table.num_embeddings, table.embedding_dim, on)

@@ -15,6 +15,7 @@ import os
 import platform
 import socket
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import NamedTuple
@@ -32,6 +33,7 @@ from planner_service.plan.types import (
 )
 from runtime.calibrate import collectives, kernels, steps, work
 from runtime.calibrate.timing import Budget
+from runtime.choices import choice
 from runtime.measure import MeasureReport
 
 MIN_BUDGET_S = 10.0
@@ -53,7 +55,11 @@ class CalibrateRefused(ValueError):
     is accepted."""
 
 
-class CalibrateSettings(NamedTuple):
+@dataclass(frozen=True)
+class CalibrateSettings:
+    """What to calibrate (``check_settings`` says whether this machine can); ``device`` is a
+    ``ComputeDevice`` or its value."""
+
     budget_s: float
     device: ComputeDevice
     world_sizes: tuple[int, ...]
@@ -61,6 +67,10 @@ class CalibrateSettings(NamedTuple):
     seed: int = 0
     threads: int = 1
     hit_rates: tuple[float, ...] = HIT_RATES
+
+    def __post_init__(self) -> None:
+        device = choice(ComputeDevice, self.device, "device", owner="CalibrateSettings")
+        object.__setattr__(self, "device", device)
 
 
 class Progress(NamedTuple):

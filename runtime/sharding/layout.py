@@ -142,19 +142,19 @@ def build_layouts(
                 shard = LocalShard(t, s, r0, rows, c0, cols, replicated, row_split, shard_key)
                 held[placed.rank].append(shard)
     features = features_of(tables)
-    return tuple(_rank_layout(tuple(shards), features, sequence) for shards in held)
+    return tuple(_rank_layout(tuple(shards), features) for shards in held)
 
 
-def _rank_layout(
-    shards: tuple[LocalShard, ...], features: Sequence[Feature], sequence: bool
-) -> RankLayout:
+def _rank_layout(shards: tuple[LocalShard, ...], features: Sequence[Feature]) -> RankLayout:
     """One kernel per key (keys sorted); each routed feature is a kernel feature once per
     local shard of its table, so column shards of one table on one rank each look it up.
 
-    Pooled kernels take their features route by route. Sequence kernels take them shard by
-    shard, so each kernel's ``feature_table_map`` never goes back to an earlier table:
-    fbgemm-gpu-cpu 1.8.0's unpooled CPU kernel indexes out of bounds when it does
-    (``[0, 1, 0]``), and pools correctly when it does not."""
+    Kernels take their features shard by shard (each shard's features in route order), so a
+    kernel's ``feature_table_map`` never goes back to an earlier table. FBGEMM's CPU kernels
+    need that of a table with two features and two column shards on one rank: route by
+    route (``[0, 1, 0, 1]``) fbgemm-gpu-cpu 1.8.0's row-wise Adagrad backward stops at the
+    first step back ("num of rows processed by adagrad: 0 does not match c_block size")
+    and its unpooled kernel indexes out of bounds."""
     tables = {shard.table for shard in shards}
     routes = tuple(f for f, feature in enumerate(features) if feature.table in tables)
     groups = []
@@ -162,12 +162,10 @@ def _rank_layout(
         members = tuple(i for i, shard in enumerate(shards) if shard.key == key)
         pairs = tuple(
             (r, i)
-            for r, f in enumerate(routes)
             for i in members
+            for r, f in enumerate(routes)
             if shards[i].table == features[f].table
         )
-        if sequence:
-            pairs = tuple(sorted(pairs, key=lambda pair: (members.index(pair[1]), pair[0])))
         groups.append(KernelGroup(key, members, pairs))
     columns = tuple(
         Column(routes[r], shard.col_offset, shard.cols, shard.replicated, shard.row_split)

@@ -69,6 +69,9 @@ from runtime.sparse import (
     offsets_from_lengths,
 )
 
+# Every form of a plan the sharded modules take (``ModulePlan.of`` reads each).
+PlanSource = ModulePlan | ShardingPlan | bytes | str | Mapping[str, object]
+
 
 class InputContext(NamedTuple):
     """A batch after its input distribution (step 1): this rank's batch in module order, the
@@ -93,15 +96,17 @@ class ShardedTables(nn.Module):
         self,
         module: EmbeddingBagCollection | EmbeddingCollection,
         tables: Sequence[BaseEmbeddingConfig],
-        plan: ModulePlan,
+        plan: PlanSource,
         pg: dist.ProcessGroup | None,
-        device: torch.device,
+        device: torch.device | str,
         fused_params: FusedParams | None,
         sequence: bool,
     ) -> None:
         super().__init__()
         check_tables(tables)
         self.group = Group(pg)
+        plan = ModulePlan.of(plan)
+        device = torch.device(device)
         check_plan(plan, tables, self.group.world_size)
         optimizer = fused_optimizer(fused_params)
         check_trainable(tables)
@@ -276,19 +281,19 @@ class ShardedEmbeddingBagCollection(ShardedTables):
     def __init__(
         self,
         module: EmbeddingBagCollection,
-        plan: ModulePlan,
+        plan: PlanSource,
         pg: dist.ProcessGroup | None,
-        device: torch.device,
+        device: torch.device | str,
         fused_params: FusedParams | None = None,
     ) -> None:
         tables = module.embedding_bag_configs()
         super().__init__(module, tables, plan, pg, device, fused_params, sequence=False)
         self.outputs = OutputDistribution(
-            output_exchange(plan, tables, self.layouts, self.group.rank),
+            output_exchange(self.plan, tables, self.layouts, self.group.rank),
             tables,
             self.group,
-            subgroup_families(plan),
-            device,
+            subgroup_families(self.plan),
+            self.device,
         )
 
     def output_exchanges(self) -> list[tuple[str, list[int]]]:
@@ -322,15 +327,18 @@ class ShardedEmbeddingCollection(ShardedTables):
     def __init__(
         self,
         module: EmbeddingCollection,
-        plan: ModulePlan,
+        plan: PlanSource,
         pg: dist.ProcessGroup | None,
-        device: torch.device,
+        device: torch.device | str,
         fused_params: FusedParams | None = None,
     ) -> None:
         tables = module.embedding_configs()
         super().__init__(module, tables, plan, pg, device, fused_params, sequence=True)
         self.outputs = SequenceOutputDistribution(
-            sequence_exchange(tables, self.layouts, self.group.rank), tables, self.group, device
+            sequence_exchange(tables, self.layouts, self.group.rank),
+            tables,
+            self.group,
+            self.device,
         )
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
@@ -352,7 +360,6 @@ class ShardedEmbeddingCollection(ShardedTables):
 
 
 Collection = EmbeddingBagCollection | EmbeddingCollection
-PlanSource = ModulePlan | ShardingPlan | bytes | str | Mapping[str, object]
 
 
 @overload

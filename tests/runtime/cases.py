@@ -27,6 +27,7 @@ from runtime import (
     EmbeddingCollection,
     KeyedJaggedTensor,
     ModulePlan,
+    ShardedEmbeddingBagCollection,
     SubgroupTimeoutError,
     column_wise,
     construct_module_plan,
@@ -276,7 +277,9 @@ def check_scenario(
     optimizer: str,
     pg: ProcessGroup | None = None,
     batches: list[int] | None = None,
-) -> None:
+) -> tuple[ShardedEmbeddingBagCollection, ReferenceOptimizer]:
+    """Train both modules ``STEPS`` steps, checking outputs each step and the local shards
+    at the end; the trained sharded module and the reference's optimizer, for more checks."""
     batches = batches or [3 + r for r in range(world)]
     start = sum(batches[:rank])
     rows = slice(start, start + batches[rank])
@@ -311,6 +314,7 @@ def check_scenario(
                 f"{scenario.name}/{optimizer} rank {rank}: table {table.name} shard at "
                 f"{(r0, c0)} off by {diff} after {STEPS} steps"
             )
+    return sharded, ref_opt
 
 
 def equivalence(rank: int, world: int, optimizer: str, names: list[str] | None = None) -> None:

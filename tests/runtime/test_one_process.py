@@ -4,6 +4,7 @@ sharded module on a single rank (no process group), all with real FBGEMM kernels
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from collections.abc import Callable
@@ -43,7 +44,7 @@ from runtime import (
     table_wise,
 )
 from runtime.modules import config_of
-from runtime.sharding.layout import subgroup_families
+from runtime.sharding.layout import build_layouts, subgroup_families
 from tests.runtime import cases as runtime_cases
 
 # --------------------------------------------------------------------------- sparse
@@ -321,6 +322,47 @@ def test_single_rank_matches_and_trains_like_the_unsharded_module():
     gathered = sharded.gather_state_dict()
     for key, value in ebc.state_dict().items():
         assert torch.allclose(gathered[key], value, atol=1e-6), key
+
+
+@pytest.mark.filterwarnings(
+    "ignore:.*dense_embedding_codegen_lookup_function. an autograd kernel:UserWarning"
+)
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adam"])
+def test_two_column_shards_of_a_two_feature_table_on_one_rank_train_like_the_unsharded(
+    optimizer,
+):
+    """Both column shards of a table with features f1, f2 in one kernel: FBGEMM's CPU
+    row-wise Adagrad backward raised "num of rows processed by adagrad: 0 does not match
+    c_block size" when the kernel's features went back to an earlier table ([0, 1, 0, 1])."""
+    table = EmbeddingBagConfig("two", 20, 16, feature_names=["f1", "f2"])
+    plan = construct_module_plan([table], {"two": column_wise([0, 0])}, world_size=1)
+    scenario = runtime_cases.Scenario("two features, two column shards", [table], plan)
+    sharded, reference = runtime_cases.check_scenario(0, 1, scenario, optimizer)
+    if optimizer != "rowwise_adagrad":
+        return
+    state = sharded.full_state()
+    for block, (c0, c1) in enumerate(runtime_cases.column_blocks(plan, table)):
+        got = state[f"embedding_bags.two.weight.momentum1.columns_{c0}_{c1}"]
+        want = reference.state["two"][:, block]
+        assert got.count_nonzero() > 0
+        assert torch.allclose(got, want, atol=runtime_cases.ATOL), (block, got, want)
+
+
+def test_every_kernel_takes_its_tables_features_table_by_table():
+    """FBGEMM's CPU backward walks a kernel's features table by table, so a kernel's
+    ``feature_table_map`` must never go back to an earlier table (pooled and sequence, on
+    CPU and CUDA layouts)."""
+    two = EmbeddingBagConfig("two", 20, 24, feature_names=["f1", "f2", "f3"])
+    other = EmbeddingBagConfig("other", 9, 8, feature_names=["g1", "g2"])
+    builders = {"two": column_wise([0, 1, 0]), "other": table_wise(0)}
+    plans = [(s.tables, s.plan) for world in (2, 3, 4) for s in runtime_cases.scenarios(world)]
+    plans.append(([two, other], construct_module_plan([two, other], builders, world_size=2)))
+    for tables, plan in plans:
+        for cuda, sequence in itertools.product((False, True), repeat=2):
+            for layout in build_layouts(plan, tables, cuda=cuda, sequence=sequence):
+                for group in layout.groups:
+                    order = group.feature_table_map()
+                    assert order == sorted(order), (plan.tables, cuda, sequence, order)
 
 
 def test_ids_outside_the_table_are_refused_with_the_feature_named():
