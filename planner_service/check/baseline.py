@@ -32,16 +32,17 @@ _OTHER_REQUEST = frozenset(
 
 @dataclass(frozen=True)
 class Baseline:
-    """The plan to compare with, and where it came from (a file, a plan id, alias:NAME)."""
+    """The plan to compare with, and where it came from (a file, a plan id, alias:NAME);
+    ``imported``: a service's plan stored by PUT, whose solver report it did not verify."""
 
     plan: ShardingPlan
     source: str
+    imported: bool = False
 
 
-def compare(
-    request: PlanRequest, plan: ShardingPlan, baseline: ShardingPlan, source: str
-) -> BaselineComparison:
-    """``plan`` (the request's) against ``baseline``; ``source`` names where it came from."""
+def compare(request: PlanRequest, plan: ShardingPlan, chosen: Baseline) -> BaselineComparison:
+    """``plan`` (the request's) against the ``chosen`` baseline."""
+    baseline = chosen.plan
     repriced = _comparable(request, baseline)
     if repriced:
         usage = rank_usage(request, baseline.tables)
@@ -58,7 +59,7 @@ def compare(
     violations = validate_plan(request, baseline)
     return BaselineComparison(
         plan_id=baseline.plan_id,
-        source=source,
+        source=chosen.source,
         repriced=repriced,
         still_valid=all(v.code in _OTHER_REQUEST for v in violations),
         step_ms=step_ms,
@@ -80,6 +81,7 @@ def compare(
         tables_added=sum(t.status is TableStatus.ADDED for t in diff.tables),
         tables_removed=sum(t.status is TableStatus.REMOVED for t in diff.tables),
         moved_bytes=diff.moved_bytes,
+        imported=chosen.imported or None,
     )
 
 

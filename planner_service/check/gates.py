@@ -74,9 +74,7 @@ def apply_gates(
     is a plan to compare), ``passed`` and the verdict."""
     check_gates(gates, baseline)
     comparison = (
-        compare(request, plan, baseline.plan, baseline.source)
-        if plan is not None and baseline is not None
-        else None
+        compare(request, plan, baseline) if plan is not None and baseline is not None else None
     )
     results = list(report.gates)  # max_hbm_utilization's, from the report
     if gates.require_kernels is not None:

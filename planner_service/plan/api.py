@@ -203,6 +203,24 @@ class BaselineComparison(_Document):
     tables_added: int
     tables_removed: int
     moved_bytes: int = Field(description="weights and optimizer state that move between ranks")
+    imported: bool | None = Field(
+        None,
+        description="true when the baseline is a plan stored by PUT /v1/plans/{plan_id} (made "
+        "elsewhere): its solver status, lower bound and gap are the importer's word, "
+        "unverified here (its step time was recomputed when it was stored); absent otherwise",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unless_imported(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
+        return _unless_false(handler(self), "imported")
+
+
+def _unless_false(data: JsonObject, field: str) -> JsonObject:
+    """``data`` without ``field`` unless it is true: a mark absent from the documents of
+    the common case, so they read as before it existed."""
+    if not data.get(field):
+        data.pop(field, None)
+    return data
 
 
 class CheckGates(_Document):
@@ -351,10 +369,7 @@ class PlanListing(_Document):
 
     @model_serializer(mode="wrap")
     def _omit_unless_imported(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
-        data: JsonObject = handler(self)
-        if not data.get("imported"):
-            data.pop("imported", None)
-        return data
+        return _unless_false(handler(self), "imported")
 
 
 class PlanPage(_Document):

@@ -1344,6 +1344,7 @@ class ViolationCode(StrEnum):
     COLOCATE = "colocate"
     SEPARATE = "separate"
     SOLVER_REPORT = "solver_report"
+    MIGRATION = "migration"
 
 
 class TableProblemCode(StrEnum):

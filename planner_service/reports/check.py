@@ -195,7 +195,8 @@ def _baseline_lines(b: BaselineComparison, quote: str) -> list[str]:
     )
     lines = [
         f"plan {quote}{b.plan_id[:12]}{quote} ({b.source})"
-        + ("" if b.still_valid else ", which is no longer a valid plan of this request"),
+        + ("" if b.still_valid else ", which is no longer a valid plan of this request")
+        + (", imported: its solver report is unverified" if b.imported else ""),
         f"predicted step time {b.plan_step_ms:.4g} ms against {b.step_ms:.4g} ms: "
         f"{change_words(b.change)} ({priced})",
         f"fullest rank: HBM {gib(b.max_hbm_bytes)} -> {gib(b.plan_max_hbm_bytes)}, "

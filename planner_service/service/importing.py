@@ -5,8 +5,11 @@ run with a longer time limit) after checking it as the service checks its own.
   path and the plan's own ``plan_id`` (409 naming the three otherwise).
 - Validity: the validator checks the plan against the request (422 listing every
   violation), the check ``shardplan validate`` and ``POST /v1/validate`` make. That
-  includes the plan's ``request_hash``, and the per-rank totals recomputed with this
-  service's cost model.
+  includes the plan's ``request_hash``, the per-rank totals and the objective recomputed
+  with this service's cost model, and a migration section recomputed from the previous
+  plan: the request's inline ``options.previous_plan``, or the stored plan its
+  ``options.previous_plan_id`` names (422 naming that field when none is stored), inlined
+  before the check, so the request stored beside the plan is whole.
 - Key: stored by the request's hash under the planner version the plan names
   (``plan.planner_version``), marked imported. Its solver report (status, lower bound, gap)
   is the importer's word: the objective and critical path are recomputed, the bound cannot
@@ -32,14 +35,12 @@ from planner_service.plan.types import Violation
 from planner_service.service.http.limits import decode_request_and_plan
 from planner_service.service.http.problems import ProblemError
 from planner_service.service.settings import Settings
+from planner_service.service.solver.references import unknown_previous_plan, with_previous_plan
 from planner_service.service.state import ServiceState
 from planner_service.service.store import PlanBodies
 from planner_service.validate.validator import validate_plan
 
 SHOWN_VIOLATIONS = 5
-# Said of an imported plan: its solver report is the importer's word, unverified here.
-SOLVER_REPORT_HEADER = "X-Shardplan-Solver-Report"
-UNVERIFIED = "unverified"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class CheckedImport:
 
     plan_id: str  # the content address, computed here
     claimed_plan_id: str  # what the plan says
+    # The stored previous plan the request names by id alone, when it was not given:
+    # nothing was validated yet (``check_import`` is called again with it).
+    previous_plan_id: str | None
     planner_version: str
     request_hash: str
     request: bytes
@@ -56,21 +60,30 @@ class CheckedImport:
     violations: list[Violation]
 
 
-def check_import(body: bytes, path_plan_id: str, settings: Settings) -> CheckedImport:
+def check_import(
+    body: bytes, path_plan_id: str, settings: Settings, previous_plan: bytes | None = None
+) -> CheckedImport:
     """Runs in a CPU-lane worker: decode within the limits, address, validate (only a plan
-    that is what both ids say: a 409 needs no validation)."""
+    that is what both ids say: a 409 needs no validation), with ``previous_plan`` (the
+    stored plan the request's ``options.previous_plan_id`` names) inline. A request that
+    names one by id alone, called without it, is not validated: ``previous_plan_id``
+    says which to look up."""
     request, plan = decode_request_and_plan(body, settings)
     computed = plan_id_of(plan.model_dump(mode="json"))
     same = computed == plan.plan_id == path_plan_id
+    wanted = request.options.previous_plan_id if request.options.previous_plan is None else None
+    if wanted is not None and previous_plan is not None:
+        request, wanted = with_previous_plan(request, previous_plan), None
     return CheckedImport(
         plan_id=computed,
         claimed_plan_id=plan.plan_id,
+        previous_plan_id=wanted,
         planner_version=plan.planner_version,
         request_hash=request_hash(request),
         request=canonical_bytes(request),
         plan=plan_bytes(plan),
         summary=PlanSummary.of(plan),
-        violations=validate_plan(request, plan) if same else [],
+        violations=validate_plan(request, plan) if same and wanted is None else [],
     )
 
 
@@ -82,10 +95,16 @@ async def import_plan(
     checked = await state.cpu.run(check_import, body, path_plan_id, state.settings)
     if not checked.plan_id == checked.claimed_plan_id == path_plan_id:
         raise _conflict(path_plan_id, checked)
+    if checked.previous_plan_id is not None:
+        previous = await state.plan_bytes(checked.previous_plan_id)
+        if previous is None:
+            path = "request.options.previous_plan_id"
+            raise unknown_previous_plan(checked.previous_plan_id, path)
+        checked = await state.cpu.run(check_import, body, path_plan_id, state.settings, previous)
     if checked.violations:
         raise _invalid(checked.violations)
     store = state.store()
-    bodies = await run_in_threadpool(PlanBodies.of, checked.plan)
+    bodies = await run_in_threadpool(lambda: PlanBodies.of(checked.plan, imported=True))
     inserted = await run_in_threadpool(
         lambda: store.plans.put(
             plan_id=checked.plan_id,
@@ -98,7 +117,8 @@ async def import_plan(
             imported=True,
         )
     )
-    state.cache.put(checked.plan_id, bodies)
+    if inserted:  # else the store's copy, which the planner may have made, is the one served
+        state.cache.put(checked.plan_id, bodies)
     return checked, inserted
 
 

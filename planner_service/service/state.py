@@ -37,7 +37,9 @@ log = logging.getLogger("shardplan.api")
 class PlanCache:
     """Plans' prepared responses (identity and gzip bytes, their headers) by plan_id, least
     recently used out first, bounded in bytes. Plans are immutable and content-addressed,
-    so a cached copy is never stale."""
+    so a cached copy is never stale, but for an imported plan's mark, which goes when the
+    planner makes the same plan (a replica that did not make it says "unverified" until
+    its copy is evicted: the cautious side)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -53,12 +55,18 @@ class PlanCache:
             return data
 
     def put(self, plan_id: str, bodies: PlanBodies) -> PlanResponses:
+        """Cache a plan's responses; a plan cached already keeps its entry, unless it was
+        marked imported and the planner has since made it (``Plans.put_planned``)."""
         data = PlanResponses.of(plan_id, bodies)
-        if data.size > self.max_bytes:
-            return data
         with self._lock:
-            if plan_id in self._entries:
-                return self._entries[plan_id]
+            held = self._entries.get(plan_id)
+            if held is not None and (data.imported or not held.imported):
+                return held
+            if held is not None:
+                del self._entries[plan_id]
+                self._bytes -= held.size
+            if data.size > self.max_bytes:
+                return data
             self._entries[plan_id] = data
             self._bytes += data.size
             while self._bytes > self.max_bytes:

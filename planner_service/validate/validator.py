@@ -37,6 +37,7 @@ from planner_service.plan.types import (
     gap,
 )
 from planner_service.plan.units import size as byte_size
+from planner_service.validate.migration import check_migration
 from planner_service.validate.usage import RankLoad, RankUsage, rank_usage
 
 _ROWS, _COLUMNS = 0, 1
@@ -49,7 +50,8 @@ def validate_plan(request: PlanRequest, plan: ShardingPlan) -> list[Violation]:
     """Every way ``plan`` breaks ``request``; an empty list means the plan is valid.
 
     What the plan says about itself that can be recomputed (each rank's bytes and times,
-    the objective, the critical path) is recomputed from its shards and the request, and
+    the objective, the critical path, the moves from an inline previous plan:
+    ``migration.py``) is recomputed from its shards and the request, and
     capacities are checked on the recomputed bytes. The cost follows the size of the
     request and the plan (tables, shards, overrides), not the world size."""
     usage = rank_usage(request, plan.tables)
@@ -61,6 +63,7 @@ def validate_plan(request: PlanRequest, plan: ShardingPlan) -> list[Violation]:
         _check_capacities(request, usage),
         _check_groups(request, plan),
         _check_solver_report(plan, usage),
+        check_migration(request, plan),
     ]
     return [violation for check in checks for violation in check]
 

@@ -588,3 +588,31 @@ def test_jobs_wait_in_a_bounded_queue_until_a_process_takes_them(store):
     assert claimed and (row.owner, row.attempts, row.waiting) == ("a", 1, False)
     assert store.jobs.to_take("2026-01-31", 10) == ["m" * 64]
     assert store.jobs.enqueue(_new_solve("n" * 64), now="2026-02-02", max_waiting=2).waiting
+
+
+def test_an_imported_plan_reads_back_imported_until_the_planner_makes_it(store):
+    """Every read that serves a plan says whether it was imported (its solver report the
+    importer's word); the planner making the same plan, byte for byte, verifies it."""
+    plan = b'{"imported":1}'
+    assert store.plans.put(
+        plan_id="f" * 64,
+        request_hash="r" * 64,
+        planner_version="v1",
+        request=b'{"req":1}',
+        plan=plan,
+        summary=SUMMARY,
+        imported=True,
+    )
+    _put(store, "a" * 64, data=b'{"planned":1}')
+    stored, bodies = store.plans.get("f" * 64), store.plans.bodies("f" * 64)
+    assert stored is not None and stored.imported
+    assert bodies == PlanBodies(plan, gzip_plan(plan), zstd_plan(plan), imported=True)
+    planner_made = store.plans.get("a" * 64)
+    assert planner_made is not None and not planner_made.imported
+    assert not store.plans.bodies("a" * 64).imported
+    # The planner solves the request and makes the same bytes: one plan, no longer imported.
+    planned = _put_planned(store, "f" * 64, data=plan)
+    assert (planned.plan_id, planned.inserted) == ("f" * 64, False)
+    assert not store.plans.get("f" * 64).imported
+    assert not store.plans.bodies("f" * 64).imported
+    assert store.plans.for_request("r" * 64, "v1") == "f" * 64

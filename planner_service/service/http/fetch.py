@@ -30,6 +30,8 @@ from planner_service.service.http.responses import (
     IMMUTABLE,
     JSON,
     NO_CACHE,
+    SOLVER_REPORT_HEADER,
+    UNVERIFIED,
     etag_matches,
     negotiate_encoding,
 )
@@ -63,11 +65,21 @@ class PlanResponses:
 
     @classmethod
     def of(cls, plan_id: str, bodies: PlanBodies) -> PlanResponses:
+        """Every representation's headers, saying on each that the solver report is
+        unverified when the plan was imported."""
         encoded = {IDENTITY: bodies.identity, GZIP: bodies.gzip, ZSTD: bodies.zstd}
+        said: Headers = [_UNVERIFIED] if bodies.imported else []
         return cls(
             bodies,
-            {coding: _representation(plan_id, coding, body) for coding, body in encoded.items()},
+            {
+                coding: _representation(plan_id, coding, body, said)
+                for coding, body in encoded.items()
+            },
         )
+
+    @property
+    def imported(self) -> bool:
+        return self.bodies.imported
 
     @property
     def size(self) -> int:
@@ -104,12 +116,16 @@ class PreparedResponse(Response):
         self.background = None
 
 
-def _representation(plan_id: str, encoding: str, body: bytes) -> Representation:
+_UNVERIFIED = (SOLVER_REPORT_HEADER.lower().encode(), UNVERIFIED.encode())
+
+
+def _representation(plan_id: str, encoding: str, body: bytes, said: Headers) -> Representation:
     etag = plan_etag(plan_id, encoding)
     common: Headers = [
         (b"etag", f'"{etag}"'.encode()),
         (b"cache-control", IMMUTABLE.encode()),
         (b"vary", b"Accept-Encoding"),
+        *said,
     ]
     ok = [
         (b"content-type", JSON.encode()),

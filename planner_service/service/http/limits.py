@@ -1,6 +1,8 @@
 """Input limits: body size (413, enforced before the body is read into a route) and the
 size of a plan request, or of a request and a plan in one body (422 naming the field, the
-value and the limit)."""
+value and the limit). A plan inside a request (``options.previous_plan``) and an imported
+plan are held to the limits of the requests this service plans: their world size and
+their number of tables."""
 
 from __future__ import annotations
 
@@ -24,18 +26,40 @@ M = TypeVar("M")
 def decode_plan_request(body: bytes, settings: Settings, *, source: str = "body") -> PlanRequest:
     """Parse a PlanRequest from a request body and apply the service's limits."""
     document = load_json(body, source)
-    if isinstance(document, dict):
-        table_problem = tables_limit(document.get("tables"), settings)
-        if table_problem is not None:
-            raise InputError(source, [table_problem])
+    too_many = raw_request_limits(document, settings)
+    if too_many:
+        raise InputError(source, too_many)
     request = parse_request(body, source=source)
-    problems = [
-        *world_size_limit("topology.world_size", request.topology.world_size, settings),
-        *time_limit(request, settings),
-    ]
+    problems = [*request_limits(request, settings), *time_limit(request, settings)]
     if problems:
         raise InputError(source, problems)
     return request
+
+
+def raw_request_limits(document: object, settings: Settings, at: str = "") -> list[FieldProblem]:
+    """The tables of a request and of its inline previous plan counted on the raw document
+    (any JSON value), before a single table is validated."""
+    if not isinstance(document, dict):
+        return []
+    options = document.get("options")
+    previous = options.get("previous_plan") if isinstance(options, dict) else None
+    counted = [(f"{at}tables", document.get("tables"))]
+    if isinstance(previous, dict):
+        counted.append((f"{at}options.previous_plan.tables", previous.get("tables")))
+    problems = [tables_limit(tables, settings, path) for path, tables in counted]
+    return [problem for problem in problems if problem is not None]
+
+
+def request_limits(request: PlanRequest, settings: Settings, at: str = "") -> list[FieldProblem]:
+    """The world sizes of a request and of its inline previous plan (a plan this service
+    could not have made is no plan to re-plan from)."""
+    world = request.topology.world_size
+    problems = world_size_limit(f"{at}topology.world_size", world, settings)
+    previous = request.options.previous_plan
+    if previous is not None:
+        path = f"{at}options.previous_plan.world_size"
+        problems += world_size_limit(path, previous.world_size, settings)
+    return problems
 
 
 def decode_request_and_plan(body: bytes, settings: Settings) -> tuple[PlanRequest, ShardingPlan]:
@@ -47,17 +71,17 @@ def decode_request_and_plan(body: bytes, settings: Settings) -> tuple[PlanReques
             "", 'expected a JSON object with exactly the keys "request" and "plan"'
         )
         raise InputError("body", [problem])
-    raw_request = document["request"]
-    raw_tables = raw_request.get("tables") if isinstance(raw_request, dict) else None
-    too_many = tables_limit(raw_tables, settings, path="request.tables")
-    if too_many is not None:
-        raise InputError("body", [too_many])
+    too_many = raw_request_limits(document["request"], settings, at="request.")
+    raw_plan = document["plan"]
+    plan_tables = raw_plan.get("tables") if isinstance(raw_plan, dict) else None
+    too_many += filter(None, [tables_limit(plan_tables, settings, "plan.tables")])
+    if too_many:
+        raise InputError("body", too_many)
     problems: list[FieldProblem] = []
     request = _part(parse_request, document, "request", problems)
     plan = _part(parse_plan, document, "plan", problems)
     if request is not None:
-        world = request.topology.world_size
-        problems += world_size_limit("request.topology.world_size", world, settings)
+        problems += request_limits(request, settings, at="request.")
     if plan is not None:
         problems += world_size_limit("plan.world_size", plan.world_size, settings)
     if problems or request is None or plan is None:
@@ -86,9 +110,9 @@ def _under(key: str, path: str) -> str:
 
 
 def tables_limit(tables: object, settings: Settings, path: str = "tables") -> FieldProblem | None:
-    """Checked on the raw document (``tables`` any JSON value), before a single table is
-    validated."""
-    if isinstance(tables, list) and len(tables) > settings.max_tables:
+    """Checked on the raw document (``tables`` any JSON value: a request's list, a plan's
+    object), before a single table is validated."""
+    if isinstance(tables, list | dict) and len(tables) > settings.max_tables:
         return FieldProblem(
             path,
             f"this service plans at most {settings.max_tables} tables per request "

@@ -16,6 +16,10 @@ from planner_service.service.http.openapi import JsonObject, schema_ref
 JSON = "application/json"
 IMMUTABLE = "public, max-age=31536000, immutable"
 NO_CACHE = "no-cache"  # may be stored, but revalidated before each use
+# On every answer that serves an imported plan (PUT, fetches by id, prefix or alias): its
+# solver report (status, lower bound, gap) is the importer's word, unverified here.
+SOLVER_REPORT_HEADER = "X-Shardplan-Solver-Report"
+UNVERIFIED = "unverified"
 PLAN_RESPONSE: JsonObject = {"content": {JSON: {"schema": schema_ref(ShardingPlan)}}}
 
 

@@ -79,14 +79,16 @@ _STOP_REASONS = {
 }
 
 
-def render_plan_page(request: PlanRequest, plan: ShardingPlan) -> str:
+def render_plan_page(request: PlanRequest, plan: ShardingPlan, *, imported: bool = False) -> str:
+    """The page; ``imported``: the plan was stored by PUT, so its solver report is shown as
+    the importer's word, which this service did not verify."""
     glance = plan_glance(request, plan)
     sections = [
-        _glance_section(request, plan, glance),
+        _glance_section(request, plan, glance, imported),
         _ranks_section(request, plan, glance),
         _moved_section(glance.moved) if glance.moved else "",
         _tables_section(plan),
-        _solver_section(plan),
+        _solver_section(plan, imported),
     ]
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8>
@@ -112,8 +114,21 @@ def _tiers_text(request: PlanRequest, tiers: tuple[Tier, ...]) -> str:
 # --------------------------------------------------------------------------- at a glance
 
 
-def _glance_section(request: PlanRequest, plan: ShardingPlan, glance: PlanGlance) -> str:
-    lines = [("solver", _solver_line(plan.solver, request.options.gap_limit))]
+# What an imported plan's page says of its solver report (PUT /v1/plans/{plan_id}).
+UNVERIFIED_REPORT = (
+    "imported: this plan was made elsewhere and stored by PUT; its status, lower bound and "
+    "gap are the importer's word, not verified by this service (its objective and critical "
+    "path were recomputed here)"
+)
+
+
+def _glance_section(
+    request: PlanRequest, plan: ShardingPlan, glance: PlanGlance, imported: bool
+) -> str:
+    solver = _solver_line(plan.solver, request.options.gap_limit)
+    if imported:
+        solver += f"<br><span class=warn>{escape(UNVERIFIED_REPORT)}</span>"
+    lines = [("solver", solver)]
     if glance.bottleneck is not None:
         lines.append(("bottleneck", _bottleneck_line(glance.bottleneck, glance)))
     lines += [(fullest.tier.value, _memory_line(fullest)) for fullest in glance.fullest]
@@ -401,10 +416,11 @@ def _tables_section(plan: ShardingPlan) -> str:
     )
 
 
-def _solver_section(plan: ShardingPlan) -> str:
+def _solver_section(plan: ShardingPlan, imported: bool) -> str:
     report = plan.solver
     reason = report.stop_reason
-    rows = [
+    rows = [("verified", f"no: {UNVERIFIED_REPORT}")] if imported else []
+    rows += [
         ("status", report.status.value),
         ("stop_reason", "-" if reason is None else f"{reason.value} ({_STOP_REASONS[reason]})"),
         ("objective (max rank perf)", f"{report.objective:.6g} ms"),

@@ -150,7 +150,8 @@ async def put_alias(
 ALIAS_FETCH_RESPONSES: dict[int | str, JsonObject] = {
     200: {
         "description": "the plan the alias points at, zstd- or gzip-encoded when "
-        "`Accept-Encoding` allows; HEAD gives the same headers without the body",
+        "`Accept-Encoding` allows; HEAD gives the same headers without the body. An "
+        "imported plan (PUT): `X-Shardplan-Solver-Report: unverified`",
         **PLAN_RESPONSE,
     },
     304: {"description": "If-None-Match matched the current plan's representation"},

@@ -141,10 +141,11 @@ async def _baseline(state: State, text: str) -> Baseline:
         plan_id = current.plan_id
     else:
         plan_id = (await resolve_plan_id(state, text, where=Where.QUERY, field="baseline")).plan_id
-    document = await state.plan_bytes(plan_id)
-    if document is None:
+    responses = await state.plan_responses(plan_id)
+    if responses is None:
         raise ProblemError(404, f"query baseline = {text!r}: no plan with this id is stored")
-    return Baseline(parse_plan(document, source="baseline"), text)
+    plan = parse_plan(responses.bodies.identity, source="baseline")
+    return Baseline(plan, text, imported=responses.imported)
 
 
 def _bad_query(name: str, value: str, message: str) -> ProblemError:

@@ -50,10 +50,12 @@ from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAIL
 from planner_service.service.http.responses import (
     JSON,
     PLAN_RESPONSE,
+    SOLVER_REPORT_HEADER,
+    UNVERIFIED,
     job_content,
     job_response,
 )
-from planner_service.service.importing import SOLVER_REPORT_HEADER, UNVERIFIED, import_plan
+from planner_service.service.importing import import_plan
 from planner_service.service.pages.plan import render_plan_page
 from planner_service.service.plan_ids import AMBIGUOUS
 from planner_service.service.solver.references import with_stored_references
@@ -177,7 +179,8 @@ PLAN_FETCH_RESPONSES: dict[int | str, JsonObject] = {
         "description": "the plan's stored bytes, zstd- or gzip-encoded when "
         "`Accept-Encoding` allows (`Content-Encoding`); HEAD gives the same headers "
         "without a body. Named by a prefix of its id: `Cache-Control: no-cache`, "
-        "`X-Shardplan-Plan-Id` and `Content-Location` name the plan",
+        "`X-Shardplan-Plan-Id` and `Content-Location` name the plan. An imported plan "
+        "(PUT): `X-Shardplan-Solver-Report: unverified`",
         **PLAN_RESPONSE,
     },
     304: {"description": "If-None-Match matched: the client's copy is current"},
@@ -202,7 +205,9 @@ async def get_plan(plan: PlanInPath, http_request: Request, state: State) -> Res
     forever (``Vary: Accept-Encoding``). A cached plan is answered before routing, from
     the same prepared responses (``fetch.py``): this route serves the first fetch and the
     rest. Named by a unique prefix of its id, the same plan, not cached without
-    revalidation (a plan stored later may share the prefix)."""
+    revalidation (a plan stored later may share the prefix). A plan stored by PUT (made
+    elsewhere) is answered with ``X-Shardplan-Solver-Report: unverified``: its status,
+    bound and gap are the importer's word."""
     accept, if_none_match = fetch_headers(http_request.headers.raw)
     encoding = negotiated(accept)
     responses = await state.plan_responses(plan.plan_id)
@@ -256,16 +261,21 @@ async def get_plan_request(plan: PlanInPath, state: State) -> Response:
     },
 )
 async def view_plan(plan: PlanInPath, state: State) -> HTMLResponse:
-    """A page for people: per-rank memory and perf bars, the tables, the solver report."""
+    """A page for people: per-rank memory and perf bars, the tables, the solver report
+    (an imported plan's said to be unverified, on the page and in
+    ``X-Shardplan-Solver-Report``)."""
     stored = await state.stored(plan.plan_id)
     if stored is None:
         raise _not_found(plan.plan_id)
     # Parsing and rendering take time in proportion to the plan: off the event loop.
-    page = await state.cpu.run(_plan_page, stored.request, stored.plan)
-    return HTMLResponse(page, headers=plan.headers("/view"))
+    page = await state.cpu.run(_plan_page, stored.request, stored.plan, stored.imported)
+    headers = plan.headers("/view")
+    if stored.imported:
+        headers[SOLVER_REPORT_HEADER] = UNVERIFIED
+    return HTMLResponse(page, headers=headers)
 
 
-def _plan_page(request_document: bytes, plan_document: bytes) -> str:
+def _plan_page(request_document: bytes, plan_document: bytes, imported: bool) -> str:
     request = parse_request(request_document, source="stored request")
     plan = parse_plan(plan_document, source="stored plan")
-    return render_plan_page(request, plan)
+    return render_plan_page(request, plan, imported=imported)

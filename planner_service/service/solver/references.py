@@ -33,14 +33,26 @@ async def _with_previous_plan(state: ServiceState, request: PlanRequest) -> Plan
         return request
     data = await state.plan_bytes(plan_id)
     if data is None:
-        problem = FieldProblem(
-            "options.previous_plan_id",
-            f"no plan with plan_id {plan_id} is stored here; give the plan_id of a stored "
-            "plan (GET /v1/plans lists them), or the plan itself as options.previous_plan",
-            plan_id,
-        )
-        raise InputError("body", [problem])
-    previous = parse_plan(data, source=f"stored plan {plan_id}")
+        raise unknown_previous_plan(plan_id, "options.previous_plan_id")
+    return with_previous_plan(request, data)
+
+
+def unknown_previous_plan(plan_id: str, path: str) -> InputError:
+    """The 422 for a ``previous_plan_id`` (at ``path`` in the body) that no stored plan has."""
+    problem = FieldProblem(
+        path,
+        f"no plan with plan_id {plan_id} is stored here; give the plan_id of a stored "
+        "plan (GET /v1/plans lists them), or the plan itself as options.previous_plan",
+        plan_id,
+    )
+    return InputError("body", [problem])
+
+
+def with_previous_plan(request: PlanRequest, stored: bytes) -> PlanRequest:
+    """``request`` with the stored plan its ``options.previous_plan_id`` names inline (the
+    store holds only plans checked when stored: they are not checked again)."""
+    options = request.options
+    previous = parse_plan(stored, source=f"stored plan {options.previous_plan_id}")
     return request.model_copy(
         update={"options": options.model_copy(update={"previous_plan": previous})}
     )

@@ -36,15 +36,17 @@ def zstd_plan(data: bytes) -> bytes:
 @dataclass(frozen=True)
 class PlanBodies:
     """A stored plan's representations: its identity bytes and their gzip and zstd
-    encodings."""
+    encodings, and whether it was imported (stored by PUT, made elsewhere: every answer
+    that serves it says its solver report is unverified)."""
 
     identity: bytes
     gzip: bytes
     zstd: bytes
+    imported: bool = False
 
     @classmethod
-    def of(cls, data: bytes) -> PlanBodies:
-        return cls(data, gzip_plan(data), zstd_plan(data))
+    def of(cls, data: bytes, *, imported: bool = False) -> PlanBodies:
+        return cls(data, gzip_plan(data), zstd_plan(data), imported)
 
     @property
     def size(self) -> int:

@@ -1,7 +1,9 @@
 """Stored plans: inserted once by ``plan_id`` (their content address) with the request and
 a summary (world size, tables, objective, status: what a list shows) beside them, never
-updated or deleted. A plan the planner made is also its key's one planner plan
-(``planner_plans``: one per request hash and planner version, ``put_planned``).
+deleted, and their bytes never changed. A plan the planner made is also its key's one
+planner plan (``planner_plans``: one per request hash and planner version,
+``put_planned``). An imported plan (PUT) is marked ``imported``; the mark goes only when
+the planner makes the same plan, byte for byte.
 
 ``Plans.put`` returns only after the commit, so a plan the API reports as stored is
 durable. Lists are pages in a fixed order with a keyset cursor (the last row's sort key),
@@ -12,7 +14,7 @@ shift it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planner_service.plan.api import PlanListing, PlanSummary
@@ -47,10 +49,14 @@ class PlannedPlan:
 
 @dataclass(frozen=True)
 class StoredPlan:
+    """A stored plan and its request; ``imported``: stored by PUT (its solver report is the
+    importer's word)."""
+
     plan_id: str
     plan: bytes
     request: bytes
     created_at: str
+    imported: bool = False
 
 
 class Plans:
@@ -78,6 +84,8 @@ class Plans:
                 assert held is not None
                 return PlannedPlan(plan_id=held, inserted=False)
             inserted = self._insert(cursor, new)
+            if not inserted:
+                _made_here(self.database, cursor, new.plan_id)
         return PlannedPlan(plan_id=new.plan_id, inserted=inserted)
 
     def put(
@@ -141,34 +149,38 @@ class Plans:
         with self.database.transaction() as cursor:
             cursor.execute(
                 self.database.sql(
-                    "SELECT plan_id, plan, request, created_at FROM plans WHERE plan_id = ?"
+                    "SELECT plan_id, plan, request, created_at, imported FROM plans "
+                    "WHERE plan_id = ?"
                 ),
                 (plan_id,),
             )
             row = cursor.fetchone()
         if row is None:
             return None
-        stored_id, plan, request, created_at = row
-        return StoredPlan(stored_id, bytes(plan), bytes(request), created_at)
+        stored_id, plan, request, created_at, imported = row
+        return StoredPlan(stored_id, bytes(plan), bytes(request), created_at, bool(imported))
 
     def bodies(self, plan_id: str) -> PlanBodies | None:
-        """A plan's identity, gzip and zstd bytes. A plan stored before an encoding's
-        column existed gets that encoding now, stored once for every later fetch (by any
-        replica; one that raced this one keeps its own bytes)."""
+        """A plan's identity, gzip and zstd bytes, and whether it was imported. A plan
+        stored before an encoding's column existed gets that encoding now, stored once for
+        every later fetch (by any replica; one that raced this one keeps its own bytes)."""
         with self.database.transaction() as cursor:
             cursor.execute(
-                self.database.sql("SELECT plan, plan_gzip, plan_zstd FROM plans WHERE plan_id = ?"),
+                self.database.sql(
+                    "SELECT plan, plan_gzip, plan_zstd, imported FROM plans WHERE plan_id = ?"
+                ),
                 (plan_id,),
             )
             row = cursor.fetchone()
         if row is None:
             return None
-        data, gzipped, zstd = row
+        data, gzipped, zstd, imported = row
         if gzipped is not None and zstd is not None:
-            return PlanBodies(bytes(data), bytes(gzipped), bytes(zstd))
-        return self._encode(
+            return PlanBodies(bytes(data), bytes(gzipped), bytes(zstd), bool(imported))
+        encoded = self._encode(
             plan_id, bytes(data), missing_gzip=gzipped is None, missing_zstd=zstd is None
         )
+        return replace(encoded, imported=bool(imported))
 
     def _encode(
         self, plan_id: str, data: bytes, *, missing_gzip: bool, missing_zstd: bool
@@ -221,6 +233,15 @@ class Plans:
             )
             row = cursor.fetchone()
         return None if row is None else str(row[0])
+
+
+def _made_here(database: Database, cursor: Cursor, plan_id: str) -> None:
+    """The planner made a plan stored already: byte for byte the plan an importer stored,
+    so its solver report is this planner's own, no longer only the importer's word."""
+    cursor.execute(
+        database.sql("UPDATE plans SET imported = NULL WHERE plan_id = ? AND imported = 1"),
+        (plan_id,),
+    )
 
 
 def _planner_plan(
