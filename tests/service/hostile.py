@@ -4,7 +4,10 @@ a solver for minutes (issue 18, section 2); each must now be a 422 that names th
 the value and the limit. Shared by the in-process and the real-server tests.
 
 On the wire (issue 36): request heads over their limits (431 naming the limit), and
-clients that go away mid-body on every route that reads one (499, never a 500)."""
+clients that go away mid-body on every route that reads one (499, never a 500). In the
+bodies (issue 36, items 5 and 8): text no store keeps alike (a NUL PostgreSQL refused
+with a 503), an inline previous plan past the service's world size, an import re-planned
+from a plan that is not stored."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner_service.plan.canonical import canonical_bytes
+from planner_service.plan.canonical import canonical_bytes, plan_id_of
+from planner_service.plan.codec import parse_request, request_hash
 from tests.support import builders
 from tests.support.builders import request, table
 
@@ -174,7 +178,66 @@ def request_cases() -> list[Hostile]:
     world_size = body_cases(
         lambda value: b'{"topology": {"world_size": ' + value + b"}}", "topology.world_size"
     )
-    return cases + world_size
+    return cases + world_size + text_cases() + previous_plan_cases()
+
+
+def text_cases() -> list[Hostile]:
+    """Names no store keeps alike (issue 36, item 5): PostgreSQL answered 503 to a NUL."""
+    name = ("tables", 0, "name")
+    return [
+        _case("table name with NUL", name, "t\u0000", "tables[0].name", "U+0000"),
+        _case("table name with U+202E", name, "t\u202e0", "tables[0].name", "U+202E"),
+        _case("table name with a leading space", name, " t0", "tables[0].name", "white space"),
+    ]
+
+
+def previous_plan_cases() -> list[Hostile]:
+    """An inline previous plan this service could not have made (issue 36, item 8): its
+    world size over SHARDPLAN_MAX_WORLD_SIZE (moved bytes were computed from it)."""
+    _, plan = valid_pair()
+    wide = resealed(plan, world_size=131_072)
+    return [
+        _case(
+            "previous_plan world_size 131072",
+            ("options", "previous_plan"),
+            wide,
+            "options.previous_plan.world_size",
+            "SHARDPLAN_MAX_WORLD_SIZE",
+        )
+    ]
+
+
+def resealed(plan: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """``plan`` changed and given its new content address, as a forger would."""
+    forged = {**json.loads(json.dumps(plan)), **changes}
+    forged["plan_id"] = plan_id_of(forged)
+    return forged
+
+
+def unknown_previous_import() -> tuple[str, Hostile]:
+    """An import re-planned from a plan no store holds, its migration claiming moves from
+    it (issue 36, item 8: it was stored): the plan's id, and the body."""
+    req_doc, plan = valid_pair()
+    unknown = "e" * 64
+    req_doc["options"]["previous_plan_id"] = unknown
+    plan["schema_version"] = "1.2"
+    plan["solver"]["stop_reason"] = "optimal"
+    migration = {
+        "previous_plan_id": unknown,
+        "moved_bytes": 0,
+        "tables_moved": 0,
+        "ranks": [],
+        "max_moved_bytes": None,
+        "move_cost_ms_per_gib": None,
+    }
+    forged = resealed(
+        plan,
+        migration=migration,
+        request_hash=request_hash(parse_request(json.dumps(req_doc))),
+    )
+    body = json.dumps({"request": req_doc, "plan": forged}).encode()
+    path = "request.options.previous_plan_id"
+    return forged["plan_id"], Hostile("previous_plan_id not stored", body, path, "no plan")
 
 
 def body_cases(wrap: Callable[[bytes], bytes], path: str) -> list[Hostile]:
@@ -243,8 +306,12 @@ def validate_cases() -> list[Hostile]:
 
 
 def alias_cases() -> list[Hostile]:
-    """PUT /v1/aliases/{name} bodies."""
-    return body_cases(lambda value: b'{"plan_id": ' + value + b"}", "plan_id")
+    """PUT /v1/aliases/{name} bodies: a comment with a NUL was PostgreSQL's 503 (item 5)."""
+    comment = json.dumps({"plan_id": "0" * 64, "comment": "a\u0000b"}).encode()
+    return [
+        *body_cases(lambda value: b'{"plan_id": ' + value + b"}", "plan_id"),
+        Hostile("comment with NUL", comment, "comment", "U+0000"),
+    ]
 
 
 def profile_cases() -> list[Hostile]:
@@ -259,11 +326,13 @@ def valid_pair() -> tuple[dict[str, Any], dict[str, Any]]:
     return json.loads(req.model_dump_json()), json.loads(canonical_bytes(plan))
 
 
+_FORGED_ID, _UNKNOWN_PREVIOUS = unknown_previous_import()
 ROUTES = {
     "POST /v1/plans": request_cases,
     "POST /v1/check": request_cases,
     "POST /v1/validate": validate_cases,
     f"PUT /v1/plans/{'0' * 64}": validate_cases,
+    f"PUT /v1/plans/{_FORGED_ID}": lambda: [_UNKNOWN_PREVIOUS],
     "PUT /v1/aliases/hostile": alias_cases,
     f"PUT /v1/profiles/{'0' * 64}": profile_cases,
 }

@@ -12,6 +12,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from planner_service.plan.api import PlanSummary
+from planner_service.plan.api import PlanSummary, SolveJobStatus
 from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.codec import parse_request
 from planner_service.plan.errors import InputError
@@ -30,9 +31,14 @@ from planner_service.service.app import create_app
 from planner_service.service.cpu import CpuLane
 from planner_service.service.http.problems import ProblemError
 from planner_service.service.settings import Settings
+from tests.conftest import BACKENDS, database_url
 from tests.service import test_solver_pool as pool_tests
+from tests.service import test_solves as solves_tests
 from tests.service.hostile import Hostile, every_case, valid_pair, valid_request
+from tests.service.test_api import cursor_of
+from tests.service.test_importing import lopsided
 from tests.service.test_solver_pool import alive, command_line, process_tree
+from tests.service.test_solves import ASYNC, timed_request
 from tests.support import builders
 from tests.support.builders import request, table
 from tests.support.servers import Service
@@ -116,6 +122,54 @@ def test_real_server_refuses_every_hostile_input_and_keeps_serving(hostile_servi
         assert checked.status_code == 200, checked.text
         assert checked.json()["fits"] is True
         assert "Traceback" not in hostile_service.log()
+
+
+@pytest.mark.slow  # solves to their time limits
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hostile_clients_of_the_newer_routes_on_each_store(
+    backend, request, shardplan_exe, tmp_path
+):
+    """Issue 36 as its prober went at it, on each store: a NUL in a cursor (PostgreSQL's
+    503), a forged "optimal" plan imported under this planner's version (then a POST's
+    ``hit``), and async submissions past the queue (all accepted, three failed later)."""
+    postgres = request.getfixturevalue("postgres") if backend == "postgres" else None
+    env = {"SHARDPLAN_SOLVE_WORKERS": "1", "SHARDPLAN_SOLVE_QUEUE": "0", "SHARDPLAN_JOB_QUEUE": "1"}
+    db = database_url(backend, postgres, tmp_path)
+    server = Service(shardplan_exe, tmp_path / "log", db=db, env=env).start()
+    try:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            for route in ("/v1/plans", "/v1/aliases"):
+                answer = http.get(route, params={"after": cursor_of("2026\0\nx")})
+                assert answer.status_code == 422 and answer.json()["errors"][0]["path"] == "after"
+            req, plan, plan_id = lopsided("hostile")
+            put = http.put(f"/v1/plans/{plan_id}", json={"request": req, "plan": plan})
+            assert (
+                put.status_code == 201 and put.headers["x-shardplan-solver-report"] == "unverified"
+            )
+            posted = http.post("/v1/plans", json=req)
+            assert posted.headers["x-shardplan-cache"] == "miss"
+            assert posted.headers["x-shardplan-plan-id"] != plan_id
+            _flood_of_async_submissions(http)
+        assert "Traceback" not in server.log()
+    finally:
+        server.stop()
+
+
+def _flood_of_async_submissions(http: httpx.Client) -> None:
+    """Five distinct async solves at once with room for two: each is a 202 whose job ends
+    with its plan, or a 503 with Retry-After; none is accepted and then failed."""
+    documents = [timed_request(70 + index, 1.0) for index in range(5)]
+    with ThreadPoolExecutor(len(documents)) as threads:
+        answers = list(
+            threads.map(lambda doc: http.post("/v1/plans", json=doc, headers=ASYNC), documents)
+        )
+    assert {answer.status_code for answer in answers} == {202, 503}
+    for answer in answers:
+        if answer.status_code == 503:
+            assert int(answer.headers["retry-after"]) >= 1
+            continue
+        ended = solves_tests.wait_for(http, answer.json()["job_id"], lambda job: job.status.ended)
+        assert ended.status is SolveJobStatus.DONE, ended.problem
 
 
 # --------------------------------------------------------------------------- off the loop
