@@ -13,6 +13,7 @@ with the lightest most-loaded rank wins. Ties go to less HBM, then the earlier o
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -20,16 +21,29 @@ import numpy as np
 from planner_service.costs.options import Placement, ShardingOption
 from planner_service.plan.types import ShardingType
 from planner_service.solve.deadline import Deadline
-from planner_service.solve.placement import Candidate, GroupIndex, Score, State, try_option
+from planner_service.solve.placement import (
+    Candidate,
+    GroupIndex,
+    Score,
+    State,
+    Where,
+    try_option,
+)
 from planner_service.solve.problem import Choice, Problem, add_choice, loads_of
+from planner_service.solve.room import Demotions
 
 
-class MemoryScore(NamedTuple):
+class ShareScore(NamedTuple):
     """How a guided pass's fallback compares options when none of the guide's fits: memory
-    ran out, so the least HBM added wins, then the least bytes; lower is better."""
+    ran out where the guide expected room. An option that keeps the slowest rank at the
+    target still wins (as in ``Score``); among those, the one taking the least share of
+    what is left, time and memory together, beyond what the tables still to place need
+    at least: the least HBM alone would take an option hundreds of times slower (issue
+    37: 40M-row tables on ``fused_uvm``, 113x the bound), the least time alone the HBM
+    that later tables need. Lower is better."""
 
-    hbm_bytes: float
-    total_bytes: float
+    makespan: float
+    share: float
     option: int
     load_after: float
 
@@ -39,6 +53,7 @@ class MemoryScore(NamedTuple):
 UNGUIDED_TARGET_FACTORS = (1.0, 1.03, 1.1)
 GUIDED_TARGET_FACTORS = (1.0,)
 DEADLINE_CHECK_EVERY = 16  # tables placed between looks at the clock
+MAX_DEMOTIONS = 4  # tables demoted to make room for one that fits nowhere
 
 
 def greedy_plan(
@@ -94,7 +109,7 @@ def _greedy(
     problem: Problem,
     target: float,
     preferred: list[list[int]] | None,
-    least: tuple[list[int], list[int]],
+    least: tuple[list[int], list[int], list[float]],
     out_of_time: Callable[[], bool],
 ) -> list[Choice] | None:
     """One pass at ``target``; None when this pass cannot place some table, or when it runs
@@ -102,9 +117,11 @@ def _greedy(
     first."""
     state = _empty_state(problem)
     groups = GroupIndex(problem)
+    demotions = Demotions(problem, groups)
     choices: list[Choice | None] = [None] * len(problem.tables)
-    least_hbm, least_bytes = least
+    least_hbm, least_bytes, least_work = least
     state.reserve_hbm, state.reserve_bytes = sum(least_hbm), sum(least_bytes)
+    reserve_work = sum(least_work)
     for placed, t in enumerate(_order(problem, target, preferred)):
         if placed % DEADLINE_CHECK_EVERY == 0 and out_of_time():
             return None
@@ -116,29 +133,69 @@ def _greedy(
             if preferred and preferred[t]
             else [range(len(options))]
         )
+        reserve_work -= least_work[t]
         best: Candidate | None = None
-        best_key: Score | MemoryScore | None = None
+        best_key: Score | ShareScore | None = None
         where = groups.where(problem, state, t)
         for round_number, indices in enumerate(rounds):
             # The guide's options compete on time; when none fits, memory is what ran out,
-            # so the fallback takes the option that adds the least HBM, then the least bytes.
+            # so the fallback weighs the time and the memory each option takes.
             fallback = preferred is not None and round_number > 0
+            room = _Room.of(problem, state, target, reserve_work) if fallback else None
             for index in indices:
                 candidate = try_option(problem, state, where, index, options[index], target)
                 if candidate is None:
                     continue
-                key: Score | MemoryScore = candidate.score
-                if fallback:
-                    key = _by_memory(problem, options[index], candidate.score)
+                key: Score | ShareScore = candidate.score
+                if room is not None:
+                    key = room.score(problem, options[index], candidate.score)
                 if best_key is None or key < best_key:
                     best, best_key = candidate, key
             if best is not None:
                 break
         if best is None:
+            best = _after_making_room(problem, state, choices, t, where, demotions)
+        if best is None:
             return None
         _commit(problem, state, t, best.choice)
         choices[t] = best.choice
+        demotions.placed(t, best.choice)
     return [choice for choice in choices if choice is not None]
+
+
+def _after_making_room(
+    problem: Problem,
+    state: State,
+    choices: list[Choice | None],
+    t: int,
+    where: Where,
+    demotions: Demotions,
+) -> Candidate | None:
+    """Table ``t``, which fits nowhere as the ranks are, placed after demoting placed tables
+    to kernels that need less HBM (``room.py``) until its smallest shard fits on a rank:
+    the option that then scores best, or None when no demotion makes room."""
+    options = problem.tables[t].options
+    # Room on one rank is what a shard placed freely needs; an option fixed on every
+    # rank needs room on all of them, which demoting one table does not make.
+    needs = [
+        int(problem.costs(option).hbm.max())
+        for option in options
+        if option.placement is not Placement.FIXED
+    ]
+    if not needs:
+        return None
+    need = min(needs)
+    for _ in range(MAX_DEMOTIONS):
+        if not demotions.make_room(state, choices, need, where.allowed):
+            return None
+        found = [
+            c
+            for i, option in enumerate(options)
+            if (c := try_option(problem, state, where, i, option, 0.0)) is not None
+        ]
+        if found:
+            return min(found, key=lambda c: c.score)
+    return None
 
 
 def _empty_state(problem: Problem) -> State:
@@ -149,20 +206,44 @@ def _empty_state(problem: Problem) -> State:
     return state
 
 
-def _by_memory(problem: Problem, option: ShardingOption, score: Score) -> MemoryScore:
-    costs = problem.costs(option)
-    hbm, ddr = costs.hbm_total, costs.ddr_total
-    return MemoryScore(float(hbm), float(hbm + ddr), score.option, score.load_after)
+@dataclass(frozen=True)
+class _Room:
+    """What is left for the table being placed, beyond what the tables after it need at
+    least: rank time up to the target, HBM, and HBM + DDR (never below one unit, so that
+    a full resource makes any use of it dear rather than dividing by zero)."""
+
+    time_ms: float
+    hbm_bytes: float
+    total_bytes: float
+
+    @classmethod
+    def of(cls, problem: Problem, state: State, target: float, reserve_work: float) -> _Room:
+        return cls(
+            max(1.0, target * problem.world_size - float(state.perf.sum()) - reserve_work),
+            max(1.0, float(state.free_hbm - state.reserve_hbm)),
+            max(1.0, float(state.free_bytes - state.reserve_bytes)),
+        )
+
+    def score(self, problem: Problem, option: ShardingOption, score: Score) -> ShareScore:
+        costs = problem.costs(option)
+        share = (
+            score.work / self.time_ms
+            + costs.hbm_total / self.hbm_bytes
+            + (costs.hbm_total + costs.ddr_total) / self.total_bytes
+        )
+        return ShareScore(score.makespan, share, score.option, score.load_after)
 
 
-def _least_memory(problem: Problem) -> tuple[list[int], list[int]]:
-    """Per table, the least total HBM and the least total HBM + DDR of any option."""
-    hbm, total = [], []
+def _least_memory(problem: Problem) -> tuple[list[int], list[int], list[float]]:
+    """Per table, the least total HBM, the least total HBM + DDR and the least work of
+    any option."""
+    hbm, total, work = [], [], []
     for entry in problem.tables:
         costs = [problem.costs(option) for option in entry.options]
         hbm.append(min(c.hbm_total for c in costs))
         total.append(min(c.hbm_total + c.ddr_total for c in costs))
-    return hbm, total
+        work.append(min(c.work for c in costs))
+    return hbm, total, work
 
 
 def _order(problem: Problem, target: float, preferred: list[list[int]] | None) -> list[int]:

@@ -17,9 +17,13 @@ from planner_service.solve.bounds.simple import LowerBound, best_bound, simple_b
 from planner_service.solve.construct import greedy_plan
 from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.improve import improve
+from planner_service.solve.pricing import priced_guide
 from planner_service.solve.problem import Choice, Group, Problem, group_tables, without_equivalents
 
 GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
+# Without the LP: priced guides whose HBM fits these shares of all HBM (the first is the
+# least-work guide whenever that fits).
+PRICED_FRACTIONS = (1.0, *GUIDE_MEMORY_FRACTIONS)
 LP_SHARE = 0.3  # of the time left when the LP is built: its build, solve and guides
 
 
@@ -113,10 +117,12 @@ def _guides(
     deadline: Deadline,
 ) -> list[list[list[int]]]:
     """Per-table preferred options from the LP's option mix at full and reduced memory;
-    without the LP (its build ran out of time), each table's least-work option, so that
-    the first pass still places about one option per table."""
+    without the LP (its build ran out of time), each table's least-work option with its
+    HBM priced so that it fits (``pricing.py``), so that the first pass still places about
+    one option per table."""
     if relaxation is None or linear is None:
-        return [_least_work(problem, groups)]
+        priced = [priced_guide(problem, groups, fraction) for fraction in PRICED_FRACTIONS]
+        return [guide for i, guide in enumerate(priced) if guide not in priced[:i]]
     mixes = [relaxation]
     for fraction in GUIDE_MEMORY_FRACTIONS:
         if deadline.expired() or linear.deadline.expired():  # the LP's share of the time
@@ -135,17 +141,6 @@ def _guides(
         if guide not in guides:
             guides.append(guide)
     return guides
-
-
-def _least_work(problem: Problem, groups: list[Group]) -> list[list[int]]:
-    """Per table, its option adding the least work (the earlier on ties)."""
-    per_table: list[list[int]] = [[] for _ in problem.tables]
-    for group in groups:
-        works = [problem.costs(option).work for option in group.options]
-        best = min(range(len(works)), key=lambda o: (works[o], o))
-        for member in group.members:
-            per_table[member] = [best]
-    return per_table
 
 
 def _table_quotas(groups: list[Group], quotas: list[list[int]], num_tables: int) -> list[list[int]]:
