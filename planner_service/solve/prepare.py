@@ -14,11 +14,18 @@ from planner_service.costs.options import DeviceClasses, TableOptions
 from planner_service.plan.types import PlanRequest, ShardingType, TableProblem
 from planner_service.solve.bounds.lp import LinearRelaxation, Relaxation, RelaxationInfeasible
 from planner_service.solve.bounds.simple import LowerBound, best_bound, simple_bounds
-from planner_service.solve.construct import greedy_plan
+from planner_service.solve.construct import greedy_plans
 from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.improve import improve
 from planner_service.solve.pricing import priced_guide
-from planner_service.solve.problem import Choice, Group, Problem, group_tables, without_equivalents
+from planner_service.solve.problem import (
+    Choice,
+    Group,
+    Problem,
+    group_tables,
+    loads_of,
+    without_equivalents,
+)
 
 GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
 # Without the LP: priced guides whose HBM fits these shares of all HBM (the first is the
@@ -100,13 +107,15 @@ def warm_start(
     reserve: Callable[[list[Choice]], float] | None = None,
 ) -> list[Choice] | None:
     """The constructed plan, improved by local search; None if it places no plan
-    (before the deadline). ``reserve``: see ``greedy_plan``."""
+    (before the deadline). ``reserve``: see ``greedy_plans``."""
     assert prepared.problem is not None and prepared.groups is not None
     deadline = deadline or Deadline.never()
     problem, groups = prepared.problem, prepared.groups
     guides = _guides(problem, prepared.relaxation, prepared.linear, groups, deadline)
-    choices = greedy_plan(problem, prepared.lower_bound.value, guides, deadline, reserve)
-    return improve(problem, choices, deadline) if choices is not None else None
+    plans = greedy_plans(problem, prepared.lower_bound.value, guides, deadline, reserve)
+    improved = [improve(problem, choices, deadline) for choices in plans]
+    scored = [(loads_of(problem, c).objective, i) for i, c in enumerate(improved)]
+    return improved[min(scored)[1]] if improved else None
 
 
 def _guides(
