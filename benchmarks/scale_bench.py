@@ -1,15 +1,18 @@
 """How planning cost grows with tables x ranks, up to production scale.
 
     .venv/bin/python -m benchmarks.scale_bench [--sizes 5384x1024:10,10000x4096:60]
-        [--jitter 0,0.3] [--json results.json]
+        [--jitter 0,0.3] [--batch 512] [--memory-tight FILL] [--seed 0] [--json results.json]
 
 Each size is ``tables x ranks : time limit in seconds``; ranks are hosts of 8 with 80 GiB
 HBM each, batch 512. Tables come from the NVIDIA synthetic distribution
 (``workloads.synthetic_tables``): with jitter 0 they repeat its nine shapes, as production
 models repeat shapes; with jitter 0.3 every table's rows are scaled by its own factor in
-[0.7, 1.3], so no two tables share a shape. Each solve runs in a fresh child process; wall
-and CPU time are measured there around ``solve()`` (request parsing and imports outside),
-peak memory is the child's peak resident set (``ru_maxrss``, imports included).
+[0.7, 1.3], so no two tables share a shape. With ``--memory-tight FILL`` the tables are
+``workloads.memory_tight_tables`` instead (seeded draws whose weights fill FILL of the HBM,
+two of them larger than a rank's HBM), at ``--batch`` per rank. Each solve runs in a
+fresh child process; wall and CPU time are measured there around ``solve()`` (request
+parsing and imports outside), peak memory is the child's peak resident set (``ru_maxrss``,
+imports included).
 """
 
 from __future__ import annotations
@@ -25,14 +28,18 @@ DEFAULT_SIZES = "1000x128:10,2002x256:10,5384x1024:10,10000x4096:60"
 
 CHILD = """
 import json, resource, sys, time
-from benchmarks.workloads import synthetic_tables, workload_request
+from benchmarks.workloads import memory_tight_tables, synthetic_tables, workload_request
 from planner_service.plan.codec import plan_bytes
 from planner_service.solve.pipeline import solve
 count, world = int(sys.argv[1]), int(sys.argv[2])
 limit, jitter = float(sys.argv[3]), float(sys.argv[4])
-request = workload_request(
-    synthetic_tables(count, jitter=jitter), world, options={"time_limit_s": limit}
+batch, fill, seed = int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7])
+tables = (
+    memory_tight_tables(count, world, fill=fill, jitter=jitter, seed=seed)
+    if fill
+    else synthetic_tables(count, jitter=jitter)
 )
+request = workload_request(tables, world, batch_size=batch, options={"time_limit_s": limit})
 start, cpu = time.perf_counter(), time.process_time()
 outcome = solve(request)
 wall, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -58,9 +65,12 @@ print(json.dumps(row))
 """
 
 
-def run(count: int, world: int, limit: float, jitter: float) -> dict[str, Any]:
+def run(
+    count: int, world: int, limit: float, jitter: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    numbers = (count, world, limit, jitter, args.batch, args.memory_tight, args.seed)
     completed = subprocess.run(
-        [sys.executable, "-c", CHILD, str(count), str(world), str(limit), str(jitter)],
+        [sys.executable, "-c", CHILD, *map(str, numbers)],
         capture_output=True,
         text=True,
         timeout=limit * 10 + 600,
@@ -77,6 +87,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
     parser.add_argument("--jitter", default="0,0.3")
+    parser.add_argument("--batch", type=int, default=512, help="per rank")
+    parser.add_argument(
+        "--memory-tight", type=float, default=0.0, metavar="FILL", help="weights / HBM"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="of the memory-tight draw")
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = []
@@ -92,7 +107,7 @@ def main() -> None:
         count, world = (int(x) for x in shape.split("x"))
         limit = float(limit_text)
         for jitter in (float(x) for x in args.jitter.split(",")):
-            result = run(count, world, limit, jitter)
+            result = run(count, world, limit, jitter, args)
             rows.append({"tables": count, "ranks": world, "jitter": jitter, **result})
             shapes = "repeated" if jitter == 0 else f"distinct (±{jitter:.0%})"
             head = f"| {count:,} | {world:,} | {shapes} | {limit:g} |"

@@ -143,3 +143,77 @@ def synthetic_tables(count: int, *, jitter: float = 0.0, seed: int = 0) -> list[
                 entry["num_embeddings"] = max(1, round(entry["num_embeddings"] * scale))
             tables.append(entry)
     return tables
+
+
+# The colossal model's config groups whose tables are larger than one rank's HBM.
+GIANT_GROUPS = ("2", "3")
+
+
+def memory_tight_tables(
+    count: int,
+    world_size: int,
+    *,
+    fill: float = 0.8,
+    giants: int = 2,
+    hbm_gib: int = 80,
+    jitter: float = 0.0,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """``count`` tables whose fp32 weights fill ``fill`` of ``world_size`` ranks' HBM: the
+    planner's hard case, where tables must leave HBM and spreading them is what keeps the
+    slowest rank near the mean (issue 37).
+
+    Each table's config group is drawn at random (seeded) in the colossal model's
+    proportions, except the ``giants``, which take the groups larger than a rank's HBM in
+    turn, their weights between 1.5 ranks' HBM and a tenth of all HBM. Every other table's
+    rows are then scaled by one factor so that all weights come to ``fill`` of the HBM
+    (with ``jitter`` > 0, each also by its own factor in [1 - jitter, 1 + jitter]: distinct
+    shapes). Draws with the same arguments are equal."""
+    import random
+
+    rng = random.Random(seed)
+    members = _colossal_groups()
+    regular = sorted(g for g in members if g not in GIANT_GROUPS)
+    weights = [len(members[g]) for g in regular]
+    drawn = rng.choices(regular, weights=weights, k=count - giants)
+    hbm_bytes = hbm_gib * GiB
+    tables = []
+    for i in range(giants):
+        entry = dict(members[GIANT_GROUPS[i % len(GIANT_GROUPS)]][0], name=f"giant_t{i}")
+        width_bytes = entry["embedding_dim"] * 4
+        giant_bytes = min(
+            max(entry["num_embeddings"] * width_bytes, 1.5 * hbm_bytes),
+            0.1 * world_size * hbm_bytes,
+        )
+        entry["num_embeddings"] = round(giant_bytes / width_bytes)
+        tables.append(entry)
+    regular_tables = [
+        dict(members[group][0], name=f"g{group}_t{i}") for i, group in enumerate(drawn)
+    ]
+    giant_total = sum(_weight_bytes(t) for t in tables)
+    scale = (fill * world_size * hbm_bytes - giant_total) / sum(
+        _weight_bytes(t) for t in regular_tables
+    )
+    for entry in regular_tables:
+        factor = scale * (rng.uniform(1 - jitter, 1 + jitter) if jitter else 1.0)
+        entry["num_embeddings"] = max(1, round(entry["num_embeddings"] * factor))
+    return tables + regular_tables
+
+
+def _colossal_groups() -> dict[str, list[dict[str, Any]]]:
+    """The colossal model's tables by config group."""
+    with NVIDIA_CSV.open() as f:
+        group_of = {
+            f"colossal_{row['table_id']}": row["config_group"]
+            for row in csv.DictReader(f)
+            if row["model"] == "colossal"
+        }
+    members: dict[str, list[dict[str, Any]]] = {}
+    for entry in nvidia_tables("colossal"):
+        members.setdefault(group_of[entry["name"]], []).append(entry)
+    return members
+
+
+def _weight_bytes(table: dict[str, Any]) -> int:
+    """A table's fp32 weights."""
+    return int(table["num_embeddings"]) * int(table["embedding_dim"]) * 4

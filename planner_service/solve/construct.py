@@ -13,6 +13,8 @@ with the lightest most-loaded rank wins. Ties go to less HBM, then the earlier o
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from typing import NamedTuple
 
 import numpy as np
@@ -20,13 +22,38 @@ import numpy as np
 from planner_service.costs.options import Placement, ShardingOption
 from planner_service.plan.types import ShardingType
 from planner_service.solve.deadline import Deadline
-from planner_service.solve.placement import Candidate, GroupIndex, Score, State, try_option
+from planner_service.solve.placement import (
+    Candidate,
+    GroupIndex,
+    Score,
+    State,
+    Where,
+    try_option,
+)
 from planner_service.solve.problem import Choice, Problem, add_choice, loads_of
+from planner_service.solve.room import Demotions
+
+
+class ShareScore(NamedTuple):
+    """How a guided pass's fallback compares options when none of the guide's fits: memory
+    ran out where the guide expected room. An option that keeps the slowest rank at the
+    target still wins (as in ``Score``); among those, the one taking the least share of
+    what is left, time and memory together, beyond what the tables still to place need
+    at least: the least HBM alone would take an option hundreds of times slower (issue
+    37: 40M-row tables on ``fused_uvm``, 113x the bound), the least time alone the HBM
+    that later tables need. Lower is better."""
+
+    makespan: float
+    share: float
+    option: int
+    load_after: float
 
 
 class MemoryScore(NamedTuple):
-    """How a guided pass's fallback compares options when none of the guide's fits: memory
-    ran out, so the least HBM added wins, then the least bytes; lower is better."""
+    """The other fallback: the least HBM added wins, then the least bytes. Alone it can
+    take options hundreds of times slower, but where the shares of ``ShareScore`` misjudge
+    what later tables need (the colossal model on 128 ranks: 15% slower with shares only),
+    its pass is the better one; both run and the better plan is kept."""
 
     hbm_bytes: float
     total_bytes: float
@@ -34,11 +61,19 @@ class MemoryScore(NamedTuple):
     load_after: float
 
 
+class Fallback(Enum):
+    """How a guided pass compares options when none of the guide's fits."""
+
+    SHARE = "share"
+    MEMORY = "memory"
+
+
 # Unguided passes are sensitive to the target; guided ones barely (measured on the public
 # workloads), so they run at the bound only.
 UNGUIDED_TARGET_FACTORS = (1.0, 1.03, 1.1)
 GUIDED_TARGET_FACTORS = (1.0,)
 DEADLINE_CHECK_EVERY = 16  # tables placed between looks at the clock
+MAX_DEMOTIONS = 4  # tables demoted to make room for one that fits nowhere
 
 
 def greedy_plan(
@@ -48,19 +83,40 @@ def greedy_plan(
     deadline: Deadline | None = None,
     reserve: Callable[[list[Choice]], float] | None = None,
 ) -> list[Choice] | None:
-    """The best plan over several targets, unguided and with each guide (per table, the
-    options to try first: the LP relaxation's rounded option mix, which knows which tables
-    memory should push into slower tiers), or None when no pass places every table. Passes
-    stop at the deadline, keeping the best plan of the passes that finished; once the first
-    plan exists, ``reserve(plan)`` seconds are kept before the deadline (to seal it)."""
+    """The best plan of ``greedy_plans``, or None."""
+    plans = greedy_plans(problem, lower_bound, guides, deadline, reserve)
+    return plans[0] if plans else None
+
+
+def greedy_plans(
+    problem: Problem,
+    lower_bound: float = 0.0,
+    guides: list[list[list[int]]] | None = None,
+    deadline: Deadline | None = None,
+    reserve: Callable[[list[Choice]], float] | None = None,
+) -> list[list[Choice]]:
+    """The best plan, then the best of the passes with the other fallback when it differs:
+    local search (``improve.py``) from the second can end below where it ends from the first
+    (the colossal model on 128 ranks: 454.9 against 526.6 ms from greedy plans of 595.0 and
+    538.4 ms), so the warm start improves both. Each is the best over several targets,
+    unguided and with each guide (per table, the options to try first: the LP relaxation's
+    rounded option mix, which knows which tables memory should push into slower tiers), or
+    none when no pass places every table. Passes stop at the deadline, keeping the best plan
+    of the passes that finished; once the first plan exists, ``reserve(plan)`` seconds are
+    kept before the deadline (to seal it)."""
     deadline = deadline or Deadline.never()
-    best: tuple[tuple[float, int, int], list[Choice]] | None = None
+    best: dict[Fallback, tuple[tuple[float, int, int], list[Choice]]] = {}
     least = _least_memory(problem)
     passes = [
-        (rank, guide, factor)
-        for rank, (guide, factor) in enumerate(
-            [(None, f) for f in UNGUIDED_TARGET_FACTORS]
-            + [(g, f) for g in guides or [] for f in GUIDED_TARGET_FACTORS]
+        (rank, guide, factor, fallback)
+        for rank, (guide, factor, fallback) in enumerate(
+            [(None, f, Fallback.SHARE) for f in UNGUIDED_TARGET_FACTORS]
+            + [
+                (g, f, fallback)
+                for fallback in Fallback
+                for g in guides or []
+                for f in GUIDED_TARGET_FACTORS
+            ]
         )
     ]
     # Guided passes run first: a table tries its guide's option before the others, so a
@@ -69,42 +125,46 @@ def greedy_plan(
     # pass listed first above, so the plan is the same whenever every pass finishes.
     passes.sort(key=lambda p: p[1] is None)
     met: set[int] = set()  # guides (0: unguided) whose pass met its target
-    for rank, guide, factor in passes:
+    for rank, guide, factor, fallback in passes:
         if id(guide) in met:
             continue
-        if best is not None and deadline.expired():
-            return best[1]
+        if best and deadline.expired():
+            break
         # The first plan may use the deadline's grace; better plans only its time.
-        stop = deadline.expired if best is not None else deadline.past_grace
-        choices = _greedy(problem, lower_bound * factor, guide, least, stop)
+        stop = deadline.expired if best else deadline.past_grace
+        choices = _greedy(problem, lower_bound * factor, guide, least, stop, fallback)
         if choices is None:
             continue
-        if best is None and reserve is not None:
+        if not best and reserve is not None:
             deadline.reserve(reserve(choices))
         loads = loads_of(problem, choices)
         key = (loads.objective, loads.peak_hbm, rank)
-        if best is None or key < best[0]:
-            best = (key, choices)
+        if fallback not in best or key < best[fallback][0]:
+            best[fallback] = (key, choices)
         if lower_bound > 0 and loads.objective <= lower_bound * factor:
             met.add(id(guide))  # met its target: larger targets cannot do better
-    return best[1] if best else None
+    ranked = [choices for _, choices in sorted(best.values(), key=lambda item: item[0])]
+    return ranked[:1] + [c for c in ranked[1:] if c != ranked[0]]
 
 
 def _greedy(
     problem: Problem,
     target: float,
     preferred: list[list[int]] | None,
-    least: tuple[list[int], list[int]],
+    least: tuple[list[int], list[int], list[float]],
     out_of_time: Callable[[], bool],
+    fallback_by: Fallback = Fallback.SHARE,
 ) -> list[Choice] | None:
     """One pass at ``target``; None when this pass cannot place some table, or when it runs
     out of time first. With ``preferred``, a table tries only its preferred options
     first."""
     state = _empty_state(problem)
     groups = GroupIndex(problem)
+    demotions = Demotions(problem, groups)
     choices: list[Choice | None] = [None] * len(problem.tables)
-    least_hbm, least_bytes = least
+    least_hbm, least_bytes, least_work = least
     state.reserve_hbm, state.reserve_bytes = sum(least_hbm), sum(least_bytes)
+    reserve_work = sum(least_work)
     for placed, t in enumerate(_order(problem, target, preferred)):
         if placed % DEADLINE_CHECK_EVERY == 0 and out_of_time():
             return None
@@ -116,29 +176,72 @@ def _greedy(
             if preferred and preferred[t]
             else [range(len(options))]
         )
+        reserve_work -= least_work[t]
         best: Candidate | None = None
-        best_key: Score | MemoryScore | None = None
+        best_key: Score | ShareScore | MemoryScore | None = None
         where = groups.where(problem, state, t)
         for round_number, indices in enumerate(rounds):
             # The guide's options compete on time; when none fits, memory is what ran out,
-            # so the fallback takes the option that adds the least HBM, then the least bytes.
+            # so the fallback weighs the time and the memory each option takes.
             fallback = preferred is not None and round_number > 0
+            room = _Room.of(problem, state, target, reserve_work) if fallback else None
+            by_memory = fallback and fallback_by is Fallback.MEMORY
             for index in indices:
                 candidate = try_option(problem, state, where, index, options[index], target)
                 if candidate is None:
                     continue
-                key: Score | MemoryScore = candidate.score
-                if fallback:
+                key: Score | ShareScore | MemoryScore = candidate.score
+                if by_memory:
                     key = _by_memory(problem, options[index], candidate.score)
+                elif room is not None:
+                    key = room.score(problem, options[index], candidate.score)
                 if best_key is None or key < best_key:
                     best, best_key = candidate, key
             if best is not None:
                 break
         if best is None:
+            best = _after_making_room(problem, state, choices, t, where, demotions)
+        if best is None:
             return None
         _commit(problem, state, t, best.choice)
         choices[t] = best.choice
+        demotions.placed(t, best.choice)
     return [choice for choice in choices if choice is not None]
+
+
+def _after_making_room(
+    problem: Problem,
+    state: State,
+    choices: list[Choice | None],
+    t: int,
+    where: Where,
+    demotions: Demotions,
+) -> Candidate | None:
+    """Table ``t``, which fits nowhere as the ranks are, placed after demoting placed tables
+    to kernels that need less HBM (``room.py``) until its smallest shard fits on a rank:
+    the option that then scores best, or None when no demotion makes room."""
+    options = problem.tables[t].options
+    # Room on one rank is what a shard placed freely needs; an option fixed on every
+    # rank needs room on all of them, which demoting one table does not make.
+    needs = [
+        int(problem.costs(option).hbm.max())
+        for option in options
+        if option.placement is not Placement.FIXED
+    ]
+    if not needs:
+        return None
+    need = min(needs)
+    for _ in range(MAX_DEMOTIONS):
+        if not demotions.make_room(state, choices, need, where.allowed):
+            return None
+        found = [
+            c
+            for i, option in enumerate(options)
+            if (c := try_option(problem, state, where, i, option, 0.0)) is not None
+        ]
+        if found:
+            return min(found, key=lambda c: c.score)
+    return None
 
 
 def _empty_state(problem: Problem) -> State:
@@ -155,14 +258,44 @@ def _by_memory(problem: Problem, option: ShardingOption, score: Score) -> Memory
     return MemoryScore(float(hbm), float(hbm + ddr), score.option, score.load_after)
 
 
-def _least_memory(problem: Problem) -> tuple[list[int], list[int]]:
-    """Per table, the least total HBM and the least total HBM + DDR of any option."""
-    hbm, total = [], []
+@dataclass(frozen=True)
+class _Room:
+    """What is left for the table being placed, beyond what the tables after it need at
+    least: rank time up to the target, HBM, and HBM + DDR (never below one unit, so that
+    a full resource makes any use of it dear rather than dividing by zero)."""
+
+    time_ms: float
+    hbm_bytes: float
+    total_bytes: float
+
+    @classmethod
+    def of(cls, problem: Problem, state: State, target: float, reserve_work: float) -> _Room:
+        return cls(
+            max(1.0, target * problem.world_size - float(state.perf.sum()) - reserve_work),
+            max(1.0, float(state.free_hbm - state.reserve_hbm)),
+            max(1.0, float(state.free_bytes - state.reserve_bytes)),
+        )
+
+    def score(self, problem: Problem, option: ShardingOption, score: Score) -> ShareScore:
+        costs = problem.costs(option)
+        share = (
+            score.work / self.time_ms
+            + costs.hbm_total / self.hbm_bytes
+            + (costs.hbm_total + costs.ddr_total) / self.total_bytes
+        )
+        return ShareScore(score.makespan, share, score.option, score.load_after)
+
+
+def _least_memory(problem: Problem) -> tuple[list[int], list[int], list[float]]:
+    """Per table, the least total HBM, the least total HBM + DDR and the least work of
+    any option."""
+    hbm, total, work = [], [], []
     for entry in problem.tables:
         costs = [problem.costs(option) for option in entry.options]
         hbm.append(min(c.hbm_total for c in costs))
         total.append(min(c.hbm_total + c.ddr_total for c in costs))
-    return hbm, total
+        work.append(min(c.work for c in costs))
+    return hbm, total, work
 
 
 def _order(problem: Problem, target: float, preferred: list[list[int]] | None) -> list[int]:

@@ -14,12 +14,23 @@ from planner_service.costs.options import DeviceClasses, TableOptions
 from planner_service.plan.types import PlanRequest, ShardingType, TableProblem
 from planner_service.solve.bounds.lp import LinearRelaxation, Relaxation, RelaxationInfeasible
 from planner_service.solve.bounds.simple import LowerBound, best_bound, simple_bounds
-from planner_service.solve.construct import greedy_plan
+from planner_service.solve.construct import greedy_plans
 from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.improve import improve
-from planner_service.solve.problem import Choice, Group, Problem, group_tables, without_equivalents
+from planner_service.solve.pricing import priced_guide
+from planner_service.solve.problem import (
+    Choice,
+    Group,
+    Problem,
+    group_tables,
+    loads_of,
+    without_equivalents,
+)
 
 GUIDE_MEMORY_FRACTIONS = (0.98, 0.95, 0.9)  # LP mixes that leave room to pack whole shards
+# Without the LP: priced guides whose HBM fits these shares of all HBM (the first is the
+# least-work guide whenever that fits).
+PRICED_FRACTIONS = (1.0, *GUIDE_MEMORY_FRACTIONS)
 LP_SHARE = 0.3  # of the time left when the LP is built: its build, solve and guides
 
 
@@ -96,13 +107,15 @@ def warm_start(
     reserve: Callable[[list[Choice]], float] | None = None,
 ) -> list[Choice] | None:
     """The constructed plan, improved by local search; None if it places no plan
-    (before the deadline). ``reserve``: see ``greedy_plan``."""
+    (before the deadline). ``reserve``: see ``greedy_plans``."""
     assert prepared.problem is not None and prepared.groups is not None
     deadline = deadline or Deadline.never()
     problem, groups = prepared.problem, prepared.groups
     guides = _guides(problem, prepared.relaxation, prepared.linear, groups, deadline)
-    choices = greedy_plan(problem, prepared.lower_bound.value, guides, deadline, reserve)
-    return improve(problem, choices, deadline) if choices is not None else None
+    plans = greedy_plans(problem, prepared.lower_bound.value, guides, deadline, reserve)
+    improved = [improve(problem, choices, deadline) for choices in plans]
+    scored = [(loads_of(problem, c).objective, i) for i, c in enumerate(improved)]
+    return improved[min(scored)[1]] if improved else None
 
 
 def _guides(
@@ -113,10 +126,12 @@ def _guides(
     deadline: Deadline,
 ) -> list[list[list[int]]]:
     """Per-table preferred options from the LP's option mix at full and reduced memory;
-    without the LP (its build ran out of time), each table's least-work option, so that
-    the first pass still places about one option per table."""
+    without the LP (its build ran out of time), each table's least-work option with its
+    HBM priced so that it fits (``pricing.py``), so that the first pass still places about
+    one option per table."""
     if relaxation is None or linear is None:
-        return [_least_work(problem, groups)]
+        priced = [priced_guide(problem, groups, fraction) for fraction in PRICED_FRACTIONS]
+        return [guide for i, guide in enumerate(priced) if guide not in priced[:i]]
     mixes = [relaxation]
     for fraction in GUIDE_MEMORY_FRACTIONS:
         if deadline.expired() or linear.deadline.expired():  # the LP's share of the time
@@ -135,17 +150,6 @@ def _guides(
         if guide not in guides:
             guides.append(guide)
     return guides
-
-
-def _least_work(problem: Problem, groups: list[Group]) -> list[list[int]]:
-    """Per table, its option adding the least work (the earlier on ties)."""
-    per_table: list[list[int]] = [[] for _ in problem.tables]
-    for group in groups:
-        works = [problem.costs(option).work for option in group.options]
-        best = min(range(len(works)), key=lambda o: (works[o], o))
-        for member in group.members:
-            per_table[member] = [best]
-    return per_table
 
 
 def _table_quotas(groups: list[Group], quotas: list[list[int]], num_tables: int) -> list[list[int]]:

@@ -1,0 +1,126 @@
+"""Memory-tight construction (issue 37): when tables must leave HBM, the first plan spreads
+them over time and memory together instead of taking the slowest kernel, makes room when a
+table fits on no rank, and without the LP is guided by memory-priced options."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from benchmarks.workloads import memory_tight_tables, workload_request
+from planner_service.solve import construct
+from planner_service.solve.deadline import Deadline
+from planner_service.solve.placement import GroupIndex
+from planner_service.solve.prepare import prepare, warm_start
+from planner_service.solve.pricing import priced_guide
+from planner_service.solve.problem import Choice, Loads, add_choice, loads_of
+from planner_service.solve.room import Demotions
+
+
+def _prepared(count, world, fill, seed, batch=4096):
+    tables = memory_tight_tables(count, world, fill=fill, seed=seed)
+    return prepare(workload_request(tables, world, batch_size=batch), Deadline.never())
+
+
+def _ratio(prepared, choices):
+    return loads_of(prepared.problem, choices).objective / prepared.lower_bound.value
+
+
+def test_memory_tight_draws_fill_their_share_of_hbm_with_tables_larger_than_a_rank():
+    tables = memory_tight_tables(400, 64, fill=0.8, seed=3)
+    weights = [t["num_embeddings"] * t["embedding_dim"] * 4 for t in tables]
+    hbm = 64 * 80 * 2**30
+    assert sum(weights) == pytest.approx(0.8 * hbm, rel=1e-3)
+    assert sum(w > 80 * 2**30 for w in weights) == 2
+    assert tables == memory_tight_tables(400, 64, fill=0.8, seed=3)
+    assert tables != memory_tight_tables(400, 64, fill=0.8, seed=4)
+
+
+def test_a_guided_pass_whose_options_stop_fitting_stays_near_the_bound():
+    """The least-work guide asks every table for its fastest kernel; once HBM runs out the
+    fallback took the option of least HBM whatever its time (2.75x the bound here)."""
+    prepared = _prepared(96, 16, 0.8, 1)
+    problem = prepared.problem
+    guide = [
+        [min(range(len(e.options)), key=lambda o: (problem.costs(e.options[o]).work, o))]
+        for e in problem.tables
+    ]
+    least = construct._least_memory(problem)
+    choices = construct._greedy(problem, prepared.lower_bound.value, guide, least, lambda: False)
+    assert choices is not None
+    assert _ratio(prepared, choices) < 1.5
+
+
+def test_without_the_lp_the_warm_start_is_guided_by_memory_priced_options():
+    """The LP runs out of time on thousands of distinct shapes: its stand-in guide was each
+    table's least-work option (2.11x the bound here)."""
+    prepared = _prepared(168, 32, 0.95, 1)
+    without_lp = dataclasses.replace(prepared, relaxation=None, linear=None)
+    choices = warm_start(without_lp, Deadline.never())
+    assert choices is not None
+    assert loads_of(prepared.problem, choices).fits(prepared.problem)
+    assert _ratio(prepared, choices) < 1.5
+
+
+def test_a_priced_guide_fits_its_share_of_hbm_and_is_the_least_work_guide_when_that_fits():
+    prepared = _prepared(168, 32, 0.95, 1)
+    problem, groups = prepared.problem, prepared.groups
+
+    def hbm_of(guide):
+        return sum(
+            problem.costs(e.options[g[0]]).hbm_total
+            for e, g in zip(problem.tables, guide, strict=True)
+        )
+
+    tight = priced_guide(problem, groups, 0.9)
+    assert hbm_of(tight) <= 0.9 * problem.hbm_total
+    loose = priced_guide(problem, groups, 1e6)
+    fastest = [
+        [min(range(len(e.options)), key=lambda o: (problem.costs(e.options[o]).work, o))]
+        for e in problem.tables
+    ]
+    assert loose == fastest
+    assert hbm_of(fastest) > 0.9 * problem.hbm_total  # so pricing had work to do
+
+
+def test_making_room_demotes_a_whole_table_in_place_and_keeps_the_loads_exact():
+    prepared = _prepared(96, 16, 0.8, 1)
+    problem = prepared.problem
+    demotions = Demotions(problem, GroupIndex(problem))
+    state = construct._empty_state(problem)
+    choices: list[Choice | None] = [None] * len(problem.tables)
+    placed = []
+    for t, entry in enumerate(problem.tables):  # the heaviest whole-table option, rank 0
+        index = _heaviest_whole(problem, t)
+        if index is None or entry.table.name.startswith("giant"):  # their DDR fills a rank
+            continue
+        hbm = problem.costs(entry.options[index]).hbm_total
+        if state.hbm[0] + hbm > problem.hbm_cap[0]:
+            continue
+        choice = Choice(index, (0,))
+        construct._commit(problem, state, t, choice)
+        choices[t] = choice
+        demotions.placed(t, choice)
+        placed.append(t)
+    free_before = int(problem.hbm_cap[0] - state.hbm[0])
+    need = free_before + 1
+    assert demotions.make_room(state, choices, need, {0})
+    assert int(problem.hbm_cap[0] - state.hbm[0]) >= need
+    demoted = [t for t in placed if choices[t].option != _heaviest_whole(problem, t)]
+    assert len(demoted) == 1 and choices[demoted[0]].ranks == (0,)  # one table, in place
+    exact = Loads.zeros(problem.world_size)
+    for t in placed:
+        option = problem.tables[t].options[choices[t].option]
+        add_choice(problem, option, choices[t].ranks, exact.perf, exact.hbm, exact.ddr)
+    assert np.allclose(exact.perf, state.perf)
+    assert (exact.hbm == state.hbm).all() and (exact.ddr == state.ddr).all()
+    assert state.free_hbm == problem.hbm_total - int(exact.hbm.sum())
+
+
+def _heaviest_whole(problem, t):
+    """The whole-table option of most HBM (the earlier on ties), or None."""
+    options = problem.tables[t].options
+    whole = [i for i, o in enumerate(options) if len(o.shards) == 1]
+    return max(whole, key=lambda i: (problem.costs(options[i]).hbm_total, -i), default=None)
