@@ -182,7 +182,8 @@ def _sweep_takes_no_gates(args: argparse.Namespace) -> None:
 
 def _baseline(text: str, client: PlannerClient | None) -> Baseline:
     """``--baseline``: a plan file (its content address checked), else a plan id or
-    alias:NAME fetched from ``--server`` (verified by the client)."""
+    alias:NAME fetched from ``--server`` (verified by the client), marked imported when the
+    service says its solver report is unverified (as ``POST /v1/check`` marks it)."""
     from clients.cli.files import read_verified_plan
     from planner_service.check.baseline import Baseline
 
@@ -203,7 +204,8 @@ def _baseline(text: str, client: PlannerClient | None) -> Baseline:
         name = plan_name(text, command="shardplan check", argument="--baseline")
     except ValueError:
         raise _bad("--baseline", text, f"is no plan file here, nor {ACCEPTED}") from None
-    return Baseline(fetch_named(client, name, command="check"), text)
+    fetched = fetch_named(client, name, command="check")
+    return Baseline(fetched.plan, text, imported=not fetched.solver_report_verified)
 
 
 def _bad(option: str, value: str, message: str) -> Exception:

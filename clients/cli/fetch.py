@@ -10,7 +10,9 @@ plan an alias named when last resolved is used, and stderr says STALE.
 
 Output: the plan's canonical bytes exactly as the service stores them (stdout adds a
 newline). With ``-o`` the file is written whole or not at all. stderr says which plan an
-alias or a prefix named. Needs the core install only.
+alias or a prefix named, and, for a plan imported into the service (PUT /v1/plans), that
+its solver report (status, lower bound, gap) is the importer's word, unverified (from the
+cache too). Needs the core install only.
 
 Exit 0: written; 2: bad input (not a plan id, prefix or alias; no such plan or alias on the
 service, or more than one plan starting with the prefix; a token refused); 4: the service
@@ -21,6 +23,7 @@ check (nothing written).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +32,7 @@ from clients.cli.output import add_output_argument
 from clients.cli.remote import add_server_arguments, connected
 
 if TYPE_CHECKING:
-    from planner_service.plan.types import ShardingPlan
+    from clients.http import FetchedPlan
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,25 +65,28 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.cli.stored_plans import cached_named, fetch_named, plan_name
+    from clients.cli.stored_plans import cached_named, fetch_named, plan_name, unverified_note
 
     name = plan_name(args.plan, command="shardplan fetch", argument="PLAN_ID")
-    plan = cached_named(args, name, args.cache_dir)
-    if plan is None:
+    fetched = cached_named(args, name, args.cache_dir)
+    if fetched is None:
         with connected(args, "fetch", cache_dir=args.cache_dir) as client:
-            plan = fetch_named(
+            fetched = fetch_named(
                 client,
                 name,
                 command="fetch",
                 allow_stale_alias=args.allow_stale_alias,
                 cache_dir=args.cache_dir,
             )
-    _write(plan, args.output)
+    note = unverified_note(fetched, "fetch")
+    if note is not None:
+        print(note, file=sys.stderr)  # stdout is the plan's bytes alone
+    _write(fetched, args.output)
     return EXIT_OK
 
 
-def _write(plan: ShardingPlan, output: Path | None) -> None:
+def _write(fetched: FetchedPlan, output: Path | None) -> None:
     from clients.cli.output import emit_canonical
     from planner_service.plan.codec import plan_bytes
 
-    emit_canonical(plan_bytes(plan), output)  # the bytes the service stores and hashed
+    emit_canonical(plan_bytes(fetched.plan), output)  # the bytes the service stores and hashed

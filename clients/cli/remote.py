@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING
 from clients.cli.exits import EXIT_BAD_INPUT, EXIT_INTEGRITY, EXIT_UNAVAILABLE, CommandFailed
 
 if TYPE_CHECKING:
-    from clients.http import PlannerClient
-    from planner_service.plan.types import ShardingPlan
+    from clients.http import FetchedPlan, PlannerClient
 
 SERVER_ENV = "SHARDPLAN_SERVER"
 TOKEN_ENV = "SHARDPLAN_TOKEN"
@@ -61,17 +60,18 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, server_help: str) -
 
 def cached_plan(
     args: argparse.Namespace, plan_id: str, cache_dir: Path | None
-) -> ShardingPlan | None:
-    """``plan_id`` from ``cache_dir``, verified, without opening a client (no httpx): a
-    job's launch script starts in the time it takes to read the vocabulary. Plans never
-    change, so the client would answer from the same file; ``--server`` is still checked."""
+) -> FetchedPlan | None:
+    """``plan_id`` from ``cache_dir``, verified, with what the service said of its solver
+    report, without opening a client (no httpx): a job's launch script starts in the time
+    it takes to read the vocabulary. Plans never change, so the client would answer from
+    the same file; ``--server`` is still checked."""
     _server_url(args.server)
     if cache_dir is None:
         return None
     from clients.http.cache import DiskCache
 
     try:
-        return DiskCache(cache_dir).plan(plan_id)
+        return DiskCache(cache_dir).fetched(plan_id)
     except OSError as error:  # the cache folder cannot be made or read
         raise _cannot_use_cache(cache_dir, error) from None
 

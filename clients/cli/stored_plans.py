@@ -3,8 +3,10 @@ it of at least 8 hex digits (the commands print plans by their first 12), or
 ``alias:NAME``. ``plan_name`` checks the name before anything is sent; ``fetch_named``
 fetches the plan through the HTTP client (verified: its content hashes to its id, which is
 or starts with the one asked for) and turns the service's answers about the name into one
-line each: no such plan or alias, or a prefix more than one plan starts with. ``shardplan
-fetch`` takes its plan this way, and so can any command that takes one from the service.
+line each: no such plan or alias, or a prefix more than one plan starts with. The plan
+comes with what the service says of its solver report (``FetchedPlan``: unverified for an
+imported plan; ``unverified_note`` says so in one line). ``shardplan fetch`` takes its
+plan this way, and so can any command that takes one from the service.
 
 Imported inside the commands that use it: it loads the vocabulary (pydantic).
 """
@@ -27,8 +29,7 @@ from planner_service.plan.plan_ids import is_full_plan_id, plan_id_problem
 if TYPE_CHECKING:
     import argparse
 
-    from clients.http import PlannerClient
-    from planner_service.plan.types import ShardingPlan
+    from clients.http import FetchedPlan, PlannerClient
 
 ALIAS_PREFIX = "alias:"
 ACCEPTED = f"{PLAN_ID_ACCEPTED}, or alias:NAME"
@@ -65,7 +66,7 @@ def plan_name(text: str, *, command: str, argument: str) -> PlanName:
 
 def cached_named(
     args: argparse.Namespace, name: PlanName, cache_dir: Path | None
-) -> ShardingPlan | None:
+) -> FetchedPlan | None:
     """The plan a whole id names, from ``cache_dir`` without opening a client
     (``remote.cached_plan``); None for an alias or a prefix, which only the service can
     answer (an alias moves; a plan stored later can share a prefix)."""
@@ -81,17 +82,29 @@ def fetch_named(
     command: str,
     allow_stale_alias: bool = False,
     cache_dir: Path | None = None,
-) -> ShardingPlan:
+) -> FetchedPlan:
     """The plan ``name`` names, from ``client``; stderr says which plan an alias or a
     prefix named (an alias answered from the cache says STALE)."""
     if name.alias is not None:
         return _alias(client, name.alias, command, allow_stale_alias, cache_dir)
     assert name.plan_id is not None
     with _named_on(client, name.plan_id, command):
-        plan = client.get_plan(name.plan_id)
+        fetched = client.fetch_plan(name.plan_id)
     if name.by_prefix:
-        print(f"{name.plan_id} -> plan {plan.plan_id}", file=sys.stderr)
-    return plan
+        print(f"{name.plan_id} -> plan {fetched.plan.plan_id}", file=sys.stderr)
+    return fetched
+
+
+def unverified_note(fetched: FetchedPlan, command: str) -> str | None:
+    """One line for stderr when the service does not vouch for the plan's solver report
+    (an imported plan), else None."""
+    if fetched.solver_report_verified:
+        return None
+    return (
+        f"shardplan {command}: plan {fetched.plan.plan_id[:12]} was imported into the "
+        "service (PUT /v1/plans): its solver report (status, lower bound, gap) is the "
+        "importer's word, unverified"
+    )
 
 
 @contextmanager
@@ -124,7 +137,9 @@ def _alias(
     command: str,
     allow_stale_alias: bool,
     cache_dir: Path | None,
-) -> ShardingPlan:
+) -> FetchedPlan:
+    from clients.http import FetchedPlan
+
     with missing_is_bad_input(f"shardplan {command}: no alias {alias!r} on {client.base_url}"):
         resolved = client.resolve(alias, allow_stale_alias=allow_stale_alias)
     if resolved.stale:
@@ -137,4 +152,4 @@ def _alias(
     else:
         version = f", version {resolved.version}" if resolved.version is not None else ""
         print(f"alias:{alias} -> plan {resolved.plan_id}{version}", file=sys.stderr)
-    return resolved.plan
+    return FetchedPlan(plan=resolved.plan, solver_report_verified=resolved.solver_report_verified)

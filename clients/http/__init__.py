@@ -13,6 +13,10 @@
   exponential backoff and full jitter; never an answer about the input (``retry.py``).
 - Integrity: every plan is hashed again and must be the one asked for, else
   ``IntegrityError``; nothing unverified is returned or cached (``integrity.py``).
+- Imported plans: ``fetch_plan`` (and ``Resolved``, ``Imported``) say whether the service
+  vouches for a plan's solver report (``solver_report_verified``: False for a plan stored
+  by ``import_plan``, whose status, bound and gap are the importer's word), from the
+  cache too (``fetched.py``).
 - Cache: with ``cache_dir``, plans fetched are kept on disk, verified when read back; an
   alias is answered from it only with ``allow_stale_alias=True``, and says so
   (``Resolved.stale``; ``cache.py``).
@@ -46,12 +50,14 @@ if TYPE_CHECKING:
         Unauthorized,
         UnexpectedResponse,
     )
+    from clients.http.fetched import FetchedPlan
     from clients.http.retry import RetryPolicy
 
 # Where each name lives: loaded on first use, so that reading a cached plan
 # (``cache.py``) does not import httpx and the transports.
 _HOMES = {
     "AsyncPlannerClient": "client",
+    "FetchedPlan": "fetched",
     "PlannerClient": "client",
     "Imported": "core",
     "Resolved": "core",
@@ -70,6 +76,7 @@ __all__ = [
     "AsyncPlannerClient",
     "BadRequest",
     "Conflict",
+    "FetchedPlan",
     "Forbidden",
     "Imported",
     "IntegrityError",

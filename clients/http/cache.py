@@ -1,15 +1,20 @@
 """Plans kept on disk by the client (``cache_dir=``), so that a job restarting while the
 service is down starts from the same plan.
 
-Layout: ``plans/<plan_id>.json`` (the plan's canonical bytes), ``requests/<plan_id>.json``
-(the request it was made for), ``aliases/<name>.json`` (the plan an alias last resolved
-to, its version and when). Every file is written whole or not at all (a temporary file in
-the same folder, fsynced, then renamed over the name), so a job killed mid-write leaves
-either the old file or none. Every read is checked again: a plan must hash to the id it is
-filed under, and a request to its plan's ``request_hash``. A file that fails is moved
-aside (``*.corrupt``) and treated as absent, so the next fetch replaces it.
+Layout: ``plans/<plan_id>.json`` (the plan's canonical bytes), ``plans/<plan_id>.unverified``
+(empty: the service said the plan's solver report is unverified, an imported plan;
+``fetched.py``), ``requests/<plan_id>.json`` (the request it was made for),
+``aliases/<name>.json`` (the plan an alias last resolved to, its version and when). Every
+file is written whole or not at all (a temporary file in the same folder, fsynced, then
+renamed over the name), so a job killed mid-write leaves either the old file or none.
+Every read is checked again: a plan must hash to the id it is filed under, and a request
+to its plan's ``request_hash``. A file that fails is moved aside (``*.corrupt``) and
+treated as absent, so the next fetch replaces it.
 
-Plans never change, so a cached plan is as good as the service's. An alias can move, so
+Plans never change, so a cached plan is as good as the service's. What the service says
+of a plan's solver report can (an imported plan the planner then makes is its own): the
+mark follows the last answer that served the plan, and is written before the plan, so a
+plan is never read back as verified when the service said otherwise. An alias can move, so
 its entry is only a record of the last answer (see ``PlannerClient.resolve``).
 """
 
@@ -26,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
+from clients.http.fetched import FetchedPlan
 from clients.http.integrity import PLAN_ID, content_address
 from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.codec import parse_plan, parse_request, request_hash
@@ -62,8 +68,24 @@ class DiskCache:
 
         return self._load(path, lambda data: parse_plan(data, source=str(path)), damage)
 
-    def put_plan(self, plan: ShardingPlan) -> None:
-        """File a verified plan under its id (once: plans never change)."""
+    def fetched(self, plan_id: str) -> FetchedPlan | None:
+        """The cached plan filed under ``plan_id`` with what the service last said of its
+        solver report."""
+        plan = self.plan(plan_id)
+        if plan is None:
+            return None
+        verified = not self._unverified_mark(plan_id).exists()
+        return FetchedPlan(plan=plan, solver_report_verified=verified)
+
+    def put_plan(self, plan: ShardingPlan, *, solver_report_verified: bool = True) -> None:
+        """File a verified plan under its id (once: plans never change), marked unverified
+        when the service said its solver report is."""
+        mark = self._unverified_mark(plan.plan_id)
+        if not solver_report_verified:
+            if not mark.exists():
+                write_atomically(mark, b"")
+        else:
+            mark.unlink(missing_ok=True)
         path = self._path("plans", plan.plan_id)
         if not path.exists():
             write_atomically(path, canonical_bytes(plan))
@@ -97,6 +119,9 @@ class DiskCache:
 
     def _path(self, folder: str, name: str) -> Path:
         return self.directory / folder / f"{name}.json"  # names are checked by the caller
+
+    def _unverified_mark(self, plan_id: str) -> Path:
+        return self._path("plans", plan_id).with_suffix(".unverified")
 
     def _load(
         self, path: Path, read: Callable[[bytes], T], damage: Callable[[T], str | None]

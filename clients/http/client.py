@@ -23,6 +23,7 @@ from clients.http.core import (
     Step,
     cache_for,
 )
+from clients.http.fetched import FetchedPlan
 from clients.http.retry import RetryPolicy
 from planner_service import __version__
 from planner_service.plan.api import (
@@ -187,8 +188,15 @@ class PlannerClient(_Client[httpx.BaseTransport, httpx.Client]):
         id (8 hex digits or more, as plans are printed short): then the service is always
         asked, the plan's id must start with it, and ``NotFound`` or ``Conflict`` (more
         than one plan starts with it: ``matching_plan_ids``) says when it names none or
-        several."""
+        several. ``fetch_plan`` also says whether the service vouches for its solver
+        report."""
         return self._run(self._core.get_plan(plan_id))
+
+    def fetch_plan(self, plan_id: str) -> FetchedPlan:
+        """As ``get_plan``, with what the service says of the plan's solver report
+        (``solver_report_verified``: False for an imported plan, whose status, bound and
+        gap are the importer's word), from the cache too."""
+        return self._run(self._core.fetch_plan(plan_id))
 
     def get_request(self, plan_id: str) -> PlanRequest:
         """The request the plan was made for (checked against the plan's request_hash),
@@ -341,6 +349,10 @@ class AsyncPlannerClient(_Client[httpx.AsyncBaseTransport, httpx.AsyncClient]):
     async def get_plan(self, plan_id: str) -> ShardingPlan:
         """See ``PlannerClient.get_plan``."""
         return await self._run(self._core.get_plan(plan_id))
+
+    async def fetch_plan(self, plan_id: str) -> FetchedPlan:
+        """See ``PlannerClient.fetch_plan``."""
+        return await self._run(self._core.fetch_plan(plan_id))
 
     async def get_request(self, plan_id: str) -> PlanRequest:
         """See ``PlannerClient.get_request``."""

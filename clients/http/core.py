@@ -30,6 +30,7 @@ from clients.http.errors import (
     UnexpectedResponse,
     validation_summary,
 )
+from clients.http.fetched import FetchedPlan, solver_report_verified
 from clients.http.integrity import PLAN_ID, verified_plan, verified_profile
 from clients.http.retry import RetryPolicy, is_retryable, retry_after_s
 from planner_service.plan.api import (
@@ -100,6 +101,8 @@ class Resolved:
     stale: bool
     version: int | None  # the alias's version (1 when first set, +1 per move)
     resolved_at: str  # ISO 8601, UTC
+    # False for an imported plan: its solver report is the importer's word (fetched.py).
+    solver_report_verified: bool = True
 
     @property
     def plan_id(self) -> str:
@@ -108,10 +111,13 @@ class Resolved:
 
 @dataclass(frozen=True)
 class Imported:
-    """A plan put to the service: ``created`` is False when it was stored already."""
+    """A plan put to the service: ``created`` is False when it was stored already;
+    ``solver_report_verified`` is what the service says of its solver report (False: the
+    importer's word, as for every plan put)."""
 
     plan: ShardingPlan
     created: bool
+    solver_report_verified: bool = False
 
 
 class Core:
@@ -136,7 +142,7 @@ class Core:
                 expected_plan_id=None,
                 plan_id=plan.plan_id,
             )
-        self._keep(plan)
+        self._keep(plan, response)
         return plan
 
     # ------------------------------------------------------------------------ async solves
@@ -183,17 +189,24 @@ class Core:
         raise UnexpectedResponse(f"GET {url}: job {job.status.value} without a plan or problem")
 
     def get_plan(self, plan_id: str) -> Operation[ShardingPlan]:
-        """The plan ``plan_id`` names: a whole id, answered from the cache when it holds
-        the plan (plans never change); or a prefix, always asked of the service (only it
-        knows whether the prefix names one plan), and verified to start with it."""
+        fetched = yield from self.fetch_plan(plan_id)
+        return fetched.plan
+
+    def fetch_plan(self, plan_id: str) -> Operation[FetchedPlan]:
+        """The plan ``plan_id`` names, and whether the service vouches for its solver
+        report: a whole id, answered from the cache when it holds the plan (plans never
+        change); or a prefix, always asked of the service (only it knows whether the
+        prefix names one plan), and verified to start with it."""
         check_plan_id(plan_id)
-        cached = self.cache.plan(plan_id) if self.cache and is_full_plan_id(plan_id) else None
+        cached = self.cache.fetched(plan_id) if self.cache and is_full_plan_id(plan_id) else None
         if cached is not None:
             return cached  # plans never change: no need to ask
         response = yield from self._exchange(Call("GET", f"/v1/plans/{plan_id}"))
         plan = self._plan(response, plan_id)
-        self._keep(plan)
-        return plan
+        self._keep(plan, response)
+        return FetchedPlan(
+            plan=plan, solver_report_verified=solver_report_verified(response.headers)
+        )
 
     def get_request(self, plan_id: str) -> Operation[PlanRequest]:
         plan = yield from self.get_plan(plan_id)
@@ -224,8 +237,11 @@ class Core:
         call = Call("PUT", f"/v1/plans/{plan_id}", body, headers={"content-type": JSON})
         response = yield from self._exchange(call)
         stored = self._plan(response, plan_id)
-        self._keep(stored)
-        return Imported(stored, created=response.status_code == 201)
+        self._keep(stored, response)
+        verified = solver_report_verified(response.headers)
+        return Imported(
+            stored, created=response.status_code == 201, solver_report_verified=verified
+        )
 
     def list_plans(self, limit: int | None, after: str | None) -> Operation[PlanPage]:
         call = Call("GET", "/v1/plans", params=_page_params(limit, after))
@@ -239,12 +255,12 @@ class Core:
         remembered = self.cache.alias(alias) if self.cache else None
         known = None
         if self.cache and remembered:
-            known = self.cache.plan(remembered.plan_id)
+            known = self.cache.fetched(remembered.plan_id)
         # With that plan cached, the service need only say it is still the one (304): any
         # representation's tag (whichever encoding the service chooses) will do.
         headers = {}
         if known:
-            tags = (f'"{plan_etag(known.plan_id, coding)}"' for coding in ENCODINGS)
+            tags = (f'"{plan_etag(known.plan.plan_id, coding)}"' for coding in ENCODINGS)
             headers["if-none-match"] = ", ".join(tags)
         try:
             response = yield from self._exchange(
@@ -256,19 +272,23 @@ class Core:
             log.warning(
                 "alias %r: %s; using the plan it named when last resolved, at %s "
                 "(allow_stale_alias=True): %s",
-                alias, unavailable, remembered.resolved_at, known.plan_id,
+                alias, unavailable, remembered.resolved_at, known.plan.plan_id,
             )  # fmt: skip
-            return Resolved(alias, known, True, remembered.version, remembered.resolved_at)
+            return Resolved(
+                alias, known.plan, True, remembered.version, remembered.resolved_at,
+                known.solver_report_verified,
+            )  # fmt: skip
         if response.status_code == 304 and known:  # still the plan named in If-None-Match
-            plan = known
+            plan = known.plan
         else:
             plan = self._plan(response, response.headers.get("x-shardplan-plan-id"))
         version = _version(response.headers.get("x-shardplan-alias-version"))
+        verified = solver_report_verified(response.headers)  # a 304 says it too
+        resolved_at = utc_now()
         if self.cache:
-            self._keep(plan)
-            record = self.cache.put_alias(alias, plan.plan_id, version)
-            return Resolved(alias, plan, False, version, record.resolved_at)
-        return Resolved(alias, plan, False, version, utc_now())
+            self._keep(plan, response)
+            resolved_at = self.cache.put_alias(alias, plan.plan_id, version).resolved_at
+        return Resolved(alias, plan, False, version, resolved_at, verified)
 
     def set_alias(self, name: str, plan_id: str, comment: str | None) -> Operation[AliasRecord]:
         check_alias(name)
@@ -419,9 +439,11 @@ class Core:
                 f"not a {model.__name__}: {validation_summary(error)}"
             ) from None
 
-    def _keep(self, plan: ShardingPlan) -> None:
+    def _keep(self, plan: ShardingPlan, response: httpx.Response) -> None:
+        """Cache ``plan``, with what ``response`` (which served it) says of its report."""
         if self.cache:
-            self.cache.put_plan(plan)
+            verified = solver_report_verified(response.headers)
+            self.cache.put_plan(plan, solver_report_verified=verified)
 
 
 # --------------------------------------------------------------------------- arguments

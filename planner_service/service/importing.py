@@ -9,7 +9,8 @@ run with a longer time limit) after checking it as the service checks its own.
   with this service's cost model, and a migration section recomputed from the previous
   plan: the request's inline ``options.previous_plan``, or the stored plan its
   ``options.previous_plan_id`` names (422 naming that field when none is stored), inlined
-  before the check, so the request stored beside the plan is whole.
+  before the check (``request_and_plan.py``, as for ``POST /v1/validate``), so the
+  request stored beside the plan is whole.
 - Key: stored by the request's hash under the planner version the plan names
   (``plan.planner_version``), marked imported. Its solver report (status, lower bound, gap)
   is the importer's word: the objective and critical path are recomputed, the bound cannot
@@ -32,10 +33,13 @@ from planner_service.plan.api import PlanSummary
 from planner_service.plan.canonical import canonical_bytes, plan_id_of
 from planner_service.plan.codec import plan_bytes, request_hash
 from planner_service.plan.types import Violation
-from planner_service.service.http.limits import decode_request_and_plan
 from planner_service.service.http.problems import ProblemError
+from planner_service.service.request_and_plan import (
+    NeedsPreviousPlan,
+    checked_with_previous_plan,
+    decode_pair,
+)
 from planner_service.service.settings import Settings
-from planner_service.service.solver.references import unknown_previous_plan, with_previous_plan
 from planner_service.service.state import ServiceState
 from planner_service.service.store import PlanBodies
 from planner_service.validate.validator import validate_plan
@@ -49,9 +53,6 @@ class CheckedImport:
 
     plan_id: str  # the content address, computed here
     claimed_plan_id: str  # what the plan says
-    # The stored previous plan the request names by id alone, when it was not given:
-    # nothing was validated yet (``check_import`` is called again with it).
-    previous_plan_id: str | None
     planner_version: str
     request_hash: str
     request: bytes
@@ -61,29 +62,26 @@ class CheckedImport:
 
 
 def check_import(
-    body: bytes, path_plan_id: str, settings: Settings, previous_plan: bytes | None = None
-) -> CheckedImport:
+    body: bytes, path_plan_id: str, settings: Settings, previous_plan: bytes | None
+) -> CheckedImport | NeedsPreviousPlan:
     """Runs in a CPU-lane worker: decode within the limits, address, validate (only a plan
-    that is what both ids say: a 409 needs no validation), with ``previous_plan`` (the
-    stored plan the request's ``options.previous_plan_id`` names) inline. A request that
-    names one by id alone, called without it, is not validated: ``previous_plan_id``
-    says which to look up."""
-    request, plan = decode_request_and_plan(body, settings)
+    that is what both ids say: a 409 needs no validation, nor the previous plan), with
+    ``previous_plan`` (the stored plan the request names by id alone) inline."""
+    pair = decode_pair(body, settings, previous_plan)
+    request, plan = pair.request, pair.plan
     computed = plan_id_of(plan.model_dump(mode="json"))
     same = computed == plan.plan_id == path_plan_id
-    wanted = request.options.previous_plan_id if request.options.previous_plan is None else None
-    if wanted is not None and previous_plan is not None:
-        request, wanted = with_previous_plan(request, previous_plan), None
+    if same and pair.missing is not None:
+        return pair.missing
     return CheckedImport(
         plan_id=computed,
         claimed_plan_id=plan.plan_id,
-        previous_plan_id=wanted,
         planner_version=plan.planner_version,
         request_hash=request_hash(request),
         request=canonical_bytes(request),
         plan=plan_bytes(plan),
         summary=PlanSummary.of(plan),
-        violations=validate_plan(request, plan) if same and wanted is None else [],
+        violations=validate_plan(request, plan) if same else [],
     )
 
 
@@ -92,15 +90,11 @@ async def import_plan(
 ) -> tuple[CheckedImport, bool]:
     """Check, then store; returns the import and whether this call stored it (False: the
     same plan, so the same bytes, was stored already)."""
-    checked = await state.cpu.run(check_import, body, path_plan_id, state.settings)
+    checked = await checked_with_previous_plan(
+        state, check_import, body, path_plan_id, state.settings
+    )
     if not checked.plan_id == checked.claimed_plan_id == path_plan_id:
         raise _conflict(path_plan_id, checked)
-    if checked.previous_plan_id is not None:
-        previous = await state.plan_bytes(checked.previous_plan_id)
-        if previous is None:
-            path = "request.options.previous_plan_id"
-            raise unknown_previous_plan(checked.previous_plan_id, path)
-        checked = await state.cpu.run(check_import, body, path_plan_id, state.settings, previous)
     if checked.violations:
         raise _invalid(checked.violations)
     store = state.store()

@@ -25,6 +25,7 @@ from clients.http import (
     AsyncPlannerClient,
     BadRequest,
     Conflict,
+    FetchedPlan,
     Forbidden,
     IntegrityError,
     InvalidPlan,
@@ -38,6 +39,7 @@ from clients.http import (
     RetryPolicy,
     Unauthorized,
 )
+from clients.http.cache import DiskCache
 from clients.http.integrity import sealed_plan, verified_plan
 from clients.http.retry import retry_after_s
 from planner_service.plan.canonical import canonical_bytes
@@ -194,6 +196,43 @@ def test_import_plan_201_200_409_422(connect, service):
     assert {violation.code for violation in invalid.value.violations} == {"rank_stats"}
     with pytest.raises(NotFound):
         client.get_plan(lying.plan_id)
+
+
+def test_an_imported_plan_is_said_unverified_from_the_service_and_from_the_cache(
+    connect, service, tmp_path
+):
+    req, plan = made_elsewhere(unique("unv"))
+    client = connect(service.base, cache_dir=tmp_path / "importer")
+    assert client.import_plan(req, plan).solver_report_verified is False
+    assert client.fetch_plan(plan.plan_id).solver_report_verified is False  # from its cache
+    alias = unique("unv-")
+    client.set_alias(alias, plan.plan_id)
+    cache = tmp_path / "job"
+    job = connect(service.base, cache_dir=cache)
+    for fetched in (job.fetch_plan(plan.plan_id), job.fetch_plan(plan.plan_id[:12])):
+        assert (fetched.plan, fetched.solver_report_verified) == (plan, False)
+    assert job.resolve(alias).solver_report_verified is False
+    with FaultyProxy(service.base) as proxy:  # a 304 says it too
+        assert connect(proxy.base, cache_dir=cache).resolve(alias).solver_report_verified is False
+    assert proxy.answered == [304]
+    down = connect(f"http://127.0.0.1:{free_port()}", cache_dir=cache, retries=0)
+    assert down.fetch_plan(plan.plan_id).solver_report_verified is False
+    assert down.resolve(alias, allow_stale_alias=True).solver_report_verified is False
+    # The planner's own plan: vouched for, by the service and by the cache.
+    own = job.create_plan(small(unique("own")))
+    assert job.fetch_plan(own.plan_id).solver_report_verified is True
+    assert down.fetch_plan(own.plan_id) == FetchedPlan(plan=own, solver_report_verified=True)
+
+
+def test_the_cache_marks_a_plan_as_the_service_last_said(tmp_path):
+    plan, _ = _sealed_example()
+    cache = DiskCache(tmp_path)
+    cache.put_plan(plan, solver_report_verified=False)
+    assert cache.fetched(plan.plan_id) == FetchedPlan(plan=plan, solver_report_verified=False)
+    assert (tmp_path / "plans" / f"{plan.plan_id}.unverified").exists()
+    cache.put_plan(plan)  # the planner made the same plan since
+    assert cache.fetched(plan.plan_id) == FetchedPlan(plan=plan, solver_report_verified=True)
+    assert [path.name for path in (tmp_path / "plans").iterdir()] == [f"{plan.plan_id}.json"]
 
 
 def test_list_plans_pages_newest_first(connect, service):

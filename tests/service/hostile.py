@@ -7,7 +7,7 @@ On the wire (issue 36): request heads over their limits (431 naming the limit), 
 clients that go away mid-body on every route that reads one (499, never a 500). In the
 bodies (issue 36, items 5 and 8): text no store keeps alike (a NUL PostgreSQL refused
 with a 503), an inline previous plan past the service's world size, an import re-planned
-from a plan that is not stored."""
+from a plan that is not stored, and a validation against one (item 8)."""
 
 from __future__ import annotations
 
@@ -330,7 +330,7 @@ _FORGED_ID, _UNKNOWN_PREVIOUS = unknown_previous_import()
 ROUTES = {
     "POST /v1/plans": request_cases,
     "POST /v1/check": request_cases,
-    "POST /v1/validate": validate_cases,
+    "POST /v1/validate": lambda: [*validate_cases(), _UNKNOWN_PREVIOUS],
     f"PUT /v1/plans/{'0' * 64}": validate_cases,
     f"PUT /v1/plans/{_FORGED_ID}": lambda: [_UNKNOWN_PREVIOUS],
     "PUT /v1/aliases/hostile": alias_cases,

@@ -1,7 +1,8 @@
 """Imported plans (PUT /v1/plans/{plan_id}, ``service/importing.py``) over real HTTP on
 SQLite and PostgreSQL: every answer that serves one says its solver report is unverified
 (issue 36, item 7); its migration is recomputed from the previous plan it names, which must
-be stored or inline, and a plan inside a request is held to the service's limits (item 8).
+be stored or inline, as POST /v1/validate recomputes one, and a plan inside a request is
+held to the service's limits (item 8).
 """
 
 from __future__ import annotations
@@ -177,21 +178,31 @@ def test_an_imported_migration_is_recomputed_from_the_stored_previous_plan(clien
     assert stored.options.previous_plan.plan_id == previous["plan_id"]
 
 
-def test_a_migration_from_a_plan_not_stored_is_422_naming_the_field(client):
-    _, req, plan = replanned(client, "gone")
-    unknown = "e" * 64
+def from_unknown_plan(client: httpx.Client, name: str, unknown: str) -> tuple[dict, dict]:
+    """A request re-planning from plan ``unknown``, which is not stored, and a plan for it
+    whose migration claims moves from that plan: JSON data."""
+    _, req, plan = replanned(client, name)
     req["options"]["previous_plan_id"] = unknown
     migration = {**plan["migration"], "previous_plan_id": unknown}
     forged, _ = resealed(
         plan, migration=migration, request_hash=request_hash(parse_request(json.dumps(req)))
     )
-    refused = put(client, req, forged)
+    return req, forged
+
+
+def assert_422_naming_unknown_previous(refused: httpx.Response, unknown: str) -> None:
     assert refused.status_code == 422, refused.text
     errors = refused.json()["errors"]
     assert [(e["path"], e["value"]) for e in errors] == [
         ("request.options.previous_plan_id", repr(unknown))
     ]
     assert "no plan with plan_id" in errors[0]["message"]
+
+
+def test_a_migration_from_a_plan_not_stored_is_422_naming_the_field(client):
+    unknown = "e" * 64
+    req, forged = from_unknown_plan(client, "gone", unknown)
+    assert_422_naming_unknown_previous(put(client, req, forged), unknown)
     # A migration whose request re-plans from nothing, or from another plan: violations.
     del req["options"]["previous_plan_id"]
     del req["options"]["max_moved_bytes"]
@@ -231,3 +242,27 @@ def test_an_inline_previous_plan_is_held_to_the_services_limits(client, route):
     plan["tables"] = {f"t{i}": plan["tables"]["many1"] for i in range(21)}
     response = client.put(f"/v1/plans/{plan['plan_id']}", json={"request": {}, "plan": plan})
     assert [e["path"] for e in response.json()["errors"]] == ["plan.tables"]
+
+
+def validate(client: httpx.Client, req: dict, plan: dict) -> httpx.Response:
+    return client.post("/v1/validate", json={"request": req, "plan": plan})
+
+
+def test_validate_recomputes_a_migration_from_the_stored_previous_plan(client):
+    previous, req, plan = replanned(client, "vmig")
+    forged, _ = forged_migration(plan)
+    checked = validate(client, req, forged)
+    assert checked.status_code == 200, checked.text
+    assert checked.json()["valid"] is False
+    messages = [v["message"] for v in checked.json()["violations"] if v["code"] == "migration"]
+    assert any("migration.moved_bytes is 4096" in message for message in messages), messages
+    inline = {**req, "options": {**req["options"], "previous_plan": previous}}
+    assert validate(client, inline, forged).json()["valid"] is False
+    for document in (req, inline):  # the planner's own migration, by id and inline
+        assert validate(client, document, plan).json() == {"valid": True, "violations": []}
+
+
+def test_validate_against_a_previous_plan_not_stored_is_422_naming_the_field(client):
+    unknown = "d" * 64
+    req, forged = from_unknown_plan(client, "vgone", unknown)
+    assert_422_naming_unknown_previous(validate(client, req, forged), unknown)

@@ -43,3 +43,25 @@ def cli(shardplan_exe):
         return result
 
     return run
+
+
+def import_made_elsewhere(service, request_path) -> str:
+    """The service's plan for the request at ``request_path``, as another planner version
+    would have made it (its shards and report, under ``offline-9.9``), imported by PUT:
+    its id. The service says its solver report is unverified."""
+    from clients.http import PlannerClient
+    from planner_service.plan.codec import parse_request
+    from tests.support import builders
+
+    req = parse_request(request_path.read_bytes())
+    with PlannerClient(service.base, token=TOKEN) as client:
+        own = client.create_plan(req)
+        plan = builders.seal_plan(
+            request=req,
+            planner_version="offline-9.9",
+            tables=own.tables,
+            rank_stats=own.rank_stats,
+            solver=own.solver,
+        )
+        client.import_plan(req, plan)
+    return plan.plan_id

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from clients.http import PlannerClient
-from tests.clients.cli.conftest import TOKEN
+from tests.clients.cli.conftest import TOKEN, import_made_elsewhere
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -264,6 +264,34 @@ def test_post_check_applies_the_gates_the_cli_applies(cli, service, paths, produ
     short = cli("check", spills, "--baseline", plan_id[:12], "--server", service.base)
     assert short.returncode == 0, short.stderr  # no gate set: the comparison only
     assert f"plan {plan_id[:12]} ({plan_id[:12]})" in short.stdout
+
+
+def test_an_imported_baseline_is_said_unverified_as_post_check_says(
+    cli, service, paths, production
+):
+    fits, spills, _ = paths
+    plan_id = import_made_elsewhere(service, fits)
+    on_server = ["--baseline", plan_id, "--server", service.base]
+    answer = httpx.post(
+        f"{service.base}/v1/check",
+        params={"baseline": plan_id},
+        content=spills.read_bytes(),
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    remote = answer.json()
+    remote.pop("stored"), remote.pop("min_hbm_free_bytes")
+    via_cli = _json(cli("check", spills, *on_server, "--format", "json"))
+    assert via_cli["baseline"]["imported"] is True
+    assert remote == via_cli
+    said = ", imported: its solver report is unverified"
+    for format in ("text", "markdown"):
+        printed = cli("check", spills, *on_server, "--format", format)
+        assert printed.returncode == 0, printed.stderr
+        assert said in printed.stdout
+    # The planner's own plan as the baseline: no mark.
+    own = cli("check", spills, "--baseline", production[0], "--server", service.base)
+    assert own.returncode == 0 and said not in own.stdout
 
 
 @pytest.mark.parametrize(

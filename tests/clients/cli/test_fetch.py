@@ -19,7 +19,7 @@ import pytest
 
 from clients.http import PlannerClient
 from planner_service.plan.units import GiB
-from tests.clients.cli.conftest import TOKEN
+from tests.clients.cli.conftest import TOKEN, import_made_elsewhere
 from tests.service.test_plan_ids import put_rows
 from tests.support.servers import FaultyProxy, free_port
 
@@ -118,6 +118,26 @@ def test_a_prefix_naming_no_plan_or_several_exits_2_with_one_line(cli, service):
     assert _one_line(none.stderr) == (
         f"shardplan fetch: no plan id starts with feed5eef on {service.base}"
     )
+
+
+def test_fetch_of_an_imported_plan_says_its_solver_report_is_unverified(cli, service, tmp_path):
+    plan_id = import_made_elsewhere(service, EXAMPLES / "request.json")
+    served = httpx.get(f"{service.base}/v1/plans/{plan_id}", timeout=30).content
+    note = (
+        f"shardplan fetch: plan {plan_id[:12]} was imported into the service (PUT /v1/plans): "
+        "its solver report (status, lower bound, gap) is the importer's word, unverified"
+    )
+    cache = tmp_path / "cache"
+    with FaultyProxy(service.base) as proxy:  # the service, at an address we can close
+        fetched = cli("fetch", plan_id, "--server", proxy.base, "--cache-dir", cache)
+        assert (fetched.returncode, fetched.stdout) == (0, served.decode() + "\n")
+        assert _one_line(fetched.stderr) == note  # stdout stays the plan's bytes
+        by_prefix = cli("fetch", plan_id[:12], "--server", proxy.base)
+        assert by_prefix.stderr.splitlines() == [f"{plan_id[:12]} -> plan {plan_id}", note]
+    # From the cache, with the service gone: still said.
+    cached = cli("fetch", plan_id, "--server", proxy.base, "--cache-dir", cache, "--retries", "0")
+    assert (cached.returncode, cached.stdout) == (0, served.decode() + "\n")
+    assert _one_line(cached.stderr) == note
 
 
 @pytest.mark.slow  # stops and restarts a server
