@@ -78,8 +78,14 @@ def test_output_takes_the_place_of_stdout(run_cli, tmp_path, template_and_csv, n
     written = run_cli(*argv, "-o", out)
     assert written.returncode == code, written.stderr
     assert written.stdout == ""
-    assert out.read_text() == printed.stdout and printed.stdout.strip()
+    assert _steady(out.read_text()) == _steady(printed.stdout) and printed.stdout.strip()
     assert [p.name for p in out.parent.iterdir()] == ["document"]  # no temporary left
+
+
+def _steady(document: str) -> str:
+    """The document without its measured wall time: two runs of one solve differ there
+    (0.06 s against 0.07 s under load) and nowhere else."""
+    return re.sub(r"(?m)^wall time .*$", "wall time <measured>", document)
 
 
 def test_no_plan_puts_the_explanation_in_the_output_file(run_cli, tmp_path):
