@@ -53,10 +53,12 @@ class Deadline:
         self.reached = False
 
     @classmethod
-    def for_time_limit(cls, time_limit_s: float) -> Deadline:
+    def for_time_limit(cls, time_limit_s: float, *, spent_s: float = 0.0) -> Deadline:
         """A solve's deadline: the search stops at ``time_limit_s``; the first plan may
-        take half the finishing slack beyond it (a plan a little late beats no plan)."""
-        return cls(time_limit_s, grace_s=finish_slack_s(time_limit_s) / 2)
+        take half the finishing slack beyond it (a plan a little late beats no plan).
+        ``spent_s``: what the request has used of its time limit already (a service
+        decoding its body, inlining what it names, parsing it in the solver process)."""
+        return cls(time_limit_s - spent_s, grace_s=finish_slack_s(time_limit_s) / 2)
 
     @classmethod
     def never(cls) -> Deadline:

@@ -25,6 +25,8 @@ from planner_service.plan.transfers import migration_section
 from planner_service.plan.types import (
     BoundSource,
     Infeasibility,
+    InfeasibilityCode,
+    InfeasibilityReason,
     PlanOptions,
     PlanRequest,
     ShardingPlan,
@@ -40,7 +42,7 @@ from planner_service.solve.cpsat.search import (
     ProgressCallback,
     solve_cpsat,
 )
-from planner_service.solve.deadline import Deadline
+from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.emit import build_plan, rank_io
 from planner_service.solve.explain import explain, memory_reasons
 from planner_service.solve.fixed_costs import (
@@ -99,7 +101,10 @@ def solve(
     deadline = deadline or Deadline.for_time_limit(request.options.time_limit_s)
     report = on_progress or (lambda stage, best, bound: None)
     report("enumerate", None, None)
-    prepared = prepare(request, deadline)
+    try:
+        prepared = prepare(request, deadline)
+    except OutOfTime:
+        return SolveOutcome(None, _unprepared(request), time.perf_counter() - start)
     # The LP is solved in floating point: its "infeasible" is no proof, exact byte totals are.
     if prepared.problem is None or (
         prepared.relaxation_infeasible and memory_reasons(request, prepared.fitted)
@@ -180,6 +185,24 @@ def solve(
     return SolveOutcome(plan, None, time.perf_counter() - start, search.details, io)
 
 
+def _unprepared(request: PlanRequest) -> Infeasibility:
+    """No plan because the time limit ended before the problem was even built: say so with
+    the numbers, at once (explaining would need the same preparation)."""
+    options = request.options
+    reason = InfeasibilityReason(
+        code=InfeasibilityCode.TIMED_OUT,
+        message=(
+            f"preparing the request's {len(request.tables)} tables on "
+            f"{request.topology.world_size} ranks (enumerating, pricing and fitting their "
+            f"sharding options) did not finish within options.time_limit_s = "
+            f"{options.time_limit_s:g} s, so no plan was searched for; give a longer "
+            "time_limit_s, fewer tables (or tables that share shapes), or plan it with "
+            "`shardplan plan`, which a service's limit does not bound"
+        ),
+    )
+    return Infeasibility(status=SolverStatus.NO_SOLUTION_IN_TIME, reasons=[reason])
+
+
 def _restricted_variants(
     request: PlanRequest,
     options: PlanOptions,
@@ -191,7 +214,11 @@ def _restricted_variants(
     variants = []
     for i, excluded in enumerate(exclusions):
         own = deadline.share(1.0 / (len(exclusions) - i))
-        prepared = prepare(request, own, exclude=excluded)
+        try:
+            prepared = prepare(request, own, exclude=excluded)
+        except OutOfTime:  # fewer variants only weaken the bound (``fixed_costs.py``)
+            deadline.reached = True
+            break
         if prepared.problem is None:  # some table has only excluded types
             variants.append(Variant(excluded, None, None))
             continue

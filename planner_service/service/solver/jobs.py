@@ -38,11 +38,10 @@ from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.api import SolveJob, SolveJobStatus
-from planner_service.plan.canonical import canonical_bytes
-from planner_service.plan.codec import parse_request
-from planner_service.plan.types import PlanRequest, gap
+from planner_service.plan.types import gap
 from planner_service.service.http import metrics
 from planner_service.service.http.problems import ProblemError
+from planner_service.service.solver.decoded import DecodedRequest
 from planner_service.service.solver.pool import (
     ShuttingDownError,
     SolveProgress,
@@ -170,24 +169,22 @@ class SolveJobs:
 
     # ------------------------------------------------------------------ submit
 
-    async def submit(self, request: PlanRequest, request_hash: str) -> SolveJob:
-        """The job for ``request``: done at once when its plan is stored, else started
-        here unless it is running somewhere already, else queued in the store until a
-        process has room. 503 when the queue is full: an accepted job runs."""
+    async def submit(self, request: DecodedRequest) -> SolveJob:
+        """The job for ``request`` (its references inlined): done at once when its plan is
+        stored, else started here unless it is running somewhere already, else queued in
+        the store until a process has room. 503 when the queue is full: an accepted job
+        runs."""
         try:
-            return await self._submit(request, request_hash)
+            return await self._submit(request)
         except JobQueueFullError as error:
             metrics.REJECTED.inc()
             raise unavailable(self._queue_full(error)) from None
 
-    async def _submit(self, request: PlanRequest, request_hash: str) -> SolveJob:
+    async def _submit(self, request: DecodedRequest) -> SolveJob:
+        request_hash = request.request_hash
         job_id = job_id_for(request_hash)
         new = NewSolve(
-            job_id,
-            request_hash,
-            PLANNER_VERSION,
-            canonical_bytes(request),
-            request.options.time_limit_s,
+            job_id, request_hash, PLANNER_VERSION, request.document, request.time_limit_s
         )
         store = self.state.store()
         existing = await self.state.plan_for_request(request_hash)
@@ -241,23 +238,24 @@ class SolveJobs:
             )
         )
 
-    def _begin(self, row: StoredSolve, request: PlanRequest | None) -> None:
+    def _begin(self, row: StoredSolve, request: DecodedRequest | None) -> None:
         key = "plan:" + row.request_hash
         running = _Running(row, key)
         self._running[row.job_id] = running
         self._by_key[key] = row.job_id
         running.task = asyncio.create_task(self._solve(running, request))
 
-    async def _solve(self, running: _Running, request: PlanRequest | None) -> None:
+    async def _solve(self, running: _Running, request: DecodedRequest | None) -> None:
         job_id = running.row.job_id
+        row = running.row
         try:
             if await self._stored_meanwhile(running):
                 return
-            if request is None:  # resumed: the request is in the store
+            if request is None:  # resumed: the request is in the store, whole and canonical
                 document = await run_in_threadpool(self.state.store().jobs.request, job_id)
                 assert document is not None
-                request = await asyncio.to_thread(_parse_stored, document)
-            result, _ = await solve_and_store(self.state, request, running.row.request_hash)
+                request = DecodedRequest.stored(document, row.request_hash, row.time_limit_s)
+            result, _ = await solve_and_store(self.state, request.restarted())
             if result.plan is not None:
                 report = await asyncio.to_thread(_solver_report, result.plan)
                 await self._end(
@@ -473,10 +471,6 @@ def _solver_report(plan: bytes) -> tuple[float, float]:
     """A stored plan's objective and lower bound (read as JSON: it was just validated)."""
     solver = json.loads(plan)["solver"]
     return float(solver["objective"]), float(solver["lower_bound"])
-
-
-def _parse_stored(document: bytes) -> PlanRequest:
-    return parse_request(document, source="stored request")
 
 
 def _stage_text(stage: SolveStage | None) -> str | None:
