@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pydantic import ValidationError
 
 from planner_service.plan.canonical import canonical_bytes
-from planner_service.plan.codec import parse_plan, parse_profile, parse_request, request_hash
+from planner_service.plan.codec import parse_plan, parse_profile, request_hash
 from planner_service.plan.errors import InputError, problems_from_validation_error
 from planner_service.plan.types import DeviceProfile, PlanOptions, PlanRequest
 from planner_service.service.http.limits import decode_plan_request
@@ -70,7 +70,15 @@ def decode(body: bytes, settings: Settings, received_at: float) -> DecodedReques
 
 def parse(decoded: DecodedRequest) -> PlanRequest:
     """Runs in a CPU-lane worker: the request itself, for work that needs more than bytes."""
-    return parse_request(decoded.document, source="body")
+    return request_of(decoded.document)
+
+
+def request_of(document: bytes) -> PlanRequest:
+    """The request in canonical bytes this service made from one it decoded and checked
+    (``decode``; a job's stored request), read in one pass: ``parse_request``'s first pass
+    looks for duplicate keys and deep nesting, which canonical bytes cannot have, and took
+    a quarter of the 2.0 s that reading a 19 MiB request of 100,000 tables took."""
+    return PlanRequest.model_validate_json(document)
 
 
 def inline(

@@ -7,8 +7,9 @@ outlive the HTTP connection and the service process that started them.
   request share one solve.
 - Each job is a row of the store's ``solves`` table: the request, status, progress and a
   lease (``owner``, ``heartbeat_at``). The process solving it renews the lease every
-  ``job_lease_s / 3`` and records progress at most once a second; the progress itself
-  comes from the solver process (``SolvePool.progress``).
+  ``job_lease_s / 3`` from a thread of its own (``leases.py``) and records progress at most
+  once a second; the progress itself comes from the solver process
+  (``SolvePool.progress``).
 - A row still queued or running whose lease lapsed belongs to a process that is gone
   (killed, restarted, its host lost): any service process takes it over (``claim_solve``,
   atomic) and solves it again from the stored request, on start, every ``job_lease_s / 3``
@@ -42,6 +43,7 @@ from planner_service.plan.types import gap
 from planner_service.service.http import metrics
 from planner_service.service.http.problems import ProblemError
 from planner_service.service.solver.decoded import DecodedRequest
+from planner_service.service.solver.leases import LeaseKeeper
 from planner_service.service.solver.pool import (
     ShuttingDownError,
     SolveProgress,
@@ -112,6 +114,12 @@ class SolveJobs:
         self._sweeper: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()  # set: sweep now (a place in the pool is free)
+        settings = state.settings
+        self.leases = LeaseKeeper(
+            self._renew,
+            interval_s=self.lease_s / 3,
+            stall_limit_s=settings.max_time_limit_s + settings.solve_grace_s + self.lease_s,
+        )
 
     @property
     def lease_s(self) -> float:
@@ -121,6 +129,11 @@ class SolveJobs:
 
     def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep_forever())
+        self.leases.start()
+
+    def _renew(self) -> None:
+        """The lease keeper's call, in its thread: renew every lease this process holds."""
+        self.state.store().jobs.renew(self.owner, _stamp(_now()))
 
     async def stop(self) -> None:
         """Stop solving (the pool is about to be shut down) and let this process's leases
@@ -130,6 +143,7 @@ class SolveJobs:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, *self._writes, return_exceptions=True)
+        await asyncio.to_thread(self.leases.stop)
         if had_jobs:
             with contextlib.suppress(StoreUnavailableError):
                 await run_in_threadpool(self.state.store().jobs.release, self.owner)
@@ -243,6 +257,7 @@ class SolveJobs:
         running = _Running(row, key)
         self._running[row.job_id] = running
         self._by_key[key] = row.job_id
+        self.leases.hold()
         running.task = asyncio.create_task(self._solve(running, request))
 
     async def _solve(self, running: _Running, request: DecodedRequest | None) -> None:
@@ -277,6 +292,7 @@ class SolveJobs:
             problem = ProblemError(500, "the job failed; the traceback is in the server log")
             await self._end(job_id, SolveJobStatus.FAILED, running, problem=problem)
         finally:
+            self.leases.drop()
             self._running.pop(job_id, None)
             self._by_key.pop(running.key, None)
             self.state.pool.release(running.key)
@@ -356,8 +372,10 @@ class SolveJobs:
     # ------------------------------------------------------------------ resume
 
     async def _sweep_forever(self) -> None:
-        """Sweep every lease/3, and at once when one of this process's jobs ends."""
+        """Sweep every lease/3, and at once when one of this process's jobs ends; each
+        sweep shows the lease keeper that the event loop is alive."""
         while True:
+            self.leases.beat()
             try:
                 await self.sweep()
             except StoreUnavailableError as error:
@@ -367,11 +385,9 @@ class SolveJobs:
             self._wake.clear()
 
     async def sweep(self) -> None:
-        """Renew this process's leases, then take jobs waiting in the queue and jobs whose
-        leases lapsed, oldest first, as many as the pool has room for."""
+        """Take jobs waiting in the queue and jobs whose leases lapsed, oldest first, as
+        many as the pool has room for (this process's own leases are the keeper's)."""
         store = self.state.store()
-        if self._running:
-            await run_in_threadpool(store.jobs.renew, self.owner, _stamp(_now()))
         room = self.state.pool.capacity - self.state.pool.depth
         if room <= 0:
             return

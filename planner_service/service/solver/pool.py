@@ -174,7 +174,9 @@ def run_solver_process(connection: Connection, service_pid: int) -> None:
     # well as the service: the service decides when a solve ends (it SIGKILLs us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    import planner_service.solve.pipeline  # noqa: F401  (warm: the first solve does not pay for it)
+    # Warm: the first solve does not pay for these imports.
+    import planner_service.service.solver.decoded  # noqa: F401
+    import planner_service.solve.pipeline  # noqa: F401
 
     with contextlib.suppress(EOFError, OSError):
         connection.send(READY)
@@ -232,12 +234,13 @@ def solve_document(
 ) -> SolveResult:
     """Runs in a solver process: parse (already validated by the API) and solve, in what is
     left of the time limit once the service's ``spent_s`` and the parse are taken off."""
-    from planner_service.plan.codec import parse_request, plan_bytes
+    from planner_service.plan.codec import plan_bytes
+    from planner_service.service.solver.decoded import request_of
     from planner_service.solve.deadline import Deadline
     from planner_service.solve.pipeline import solve
 
     started = time.monotonic()
-    request = parse_request(request_document)
+    request = request_of(request_document)
     spent_s += time.monotonic() - started
     deadline = Deadline.for_time_limit(request.options.time_limit_s, spent_s=spent_s)
     outcome = solve(request, on_progress=on_progress, deadline=deadline)
