@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 # What a solve may run past its time limit: max(5%, 0.25 s). Sealing the plan happens in
 # this slack, so the search itself stops at the limit.
@@ -33,6 +34,23 @@ def finish_slack_s(time_limit_s: float) -> float:
     return max(FINISH_SLACK_FRACTION * time_limit_s, FINISH_SLACK_MIN_S)
 
 
+@dataclass(frozen=True)
+class AfterSolve:
+    """What the caller of ``solve`` does with the plan before its user has the answer
+    (writing it to a file, storing and sending it), in seconds per shard and per table of
+    the plan: the search stops that much earlier, as it does for sealing the plan, so the
+    answer is out within the time limit. Figures are the callers' measured estimates."""
+
+    s_per_shard: float = 0.0
+    s_per_table: float = 0.0
+
+    def time_s(self, shards: int, tables: int) -> float:
+        return shards * self.s_per_shard + tables * self.s_per_table
+
+
+NOTHING_AFTER = AfterSolve()
+
+
 class OutOfTime(Exception):
     """A stage ran out of time while building its model, before it had anything to give."""
 
@@ -46,19 +64,25 @@ class Deadline:
         *,
         grace_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        after: AfterSolve = NOTHING_AFTER,
     ) -> None:
         self._clock = clock
         self._end = clock() + max(0.0, seconds)
         self._grace_s = grace_s
+        self.after = after
         self.reached = False
 
     @classmethod
-    def for_time_limit(cls, time_limit_s: float, *, spent_s: float = 0.0) -> Deadline:
+    def for_time_limit(
+        cls, time_limit_s: float, *, spent_s: float = 0.0, after: AfterSolve = NOTHING_AFTER
+    ) -> Deadline:
         """A solve's deadline: the search stops at ``time_limit_s``; the first plan may
         take half the finishing slack beyond it (a plan a little late beats no plan).
-        ``spent_s``: what the request has used of its time limit already (a service
-        decoding its body, inlining what it names, parsing it in the solver process)."""
-        return cls(time_limit_s - spent_s, grace_s=finish_slack_s(time_limit_s) / 2)
+        ``spent_s``: what the answer has used of its time limit already (a command's
+        imports and reading its request; a service reading and decoding the body, inlining
+        what it names, parsing it in the solver process). ``after``: what the caller
+        does with the plan once ``solve`` returns it."""
+        return cls(time_limit_s - spent_s, grace_s=finish_slack_s(time_limit_s) / 2, after=after)
 
     @classmethod
     def never(cls) -> Deadline:
@@ -113,7 +137,7 @@ class Deadline:
         ``reached``."""
         if math.isinf(self._end):
             return self
-        return Deadline(self.remaining_s() * fraction, clock=self._clock)
+        return Deadline(self.remaining_s() * fraction, clock=self._clock, after=self.after)
 
     def note_stop(self, limit_s: float, wall_s: float) -> None:
         """Record a stage that ran ``wall_s`` under a wall-clock limit of ``limit_s``: if it

@@ -18,6 +18,7 @@ from planner_service.plan.api import CheckGates, CheckResult
 from planner_service.plan.codec import parse_plan
 from planner_service.plan.types import ComputeKernel, Infeasibility, PlanRequest
 from planner_service.service.deps import State, reader
+from planner_service.service.http.clock import received_at
 from planner_service.service.http.openapi import REQUEST_EXAMPLE, json_body
 from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
 from planner_service.service.plan_ids import Where, resolve_plan_id
@@ -93,7 +94,7 @@ async def check(
         raise _bad_query("max_regression", str(max_regression), "needs baseline to compare with")
     # Decoding, inlining, the report and the baseline's plan take time in proportion to
     # the request and the plans: all in the CPU lane, never on the event loop.
-    request = await decode_request(state, await http_request.body())
+    request = await decode_request(state, await http_request.body(), received_at(http_request))
     # The report prices the plan, so it needs the profile a request names by id.
     request = await with_stored_references(state, request)
     chosen = await _baseline(state, baseline) if baseline is not None else None

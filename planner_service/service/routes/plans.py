@@ -23,6 +23,7 @@ from planner_service.service.deps import (
     Writer,
     reader,
 )
+from planner_service.service.http.clock import received_at
 from planner_service.service.http.fetch import (
     PLAN_ROUTE,
     PreparedResponse,
@@ -85,7 +86,7 @@ async def create_plan(
     it with GET /v1/solves/{job_id} or its event stream. A job whose plan is stored
     already is done in that answer."""
     del actor
-    request = await decode_request(state, await http_request.body())
+    request = await decode_request(state, await http_request.body(), received_at(http_request))
     if respond_async:
         # An unknown previous plan or profile is a 422 now, not a failed job; and the job's
         # stored request holds them itself, so a restarted solve needs nothing else.
