@@ -55,12 +55,12 @@ def explain(
 ) -> Infeasibility:
     """The reasons, then the smallest fixes found before the deadline (a fix search cut
     short says how far it got: ``min_world_size_searched_up_to``; one cut short while it
-    was still preparing its request claims nothing). Past the deadline's grace the memory
-    totals are skipped too: on 100,000 distinct tables they take seconds, and the answer is
-    due."""
+    was still preparing its request claims nothing). Past the deadline's finishing slack
+    the memory totals are skipped too (``Deadline.overrun``): on 100,000 distinct tables
+    they take seconds, and the answer is due."""
     deadline = deadline or Deadline.never()
     reasons = [_table_reason(p) for p in table_problems]
-    if not deadline.past_grace():
+    if not deadline.overrun():
         reasons += memory_reasons(request, fitted)
     if not reasons:
         reasons.append(_fallback_reason(request, status))

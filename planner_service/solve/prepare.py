@@ -53,12 +53,14 @@ def prepare(
     for the LP, the problem comes with the simple bounds only. ``exclude``: sharding types
     no table may take (the calibrated model's plans without a type's fixed cost); when
     that leaves a table without options, there is no problem (and no table problem).
-    Raises ``OutOfTime`` when the deadline passes before the problem and its simple bounds
-    are built: without them there is nothing to search, and on 100,000 distinct tables
-    they alone take minutes."""
+    Raises ``OutOfTime`` when the deadline is passed by more than its finishing slack
+    before the problem and its simple bounds are built (``Deadline.preparation_check``):
+    without them there is nothing to search, and on 100,000 distinct tables they alone
+    take minutes."""
     deadline = deadline or Deadline.never()
-    enumerated = enumerate_options(request, on_table=deadline.check)
-    fitted = fit_options(request, enumerated, on_table=deadline.check)
+    check = deadline.preparation_check()
+    enumerated = enumerate_options(request, on_table=check)
+    fitted = fit_options(request, enumerated, on_table=check)
     if fitted.problems:
         return Prepared(fitted.problems, fitted=fitted)
     tables = without_equivalents(fitted.tables, request, deadline)

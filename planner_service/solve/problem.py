@@ -224,13 +224,14 @@ def without_equivalents(
     """Drop options that cost exactly what a freer option of the table costs (decided once
     per distinct option tuple: tables of one shape share them). Under the calibrated model
     two sharding types are alike only if their fixed costs are too. Raises ``OutOfTime``
-    once ``deadline`` passes."""
+    once ``deadline`` is passed by its slack (``Deadline.preparation_check``)."""
     deadline = deadline or Deadline.never()
     decided: dict[tuple[int, ...], tuple[ShardingOption, ...]] = {}
     fixed = {kind: fixed_perf(request, (kind,)).total for kind in ShardingType}
     result = []
+    check = deadline.preparation_check()
     for entry in tables:
-        deadline.check()
+        check()
         key = tuple(map(id, entry.options))
         if key not in decided:
             decided[key] = _distinct_options(entry.options, request.topology, fixed)

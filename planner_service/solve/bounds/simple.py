@@ -28,11 +28,13 @@ class LowerBound:
 
 def simple_bounds(problem: Problem, deadline: Deadline | None = None) -> list[LowerBound]:
     """Both bounds; pricing every option takes seconds on 100,000 distinct tables, so this
-    raises ``OutOfTime`` once ``deadline`` passes."""
+    raises ``OutOfTime`` once ``deadline`` is passed by its slack
+    (``Deadline.preparation_check``)."""
     deadline = deadline or Deadline.never()
     least_work, largest = [], []
+    check = deadline.preparation_check()
     for t in problem.tables:
-        deadline.check()
+        check()
         least_work.append(min(problem.costs(o).work for o in t.options))
         largest.append(min(problem.costs(o).largest_shard for o in t.options))
     return [
