@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,13 +65,24 @@ CUDA_FUSED_KERNELS = (ComputeKernel.FUSED, ComputeKernel.FUSED_UVM, ComputeKerne
 # --------------------------------------------------------------------------- enumerate
 
 
-def enumerate_options(request: PlanRequest) -> list[TableOptions]:
-    """Every option the constraints allow for every table, in request order, estimated."""
+def enumerate_options(
+    request: PlanRequest, *, on_table: Callable[[], None] | None = None
+) -> list[TableOptions]:
+    """Every option the constraints allow for every table, in request order, estimated.
+    ``on_table`` is called before each table: a solve's deadline check, which raises to
+    stop (100,000 tables of distinct shapes take minutes, longer than a time limit)."""
     builder = _OptionBuilder(request)
-    return [
-        TableOptions(table, builder.options_for(table, request.constraints.for_table(table.name)))
-        for table in request.tables
-    ]
+    check = on_table or _no_check
+    result = []
+    for table in request.tables:
+        check()
+        options = builder.options_for(table, request.constraints.for_table(table.name))
+        result.append(TableOptions(table, options))
+    return result
+
+
+def _no_check() -> None:
+    """No deadline: enumerate everything."""
 
 
 class _OptionBuilder:
@@ -268,14 +279,22 @@ class FitResult:
     capacities: list[Capacity]
 
 
-def fit_options(request: PlanRequest, tables: list[TableOptions]) -> FitResult:
-    """Drop options that no allowed rank could hold, even alone; report emptied tables."""
+def fit_options(
+    request: PlanRequest,
+    tables: list[TableOptions],
+    *,
+    on_table: Callable[[], None] | None = None,
+) -> FitResult:
+    """Drop options that no allowed rank could hold, even alone; report emptied tables.
+    ``on_table``: as for ``enumerate_options``."""
+    check = on_table or _no_check
     capacities = usable_capacity(request.topology, request.constraints)
     kept, problems = [], []
     # Tables of one shape share option objects, so their fit is decided once per shape.
     decided: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[ShardingOption, ...]] = {}
     checkers: dict[tuple[int, ...], _FitChecker] = {}  # one per set of pinned ranks
     for entry in tables:
+        check()
         pinned = request.constraints.for_table(entry.table.name).ranks
         key = (tuple(map(id, entry.options)), tuple(pinned or ()))
         options = decided.get(key)

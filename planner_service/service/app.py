@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from planner_service import __version__
+from planner_service.service.http.clock import RequestClock
 from planner_service.service.http.fetch import PlanFetchFastPath
 from planner_service.service.http.limits import BodyLimitMiddleware
 from planner_service.service.http.metrics import QUEUE_DEPTH, SOLVE_SECONDS, MetricsMiddleware
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     document_raw_bodies(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(RequestClock)  # added last: outermost, so it stamps first
     return app
 
 

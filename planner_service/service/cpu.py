@@ -26,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import ParamSpec, TypeVar
 
 from planner_service.service.http.problems import ProblemError
-from planner_service.service.processes import die_with_parent
+from planner_service.service.processes import CPU_WORKER_NAME, die_with_parent, name_process
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -41,10 +41,15 @@ def _start_worker(service_pid: int) -> None:
     see solver/pool.py), leave Ctrl-C and SIGTERM to the service, and import what the work
     needs once, not on its first call."""
     die_with_parent(service_pid)
+    name_process(CPU_WORKER_NAME)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import planner_service.service.pages.plan  # noqa: F401
     import planner_service.validate.validator  # noqa: F401
+
+
+def _ready() -> None:
+    """Nothing: a call that makes the pool start a worker."""
 
 
 class CpuLane:
@@ -63,8 +68,10 @@ class CpuLane:
         return self._admitted
 
     def start(self) -> None:
-        """Ready the pool; processes start on the first calls, from the event loop's thread
-        (the one their PR_SET_PDEATHSIG ties them to), which lives as long as the service."""
+        """Ready the pool and start its processes now, from the event loop's thread (the
+        one their PR_SET_PDEATHSIG ties them to), which lives as long as the service: every
+        plan request is decoded here, and a worker's start (a second or two of imports on a
+        loaded machine) would otherwise count against the first requests' time limits."""
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 self.workers,
@@ -72,6 +79,8 @@ class CpuLane:
                 initializer=_start_worker,
                 initargs=(os.getpid(),),
             )
+            for _ in range(self.workers):  # a spawn pool starts a process per waiting call
+                self._executor.submit(_ready)
 
     def shutdown(self, *, wait: bool = True) -> None:
         """Stop the workers: calls not started are cancelled, running ones end first. With
@@ -87,8 +96,8 @@ class CpuLane:
     async def run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``function(*args, **kwargs)`` in a worker; its exceptions are raised here."""
         if self._admitted >= self.capacity:
-            raise _busy(f"{self.capacity} CPU-bound requests (validations, plan pages) are "
-                        "already running or queued here")  # fmt: skip
+            raise _busy(f"{self.capacity} CPU-bound requests (decoding, validations, plan "
+                        "pages) are already running or queued here")  # fmt: skip
         self._admitted += 1
         try:
             await self._slots.acquire()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 # What a solve may run past its time limit: max(5%, 0.25 s). Sealing the plan happens in
 # this slack, so the search itself stops at the limit.
@@ -26,11 +27,31 @@ FINISH_SLACK_MIN_S = 0.25
 # A wall-clock limit this close to the deadline counts as the deadline: CP-SAT and GLOP
 # stop on it a little early or late.
 EXPIRY_TOLERANCE_S = 0.002
+# Preparing a problem looks at the clock once per this many tables: on 100,000 tables of
+# distinct shapes (1 to 2 ms each) about once a second, and never on a request of fewer.
+PREPARATION_CHECK_EVERY = 512
 
 
 def finish_slack_s(time_limit_s: float) -> float:
     """How far past ``time_limit_s`` a solve may end: max(5%, 0.25 s)."""
     return max(FINISH_SLACK_FRACTION * time_limit_s, FINISH_SLACK_MIN_S)
+
+
+@dataclass(frozen=True)
+class AfterSolve:
+    """What the caller of ``solve`` does with the plan before its user has the answer
+    (writing it to a file, storing and sending it), in seconds per shard and per table of
+    the plan: the search stops that much earlier, as it does for sealing the plan, so the
+    answer is out within the time limit. Figures are the callers' measured estimates."""
+
+    s_per_shard: float = 0.0
+    s_per_table: float = 0.0
+
+    def time_s(self, shards: int, tables: int) -> float:
+        return shards * self.s_per_shard + tables * self.s_per_table
+
+
+NOTHING_AFTER = AfterSolve()
 
 
 class OutOfTime(Exception):
@@ -46,17 +67,25 @@ class Deadline:
         *,
         grace_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        after: AfterSolve = NOTHING_AFTER,
     ) -> None:
         self._clock = clock
         self._end = clock() + max(0.0, seconds)
         self._grace_s = grace_s
+        self.after = after
         self.reached = False
 
     @classmethod
-    def for_time_limit(cls, time_limit_s: float) -> Deadline:
+    def for_time_limit(
+        cls, time_limit_s: float, *, spent_s: float = 0.0, after: AfterSolve = NOTHING_AFTER
+    ) -> Deadline:
         """A solve's deadline: the search stops at ``time_limit_s``; the first plan may
-        take half the finishing slack beyond it (a plan a little late beats no plan)."""
-        return cls(time_limit_s, grace_s=finish_slack_s(time_limit_s) / 2)
+        take half the finishing slack beyond it (a plan a little late beats no plan).
+        ``spent_s``: what the answer has used of its time limit already (a command's
+        imports and reading its request; a service reading and decoding the body, inlining
+        what it names, parsing it in the solver process). ``after``: what the caller
+        does with the plan once ``solve`` returns it."""
+        return cls(time_limit_s - spent_s, grace_s=finish_slack_s(time_limit_s) / 2, after=after)
 
     @classmethod
     def never(cls) -> Deadline:
@@ -93,6 +122,31 @@ class Deadline:
         if self.expired():
             raise OutOfTime
 
+    def preparation_check(self) -> Callable[[], None]:
+        """For preparing the problem (enumerating, fitting, pricing every table), which
+        any plan needs: a check to call once per table that raises ``OutOfTime`` only once
+        the deadline has passed by more than the finishing slack, max(twice the grace,
+        ``FINISH_SLACK_MIN_S``). A small request past its deadline is still prepared and
+        gets its (late) plan; 100,000 tables of distinct shapes, which take minutes, stop
+        within the slack. The clock is read every ``PREPARATION_CHECK_EVERY`` tables."""
+        calls = 0
+
+        def check() -> None:
+            nonlocal calls
+            calls += 1
+            if calls % PREPARATION_CHECK_EVERY == 0 and self.overrun():
+                raise OutOfTime
+
+        return check
+
+    def overrun(self) -> bool:
+        """Whether the deadline has passed by more than the finishing slack, max(twice
+        the grace, ``FINISH_SLACK_MIN_S``): what must be done for any answer stops then."""
+        if self._clock() > self._end + max(2 * self._grace_s, FINISH_SLACK_MIN_S):
+            self.reached = True
+            return True
+        return False
+
     def past_grace(self) -> bool:
         """Whether even the grace for a first plan has run out (see ``for_time_limit``)."""
         if self._end + self._grace_s - self._clock() <= EXPIRY_TOLERANCE_S:
@@ -111,7 +165,7 @@ class Deadline:
         ``reached``."""
         if math.isinf(self._end):
             return self
-        return Deadline(self.remaining_s() * fraction, clock=self._clock)
+        return Deadline(self.remaining_s() * fraction, clock=self._clock, after=self.after)
 
     def note_stop(self, limit_s: float, wall_s: float) -> None:
         """Record a stage that ran ``wall_s`` under a wall-clock limit of ``limit_s``: if it

@@ -37,7 +37,7 @@ from planner_service.plan.types import (
 )
 from planner_service.plan.units import size
 from planner_service.plan.variants import resized
-from planner_service.solve.deadline import Deadline
+from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.prepare import prepare, warm_start
 
 MAX_WORLD_SIZE_SEARCH = 65_536
@@ -54,17 +54,28 @@ def explain(
     fitted: FitResult | None = None,
 ) -> Infeasibility:
     """The reasons, then the smallest fixes found before the deadline (a fix search cut
-    short says how far it got: ``min_world_size_searched_up_to``)."""
+    short says how far it got: ``min_world_size_searched_up_to``; one cut short while it
+    was still preparing its request claims nothing). Past the deadline's finishing slack
+    the memory totals are skipped too (``Deadline.overrun``): on 100,000 distinct tables
+    they take seconds, and the answer is due."""
     deadline = deadline or Deadline.never()
     reasons = [_table_reason(p) for p in table_problems]
-    reasons += memory_reasons(request, fitted)
+    if not deadline.overrun():
+        reasons += memory_reasons(request, fitted)
     if not reasons:
         reasons.append(_fallback_reason(request, status))
-    sizes = _world_size_fix(request, deadline)
+    try:
+        sizes = _world_size_fix(request, deadline)
+    except OutOfTime:
+        sizes = WorldSizeSearch(None)
+    try:
+        caching = _caching_fix(request, deadline)
+    except OutOfTime:
+        caching = {}
     fixes = SmallestFixes(
         min_world_size=sizes.min_world_size,
         min_world_size_searched_up_to=sizes.searched_up_to,
-        **_caching_fix(request, deadline),
+        **caching,
     )
     return Infeasibility(status=status, reasons=reasons, fixes=fixes)
 
@@ -405,7 +416,8 @@ def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
     if not relaxed_names:
         return {}
     relaxed = parse_request(canonical_bytes(data))
-    before = {p.table for p in fit_options(request, enumerate_options(request)).problems}
+    enumerated = enumerate_options(request, on_table=deadline.check)
+    before = {p.table for p in fit_options(request, enumerated, on_table=deadline.check).problems}
     prepared = prepare(relaxed, deadline)
     choices = None
     if prepared.problem is not None:
@@ -422,6 +434,7 @@ def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
             is ComputeKernel.FUSED_UVM_CACHING
         ]
         return {"tables_fit_with_uvm_caching": sorted(chosen), "uvm_caching_makes_it_fit": True}
-    after = {p.table for p in fit_options(relaxed, enumerate_options(relaxed)).problems}
+    enumerated = enumerate_options(relaxed, on_table=deadline.check)
+    after = {p.table for p in fit_options(relaxed, enumerated, on_table=deadline.check).problems}
     helped = sorted((before - after) & set(relaxed_names))
     return {"tables_fit_with_uvm_caching": helped, "uvm_caching_makes_it_fit": False}

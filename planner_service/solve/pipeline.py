@@ -25,6 +25,8 @@ from planner_service.plan.transfers import migration_section
 from planner_service.plan.types import (
     BoundSource,
     Infeasibility,
+    InfeasibilityCode,
+    InfeasibilityReason,
     PlanOptions,
     PlanRequest,
     ShardingPlan,
@@ -40,7 +42,7 @@ from planner_service.solve.cpsat.search import (
     ProgressCallback,
     solve_cpsat,
 )
-from planner_service.solve.deadline import Deadline
+from planner_service.solve.deadline import AfterSolve, Deadline, OutOfTime
 from planner_service.solve.emit import build_plan, rank_io
 from planner_service.solve.explain import explain, memory_reasons
 from planner_service.solve.fixed_costs import (
@@ -99,7 +101,10 @@ def solve(
     deadline = deadline or Deadline.for_time_limit(request.options.time_limit_s)
     report = on_progress or (lambda stage, best, bound: None)
     report("enumerate", None, None)
-    prepared = prepare(request, deadline)
+    try:
+        prepared = prepare(request, deadline)
+    except OutOfTime:
+        return SolveOutcome(None, _unprepared(request), time.perf_counter() - start)
     # The LP is solved in floating point: its "infeasible" is no proof, exact byte totals are.
     if prepared.problem is None or (
         prepared.relaxation_infeasible and memory_reasons(request, prepared.fitted)
@@ -146,7 +151,7 @@ def solve(
         kept = kept_choices(search.problem, moves)
         fastest = _best(search.problem, candidates)[0]
         # Sealing, and counting the moves of the plan chosen, come after it.
-        after_search.reserve(2 * _seal_time_s(search.problem, fastest))
+        after_search.reserve(2 * _seal_time_s(search.problem, deadline.after, fastest))
         candidates.append(
             revert_towards_previous(search.problem, moves, fastest, kept, after_search)
         )
@@ -180,6 +185,25 @@ def solve(
     return SolveOutcome(plan, None, time.perf_counter() - start, search.details, io)
 
 
+def _unprepared(request: PlanRequest) -> Infeasibility:
+    """No plan because the time limit ended before the problem was even built: say so with
+    the numbers, at once (explaining would need the same preparation)."""
+    options = request.options
+    reason = InfeasibilityReason(
+        code=InfeasibilityCode.TIMED_OUT,
+        message=(
+            f"preparing the request's {len(request.tables)} tables on "
+            f"{request.topology.world_size} ranks (enumerating, pricing and fitting their "
+            f"sharding options) did not finish within options.time_limit_s = "
+            f"{options.time_limit_s:g} s, which counts from the command's start or the "
+            "request's arrival (imports, reading and decoding the request too), so no plan "
+            "was searched for; give a longer time_limit_s, or fewer tables (or tables that "
+            "share shapes)"
+        ),
+    )
+    return Infeasibility(status=SolverStatus.NO_SOLUTION_IN_TIME, reasons=[reason])
+
+
 def _restricted_variants(
     request: PlanRequest,
     options: PlanOptions,
@@ -191,7 +215,11 @@ def _restricted_variants(
     variants = []
     for i, excluded in enumerate(exclusions):
         own = deadline.share(1.0 / (len(exclusions) - i))
-        prepared = prepare(request, own, exclude=excluded)
+        try:
+            prepared = prepare(request, own, exclude=excluded)
+        except OutOfTime:  # fewer variants only weaken the bound (``fixed_costs.py``)
+            deadline.reached = True
+            break
         if prepared.problem is None:  # some table has only excluded types
             variants.append(Variant(excluded, None, None))
             continue
@@ -228,7 +256,8 @@ class _Search:
         relaxation's, and CP-SAT's."""
         report("warm start", None, best_bound(self.bounds).value)
         # Sealing the plan takes time that grows with its shards: kept once a plan exists.
-        warm = warm_start(self.prepared, self.deadline, partial(_seal_time_s, self.problem))
+        seal = partial(_seal_time_s, self.problem, self.deadline.after)
+        warm = warm_start(self.prepared, self.deadline, seal)
         if self.prepared.relaxation_infeasible:  # a bug in the LP, not a proof: search on
             self.details["lp_relaxation"] = "infeasible"
             log.warning("the LP relaxation found no solution, but the byte totals fit; searching")
@@ -347,10 +376,12 @@ def _best(problem: Problem, candidates: list[list[Choice]]) -> tuple[list[Choice
     return choices, loads
 
 
-def _seal_time_s(problem: Problem, choices: list[Choice]) -> float:
-    """What sealing the plan of ``choices`` will take, by its shard count."""
+def _seal_time_s(problem: Problem, after: AfterSolve, choices: list[Choice]) -> float:
+    """What sealing the plan of ``choices`` will take, by its shard count, and what the
+    caller does with it after (``after``)."""
     shards = sum(
         len(entry.options[c.option].shards)
         for entry, c in zip(problem.tables, choices, strict=True)
     )
-    return shards * SEAL_S_PER_SHARD + len(choices) * SEAL_S_PER_TABLE
+    sealing_s = shards * SEAL_S_PER_SHARD + len(choices) * SEAL_S_PER_TABLE
+    return sealing_s + after.time_s(shards, len(choices))

@@ -63,12 +63,18 @@ def prepare(
     """Enumerate and fit the options, build the problem and bound it. Without time left
     for the LP, the problem comes with the simple bounds only. ``exclude``: sharding types
     no table may take (the calibrated model's plans without a type's fixed cost); when
-    that leaves a table without options, there is no problem (and no table problem)."""
+    that leaves a table without options, there is no problem (and no table problem).
+    Raises ``OutOfTime`` when the deadline is passed by more than its finishing slack
+    before the problem and its simple bounds are built (``Deadline.preparation_check``):
+    without them there is nothing to search, and on 100,000 distinct tables they alone
+    take minutes."""
     deadline = deadline or Deadline.never()
-    fitted = fit_options(request, enumerate_options(request))
+    check = deadline.preparation_check()
+    enumerated = enumerate_options(request, on_table=check)
+    fitted = fit_options(request, enumerated, on_table=check)
     if fitted.problems:
         return Prepared(fitted.problems, fitted=fitted)
-    tables = without_equivalents(fitted.tables, request)
+    tables = without_equivalents(fitted.tables, request, deadline)
     if exclude:  # after dropping equivalents: an excluded type's equal stays out with it
         tables = [
             TableOptions(t.table, tuple(o for o in t.options if o.sharding_type not in exclude))
@@ -78,7 +84,7 @@ def prepare(
             return Prepared([], fitted=fitted)
     problem = Problem(request, tables, fitted.capacities, DeviceClasses.of(request.topology))
     groups = group_tables(problem)
-    bounds = simple_bounds(problem)
+    bounds = simple_bounds(problem, deadline)
     if deadline.expired():
         return Prepared([], problem, groups, bounds, fitted=fitted)
     # The LP and its guides get at most this share of what is left: on thousands of

@@ -17,6 +17,7 @@ from planner_service.costs.calibrated import fixed_perf
 from planner_service.costs.options import DeviceClasses, Placement, ShardingOption, TableOptions
 from planner_service.plan.capacity import Capacity
 from planner_service.plan.types import PlanRequest, ShardingType, Topology
+from planner_service.solve.deadline import Deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,14 +218,20 @@ _PREFERENCE = {
 }
 
 
-def without_equivalents(tables: list[TableOptions], request: PlanRequest) -> list[TableOptions]:
+def without_equivalents(
+    tables: list[TableOptions], request: PlanRequest, deadline: Deadline | None = None
+) -> list[TableOptions]:
     """Drop options that cost exactly what a freer option of the table costs (decided once
     per distinct option tuple: tables of one shape share them). Under the calibrated model
-    two sharding types are alike only if their fixed costs are too."""
+    two sharding types are alike only if their fixed costs are too. Raises ``OutOfTime``
+    once ``deadline`` is passed by its slack (``Deadline.preparation_check``)."""
+    deadline = deadline or Deadline.never()
     decided: dict[tuple[int, ...], tuple[ShardingOption, ...]] = {}
     fixed = {kind: fixed_perf(request, (kind,)).total for kind in ShardingType}
     result = []
+    check = deadline.preparation_check()
     for entry in tables:
+        check()
         key = tuple(map(id, entry.options))
         if key not in decided:
             decided[key] = _distinct_options(entry.options, request.topology, fixed)

@@ -391,6 +391,41 @@ def test_a_job_survives_its_server_killed_mid_solve(backend, request, shardplan_
     assert seen[-1].status is SolveJobStatus.DONE and seen[-1].attempts == 2
 
 
+def test_a_replica_never_resumes_a_job_that_runs_longer_than_its_lease(shardplan_exe, tmp_path):
+    """Two replicas on one store, leases of 1 s, a job of 6 s on the first while it also
+    decodes a 100,000-table check (which once stalled its event loop for seconds), and the
+    second asked about the job all along (a read takes over a lapsed job): the first keeps
+    renewing the lease, so the job runs once and ends there (issue 36, item 6)."""
+    db = str(tmp_path / "plans.db")
+    env = {**LEASE_ENV, "SHARDPLAN_JOB_LEASE_S": "1"}
+    first = Service(shardplan_exe, tmp_path / "log1", db=db, env=env).start()
+    second = Service(shardplan_exe, tmp_path / "log2", db=db, env=env)
+    large = {
+        "topology": {"world_size": 8},
+        "tables": [
+            {"name": f"t{i}", "num_embeddings": 1000 + i, "embedding_dim": 16 * (1 + i % 8)}
+            for i in range(100_000)
+        ],
+        "options": {"time_limit_s": 1.0},
+    }
+    try:
+        second.start()
+        with httpx.Client(base_url=first.base, timeout=120) as http:
+            job_id = http.post("/v1/plans", json=timed_request(31, 6.0), headers=ASYNC).json()[
+                "job_id"
+            ]
+            check = threading.Thread(target=lambda: http.post("/v1/check", json=large))
+            check.start()
+            with httpx.Client(base_url=second.base, timeout=60) as other:
+                job = wait_for(other, job_id, lambda job: job.status.ended or job.attempts > 1)
+            check.join(timeout=120)
+        assert job.status is SolveJobStatus.DONE and job.attempts == 1, job
+        assert "resuming it" not in second.log() + first.log()
+    finally:
+        first.stop()
+        second.stop()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_resumed_job_names_the_plan_a_sync_post_stored_meanwhile(
     backend, request, shardplan_exe, tmp_path

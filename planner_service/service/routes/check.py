@@ -5,6 +5,7 @@ parameters of the CLI options' names."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -14,14 +15,15 @@ from planner_service.check.baseline import Baseline
 from planner_service.check.gates import GateError, apply_gates, check_gates, kernels_of
 from planner_service.check.report import check_report, check_result
 from planner_service.plan.api import CheckGates, CheckResult
-from planner_service.plan.codec import parse_plan, request_hash
+from planner_service.plan.codec import parse_plan
 from planner_service.plan.types import ComputeKernel, Infeasibility, PlanRequest
 from planner_service.service.deps import State, reader
-from planner_service.service.http.limits import decode_plan_request
+from planner_service.service.http.clock import received_at
 from planner_service.service.http.openapi import REQUEST_EXAMPLE, json_body
 from planner_service.service.http.problems import PROBLEM_CONTENT, SOLVE_UNAVAILABLE, ProblemError
 from planner_service.service.plan_ids import Where, resolve_plan_id
-from planner_service.service.solver.references import with_stored_references
+from planner_service.service.solver.decoded import DecodedRequest, parse
+from planner_service.service.solver.references import decode_request, with_stored_references
 from planner_service.service.solver.run import solve_only
 
 router = APIRouter(tags=["plans"])
@@ -90,37 +92,66 @@ async def check(
     )
     if max_regression is not None and baseline is None:
         raise _bad_query("max_regression", str(max_regression), "needs baseline to compare with")
-    request = decode_plan_request(await http_request.body(), state.settings)
+    # Decoding, inlining, the report and the baseline's plan take time in proportion to
+    # the request and the plans: all in the CPU lane, never on the event loop.
+    request = await decode_request(state, await http_request.body(), received_at(http_request))
     # The report prices the plan, so it needs the profile a request names by id.
     request = await with_stored_references(state, request)
     chosen = await _baseline(state, baseline) if baseline is not None else None
-    check_gates(gates, chosen)
-    key = request_hash(request)
-    existing = await state.plan_for_request(key)
+    existing = await state.plan_for_request(request.request_hash)
     if existing is not None:
-        return await state.cpu.run(_check_plan, request, existing[1], gates, chosen, True)
-    result = await solve_only(state, request, key)
-    if result.plan is None:
-        assert result.infeasibility is not None
-        infeasibility = Infeasibility.model_validate_json(result.infeasibility)
-        report = check_report(
-            request, None, infeasibility, max_hbm_utilization=gates.max_hbm_utilization
-        )
-        return check_result(apply_gates(report, request, None, gates, chosen), stored=False)
-    return await state.cpu.run(_check_plan, request, result.plan, gates, chosen, False)
+        return await state.cpu.run(_check, request, _Solved(existing[1]), gates, chosen, True)
+    result = await solve_only(state, request)
+    solved = _Solved(result.plan, result.infeasibility)
+    return await state.cpu.run(_check, request, solved, gates, chosen, False)
 
 
-def _check_plan(
-    request: PlanRequest,
-    plan_document: bytes,
+@dataclass(frozen=True)
+class _Solved:
+    """What the check reports on, as bytes: the plan, or why there is none."""
+
+    plan: bytes | None
+    infeasibility: bytes | None = None
+
+
+@dataclass(frozen=True)
+class _BaselineDocument:
+    """A stored plan to compare with, as bytes, and how the query named it."""
+
+    plan: bytes
+    source: str
+    imported: bool
+
+
+def _check(
+    decoded: DecodedRequest,
+    solved: _Solved,
     gates: CheckGates,
-    baseline: Baseline | None,
+    baseline: _BaselineDocument | None,
     stored: bool,
 ) -> CheckResult:
-    """The check of a plan: work in proportion to world_size, run in a worker process."""
-    plan = parse_plan(plan_document)
-    report = check_report(request, plan, None, max_hbm_utilization=gates.max_hbm_utilization)
-    return check_result(apply_gates(report, request, plan, gates, baseline), stored=stored)
+    """The check of a plan or of its absence, run in a CPU-lane worker: work in proportion
+    to the request and world_size."""
+    request = parse(decoded)
+    chosen = (
+        Baseline(
+            parse_plan(baseline.plan, source="baseline"),
+            baseline.source,
+            imported=baseline.imported,
+        )
+        if baseline
+        else None
+    )
+    check_gates(gates, chosen)
+    plan = parse_plan(solved.plan) if solved.plan is not None else None
+    infeasibility = None
+    if plan is None:
+        assert solved.infeasibility is not None
+        infeasibility = Infeasibility.model_validate_json(solved.infeasibility)
+    report = check_report(
+        request, plan, infeasibility, max_hbm_utilization=gates.max_hbm_utilization
+    )
+    return check_result(apply_gates(report, request, plan, gates, chosen), stored=stored)
 
 
 def _kernels(text: str) -> list[ComputeKernel]:
@@ -130,7 +161,7 @@ def _kernels(text: str) -> list[ComputeKernel]:
         raise _bad_query(error.field, text, str(error)) from None
 
 
-async def _baseline(state: State, text: str) -> Baseline:
+async def _baseline(state: State, text: str) -> _BaselineDocument:
     """The stored plan ``text`` names (an id or a unique prefix of one, or alias:NAME: the
     plan it points at now)."""
     if text.startswith("alias:"):
@@ -144,8 +175,7 @@ async def _baseline(state: State, text: str) -> Baseline:
     responses = await state.plan_responses(plan_id)
     if responses is None:
         raise ProblemError(404, f"query baseline = {text!r}: no plan with this id is stored")
-    plan = parse_plan(responses.bodies.identity, source="baseline")
-    return Baseline(plan, text, imported=responses.imported)
+    return _BaselineDocument(responses.bodies.identity, text, imported=responses.imported)
 
 
 def _bad_query(name: str, value: str, message: str) -> ProblemError:

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from planner_service.plan.api import PlanPage
-from planner_service.plan.codec import parse_plan, parse_request, request_hash
+from planner_service.plan.codec import parse_plan, parse_request
 from planner_service.plan.encodings import ENCODINGS
 from planner_service.plan.types import PlanRequest
 from planner_service.service.deps import (
@@ -23,6 +23,7 @@ from planner_service.service.deps import (
     Writer,
     reader,
 )
+from planner_service.service.http.clock import received_at
 from planner_service.service.http.fetch import (
     PLAN_ROUTE,
     PreparedResponse,
@@ -30,7 +31,6 @@ from planner_service.service.http.fetch import (
     negotiated,
     revalidated,
 )
-from planner_service.service.http.limits import decode_plan_request
 from planner_service.service.http.openapi import (
     REQUEST_EXAMPLE,
     JsonObject,
@@ -58,7 +58,7 @@ from planner_service.service.http.responses import (
 from planner_service.service.importing import import_plan
 from planner_service.service.pages.plan import render_plan_page
 from planner_service.service.plan_ids import AMBIGUOUS
-from planner_service.service.solver.references import with_stored_references
+from planner_service.service.solver.references import decode_request, with_stored_references
 from planner_service.service.solver.run import no_plan, solve_and_store
 
 router = APIRouter(tags=["plans"])
@@ -88,18 +88,17 @@ async def create_plan(
     it with GET /v1/solves/{job_id} or its event stream. A job whose plan is stored
     already is done in that answer."""
     del actor
-    request = decode_plan_request(await http_request.body(), state.settings)
-    key = request_hash(request)
+    request = await decode_request(state, await http_request.body(), received_at(http_request))
     if respond_async:
         # An unknown previous plan or profile is a 422 now, not a failed job; and the job's
         # stored request holds them itself, so a restarted solve needs nothing else.
         request = await with_stored_references(state, request)
-        job = await jobs.submit(request, key)
+        job = await jobs.submit(request)
         return job_response(job, status=202, headers={"Preference-Applied": "respond-async"})
-    existing = await state.plan_for_request(key)
+    existing = await state.plan_for_request(request.request_hash)
     if existing is not None:
         return _plan_response(*existing, status=200, solved_now=False)
-    result, fresh = await solve_and_store(state, request, key)
+    result, fresh = await solve_and_store(state, request)
     if result.plan is None or result.plan_id is None:
         raise no_plan(result)
     response = _plan_response(

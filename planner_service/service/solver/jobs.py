@@ -7,8 +7,9 @@ outlive the HTTP connection and the service process that started them.
   request share one solve.
 - Each job is a row of the store's ``solves`` table: the request, status, progress and a
   lease (``owner``, ``heartbeat_at``). The process solving it renews the lease every
-  ``job_lease_s / 3`` and records progress at most once a second; the progress itself
-  comes from the solver process (``SolvePool.progress``).
+  ``job_lease_s / 3`` from a thread of its own (``leases.py``) and records progress at most
+  once a second; the progress itself comes from the solver process
+  (``SolvePool.progress``).
 - A row still queued or running whose lease lapsed belongs to a process that is gone
   (killed, restarted, its host lost): any service process takes it over (``claim_solve``,
   atomic) and solves it again from the stored request, on start, every ``job_lease_s / 3``
@@ -38,11 +39,11 @@ from starlette.concurrency import run_in_threadpool
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.api import SolveJob, SolveJobStatus
-from planner_service.plan.canonical import canonical_bytes
-from planner_service.plan.codec import parse_request
-from planner_service.plan.types import PlanRequest, gap
+from planner_service.plan.types import gap
 from planner_service.service.http import metrics
 from planner_service.service.http.problems import ProblemError
+from planner_service.service.solver.decoded import DecodedRequest
+from planner_service.service.solver.leases import LeaseKeeper
 from planner_service.service.solver.pool import (
     ShuttingDownError,
     SolveProgress,
@@ -113,6 +114,12 @@ class SolveJobs:
         self._sweeper: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()  # set: sweep now (a place in the pool is free)
+        settings = state.settings
+        self.leases = LeaseKeeper(
+            self._renew,
+            interval_s=self.lease_s / 3,
+            stall_limit_s=settings.max_time_limit_s + settings.solve_grace_s + self.lease_s,
+        )
 
     @property
     def lease_s(self) -> float:
@@ -122,6 +129,11 @@ class SolveJobs:
 
     def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep_forever())
+        self.leases.start()
+
+    def _renew(self) -> None:
+        """The lease keeper's call, in its thread: renew every lease this process holds."""
+        self.state.store().jobs.renew(self.owner, _stamp(_now()))
 
     async def stop(self) -> None:
         """Stop solving (the pool is about to be shut down) and let this process's leases
@@ -131,6 +143,7 @@ class SolveJobs:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, *self._writes, return_exceptions=True)
+        await asyncio.to_thread(self.leases.stop)
         if had_jobs:
             with contextlib.suppress(StoreUnavailableError):
                 await run_in_threadpool(self.state.store().jobs.release, self.owner)
@@ -170,24 +183,22 @@ class SolveJobs:
 
     # ------------------------------------------------------------------ submit
 
-    async def submit(self, request: PlanRequest, request_hash: str) -> SolveJob:
-        """The job for ``request``: done at once when its plan is stored, else started
-        here unless it is running somewhere already, else queued in the store until a
-        process has room. 503 when the queue is full: an accepted job runs."""
+    async def submit(self, request: DecodedRequest) -> SolveJob:
+        """The job for ``request`` (its references inlined): done at once when its plan is
+        stored, else started here unless it is running somewhere already, else queued in
+        the store until a process has room. 503 when the queue is full: an accepted job
+        runs."""
         try:
-            return await self._submit(request, request_hash)
+            return await self._submit(request)
         except JobQueueFullError as error:
             metrics.REJECTED.inc()
             raise unavailable(self._queue_full(error)) from None
 
-    async def _submit(self, request: PlanRequest, request_hash: str) -> SolveJob:
+    async def _submit(self, request: DecodedRequest) -> SolveJob:
+        request_hash = request.request_hash
         job_id = job_id_for(request_hash)
         new = NewSolve(
-            job_id,
-            request_hash,
-            PLANNER_VERSION,
-            canonical_bytes(request),
-            request.options.time_limit_s,
+            job_id, request_hash, PLANNER_VERSION, request.document, request.time_limit_s
         )
         store = self.state.store()
         existing = await self.state.plan_for_request(request_hash)
@@ -241,23 +252,25 @@ class SolveJobs:
             )
         )
 
-    def _begin(self, row: StoredSolve, request: PlanRequest | None) -> None:
+    def _begin(self, row: StoredSolve, request: DecodedRequest | None) -> None:
         key = "plan:" + row.request_hash
         running = _Running(row, key)
         self._running[row.job_id] = running
         self._by_key[key] = row.job_id
+        self.leases.hold()
         running.task = asyncio.create_task(self._solve(running, request))
 
-    async def _solve(self, running: _Running, request: PlanRequest | None) -> None:
+    async def _solve(self, running: _Running, request: DecodedRequest | None) -> None:
         job_id = running.row.job_id
+        row = running.row
         try:
             if await self._stored_meanwhile(running):
                 return
-            if request is None:  # resumed: the request is in the store
+            if request is None:  # resumed: the request is in the store, whole and canonical
                 document = await run_in_threadpool(self.state.store().jobs.request, job_id)
                 assert document is not None
-                request = await asyncio.to_thread(_parse_stored, document)
-            result, _ = await solve_and_store(self.state, request, running.row.request_hash)
+                request = DecodedRequest.stored(document, row.request_hash, row.time_limit_s)
+            result, _ = await solve_and_store(self.state, request.restarted())
             if result.plan is not None:
                 report = await asyncio.to_thread(_solver_report, result.plan)
                 await self._end(
@@ -279,6 +292,7 @@ class SolveJobs:
             problem = ProblemError(500, "the job failed; the traceback is in the server log")
             await self._end(job_id, SolveJobStatus.FAILED, running, problem=problem)
         finally:
+            self.leases.drop()
             self._running.pop(job_id, None)
             self._by_key.pop(running.key, None)
             self.state.pool.release(running.key)
@@ -358,8 +372,10 @@ class SolveJobs:
     # ------------------------------------------------------------------ resume
 
     async def _sweep_forever(self) -> None:
-        """Sweep every lease/3, and at once when one of this process's jobs ends."""
+        """Sweep every lease/3, and at once when one of this process's jobs ends; each
+        sweep shows the lease keeper that the event loop is alive."""
         while True:
+            self.leases.beat()
             try:
                 await self.sweep()
             except StoreUnavailableError as error:
@@ -369,11 +385,9 @@ class SolveJobs:
             self._wake.clear()
 
     async def sweep(self) -> None:
-        """Renew this process's leases, then take jobs waiting in the queue and jobs whose
-        leases lapsed, oldest first, as many as the pool has room for."""
+        """Take jobs waiting in the queue and jobs whose leases lapsed, oldest first, as
+        many as the pool has room for (this process's own leases are the keeper's)."""
         store = self.state.store()
-        if self._running:
-            await run_in_threadpool(store.jobs.renew, self.owner, _stamp(_now()))
         room = self.state.pool.capacity - self.state.pool.depth
         if room <= 0:
             return
@@ -473,10 +487,6 @@ def _solver_report(plan: bytes) -> tuple[float, float]:
     """A stored plan's objective and lower bound (read as JSON: it was just validated)."""
     solver = json.loads(plan)["solver"]
     return float(solver["objective"]), float(solver["lower_bound"])
-
-
-def _parse_stored(document: bytes) -> PlanRequest:
-    return parse_request(document, source="stored request")
 
 
 def _stage_text(stage: SolveStage | None) -> str | None:

@@ -48,9 +48,15 @@ from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
 from planner_service.plan.api import PlanSummary
-from planner_service.service.processes import die_with_parent
+from planner_service.service.processes import SOLVER_NAME, die_with_parent, name_process
 
 T = TypeVar("T")
+# What the service does with a plan before its client has it, per shard: the plan's bytes
+# cross the pipe, their gzip and zstd encodings are made (measured at 0.55 to 1.1 us per
+# shard on the loaded 2-core machine, 14,964 shards) and stored, and the plan is sent;
+# three times the encodings' figure for the lot. The solver's search stops that much
+# earlier (``solve.deadline.AfterSolve``).
+AFTER_SOLVE_S_PER_SHARD = 3e-6
 log = logging.getLogger("shardplan.api")
 
 READY = "ready"  # a solver process's first message: warm, waiting for a job
@@ -169,18 +175,21 @@ def run_solver_process(connection: Connection, service_pid: int) -> None:
     """A solver process's whole life: die with the service, warm up, then solve one job
     at a time until the pipe closes (the service is gone)."""
     die_with_parent(service_pid)
+    name_process(SOLVER_NAME)
     # Ctrl-C, and SIGTERM sent to a whole process group or cgroup (systemd), reach us as
     # well as the service: the service decides when a solve ends (it SIGKILLs us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    import planner_service.solve.pipeline  # noqa: F401  (warm: the first solve does not pay for it)
+    # Warm: the first solve does not pay for these imports.
+    import planner_service.service.solver.decoded  # noqa: F401
+    import planner_service.solve.pipeline  # noqa: F401
 
     with contextlib.suppress(EOFError, OSError):
         connection.send(READY)
         while True:
-            document = connection.recv_bytes()
+            document, spent_s = connection.recv()
             reporter = _ProgressReporter(connection)
-            result = _solve_safely(document, reporter.report)
+            result = _solve_safely(document, spent_s, reporter.report)
             with reporter.lock:
                 connection.send(result)
 
@@ -213,10 +222,12 @@ class _ProgressReporter:
 
 
 def _solve_safely(
-    request_document: bytes, on_progress: Callable[[str, float | None, float | None], None]
+    request_document: bytes,
+    spent_s: float,
+    on_progress: Callable[[str, float | None, float | None], None],
 ) -> SolveResult | _SolverCrash:
     try:
-        return solve_document(request_document, on_progress)
+        return solve_document(request_document, on_progress, spent_s=spent_s)
     except Exception:
         return _SolverCrash(traceback.format_exc())
 
@@ -224,13 +235,23 @@ def _solve_safely(
 def solve_document(
     request_document: bytes,
     on_progress: Callable[[str, float | None, float | None], None] | None = None,
+    *,
+    spent_s: float = 0.0,
 ) -> SolveResult:
-    """Runs in a solver process: parse (already validated by the API) and solve."""
-    from planner_service.plan.codec import parse_request, plan_bytes
+    """Runs in a solver process: parse (already validated by the API) and solve, in what is
+    left of the time limit once the service's ``spent_s`` and the parse are taken off."""
+    from planner_service.plan.codec import plan_bytes
+    from planner_service.service.solver.decoded import request_of
+    from planner_service.solve.deadline import AfterSolve, Deadline
     from planner_service.solve.pipeline import solve
 
-    request = parse_request(request_document)
-    outcome = solve(request, on_progress=on_progress)
+    started = time.monotonic()
+    request = request_of(request_document)
+    spent_s += time.monotonic() - started
+    deadline = Deadline.for_time_limit(
+        request.options.time_limit_s, spent_s=spent_s, after=AfterSolve(AFTER_SOLVE_S_PER_SHARD)
+    )
+    outcome = solve(request, on_progress=on_progress, deadline=deadline)
     if outcome.plan is not None:
         plan = outcome.plan
         return SolveResult(
@@ -249,6 +270,7 @@ class _Job:
     key: str
     document: bytes
     time_limit_s: float
+    spent_s: float  # of the time limit, before the pool had it (see ``SolvePool.solve``)
     done: asyncio.Future[SolveResult]
     started: float = 0.0  # event-loop time when a solver process took it
     deadline: float = math.inf  # started + time limit + grace: killed past this
@@ -351,11 +373,16 @@ class SolvePool:
         request_document: bytes,
         time_limit_s: float,
         finish: Callable[[SolveResult], T],
+        *,
+        spent_s: float = 0.0,
     ) -> tuple[T, bool]:
         """Solve ``request_document`` (whose ``options.time_limit_s`` is ``time_limit_s``)
         in a solver process, then run ``finish`` (blocking, e.g. storing the plan) in a
         thread. Identical keys in flight share one solve. Returns ``finish``'s result and
-        whether this call joined another caller's solve.
+        whether this call joined another caller's solve. ``spent_s``: how much of the time
+        limit the caller has used already (decoding the request); the solver gets what is
+        left. Time waiting here for a solver process is not taken off: the queue is the
+        pool's admission, which ``Retry-After`` accounts for.
 
         The solve runs as its own task: a caller that goes away (client disconnect) does
         not cancel it, so its plan is still stored for the retry."""
@@ -368,7 +395,7 @@ class SolvePool:
         else:
             self.admit(key)
         self.start()
-        task = asyncio.create_task(self._run(key, request_document, time_limit_s, finish))
+        task = asyncio.create_task(self._run(key, request_document, time_limit_s, spent_s, finish))
         self._in_flight[key] = task
         self._on_depth(self.depth)
         task.add_done_callback(lambda done: self._finished(key, done))
@@ -424,12 +451,13 @@ class SolvePool:
         key: str,
         request_document: bytes,
         time_limit_s: float,
+        spent_s: float,
         finish: Callable[[SolveResult], T],
     ) -> T:
         if self._closed:
             raise ShuttingDownError()
         assert self._loop is not None
-        job = _Job(key, request_document, time_limit_s, self._loop.create_future())
+        job = _Job(key, request_document, time_limit_s, spent_s, self._loop.create_future())
         self._jobs[key] = job
         self._waiting.append(job)
         self._dispatch()
@@ -634,7 +662,7 @@ class SolvePool:
         solver.job = job
         solver.watchdog = self._loop.call_at(job.deadline, self._overran, solver)
         with contextlib.suppress(OSError):  # the process is gone: its exit answers the job
-            solver.connection.send_bytes(job.document)
+            solver.connection.send((job.document, job.spent_s))
         self._on_progress(job.key)
 
     def _unassign(self, solver: _Solver) -> _Job | None:

@@ -12,11 +12,11 @@ from dataclasses import replace
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.api import PlanSummary
-from planner_service.plan.canonical import canonical_bytes
-from planner_service.plan.types import Infeasibility, PlanRequest, SolverStatus
+from planner_service.plan.types import Infeasibility, SolverStatus
 from planner_service.service.http import metrics
 from planner_service.service.http.metrics import CacheLookup
 from planner_service.service.http.problems import ProblemError
+from planner_service.service.solver.decoded import DecodedRequest
 from planner_service.service.solver.pool import (
     PoolFullError,
     ShuttingDownError,
@@ -30,9 +30,7 @@ from planner_service.service.state import ServiceState
 from planner_service.service.store import NewPlan, PlanBodies, PlanStore
 
 
-async def solve_and_store(
-    state: ServiceState, request: PlanRequest, key: str
-) -> tuple[SolveResult, bool]:
+async def solve_and_store(state: ServiceState, request: DecodedRequest) -> tuple[SolveResult, bool]:
     """The solve's result, and whether this call stored a new plan (not when an identical
     request in flight shared the solve, nor when the plan was already stored). The plan is
     stored by the solve itself, so it is kept even when this caller has gone away. When
@@ -40,7 +38,7 @@ async def solve_and_store(
     POST while a job's process was gone), the result is that plan: one key, one answer."""
     store = state.store()
     request = await with_stored_references(state, request)
-    request_document = canonical_bytes(request)
+    key = request.request_hash
 
     def finish(result: SolveResult) -> tuple[SolveResult, bool]:
         if result.plan is None or result.plan_id is None or result.summary is None:
@@ -51,7 +49,7 @@ async def solve_and_store(
                 result.plan_id,
                 key,
                 PLANNER_VERSION,
-                request_document,
+                request.document,
                 result.plan,
                 result.summary,
                 bodies,
@@ -62,9 +60,7 @@ async def solve_and_store(
         state.cache.put(result.plan_id, bodies)
         return result, planned.inserted
 
-    (result, inserted), shared = await _solve(
-        state, "plan:" + key, request, request_document, finish
-    )
+    (result, inserted), shared = await _solve(state, "plan:" + key, request, finish)
     metrics.cache_counter(CacheLookup.SHARED if shared else CacheLookup.MISS).inc()
     return result, inserted and not shared
 
@@ -78,9 +74,9 @@ def _stored_instead(store: PlanStore, result: SolveResult, plan_id: str) -> Solv
     return replace(result, plan_id=plan_id, plan=bodies.identity, summary=summary)
 
 
-async def solve_only(state: ServiceState, request: PlanRequest, key: str) -> SolveResult:
+async def solve_only(state: ServiceState, request: DecodedRequest) -> SolveResult:
     request = await with_stored_references(state, request)
-    result, _ = await _solve(state, "check:" + key, request, canonical_bytes(request), _same)
+    result, _ = await _solve(state, "check:" + request.request_hash, request, _same)
     return result
 
 
@@ -91,12 +87,12 @@ def _same(result: SolveResult) -> SolveResult:
 async def _solve(
     state: ServiceState,
     key: str,
-    request: PlanRequest,
-    request_document: bytes,
+    request: DecodedRequest,
     finish: Callable[[SolveResult], T],
 ) -> tuple[T, bool]:
     """Solve in the pool (timing every solve once), or 503 when the pool is full, the
-    solve overran its time limit, its solver process died or the service is stopping."""
+    solve overran its time limit, its solver process died or the service is stopping.
+    What the request has spent of its time limit so far is taken off the solver's."""
 
     def timed(result: SolveResult) -> T:
         outcome = SolveOutcome.PLAN if result.plan is not None else SolveOutcome.NO_PLAN
@@ -104,7 +100,9 @@ async def _solve(
         return finish(result)
 
     try:
-        return await state.pool.solve(key, request_document, request.options.time_limit_s, timed)
+        return await state.pool.solve(
+            key, request.document, request.time_limit_s, timed, spent_s=request.spent_s
+        )
     except SolveUnavailableError as error:
         if isinstance(error, PoolFullError):
             metrics.REJECTED.inc()

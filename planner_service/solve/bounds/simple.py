@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner_service.plan.types import BoundSource, gap
+from planner_service.solve.deadline import Deadline
 from planner_service.solve.problem import Problem
 
 OPTIMAL_GAP = 1e-4  # within the cost resolution of its proven bound: reported optimal
@@ -25,9 +26,17 @@ class LowerBound:
     source: BoundSource
 
 
-def simple_bounds(problem: Problem) -> list[LowerBound]:
-    least_work = [min(problem.costs(o).work for o in t.options) for t in problem.tables]
-    largest = [min(problem.costs(o).largest_shard for o in t.options) for t in problem.tables]
+def simple_bounds(problem: Problem, deadline: Deadline | None = None) -> list[LowerBound]:
+    """Both bounds; pricing every option takes seconds on 100,000 distinct tables, so this
+    raises ``OutOfTime`` once ``deadline`` is passed by its slack
+    (``Deadline.preparation_check``)."""
+    deadline = deadline or Deadline.never()
+    least_work, largest = [], []
+    check = deadline.preparation_check()
+    for t in problem.tables:
+        check()
+        least_work.append(min(problem.costs(o).work for o in t.options))
+        largest.append(min(problem.costs(o).largest_shard for o in t.options))
     return [
         LowerBound(sum(least_work) / problem.world_size, BoundSource.WORK),
         LowerBound(max(largest, default=0.0), BoundSource.LARGEST_SHARD),
