@@ -234,11 +234,9 @@ class BoundSource(StrEnum):
 
 
 class StopReason(StrEnum):
-    """What ended the search: a proof (``optimal``, ``gap_limit``), the deterministic
-    budget (``work_budget``), or, for a plan not proven within ``options.gap_limit``, the
-    wall clock (``time_limit``: it cut a stage short, so another run, on a less loaded
-    machine say, may get further). A search the wall clock cut nowhere is reproducible: the
-    same request gives the same plan in every process."""
+    """What ended the search. The first three are reproducible (the same request gives the
+    same plan in every process); ``time_limit`` means the wall clock cut a stage short, so
+    another run, on a less loaded machine say, may get further."""
 
     OPTIMAL = "optimal"  # proven optimal
     GAP_LIMIT = "gap_limit"  # proven within options.gap_limit

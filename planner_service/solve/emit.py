@@ -130,16 +130,15 @@ def rank_io(problem: Problem, choices: list[Choice]) -> list[tuple[int, int]]:
 
 
 def _stop_reason(plan_gap: float, options: PlanOptions, deadline_reached: bool) -> StopReason:
-    """Why the search ended: a plan proven optimal, or within the gap limit, ended it by
-    its proof (no more searching could be worth it), even when the wall clock also cut a
-    stage short; an unproven plan ended at ``time_limit`` when the clock cut a stage, at
-    ``work_budget`` otherwise."""
+    """Why the search ended. ``time_limit`` whenever the wall clock cut a stage short, even
+    if the plan was then proven optimal: the status says how good the plan is, the stop
+    reason whether the same request reproduces it."""
+    if deadline_reached:
+        return StopReason.TIME_LIMIT
     if plan_gap <= OPTIMAL_GAP:
         return StopReason.OPTIMAL
     if plan_gap <= options.gap_limit:
         return StopReason.GAP_LIMIT
-    if deadline_reached:
-        return StopReason.TIME_LIMIT
     return StopReason.WORK_BUDGET
 
 
