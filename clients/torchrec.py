@@ -62,6 +62,10 @@ OPTIMIZERS = {
     "adam": OptimizerType.ADAM,
 }
 TORCHREC_POOLED = ("sum", "mean")
+# What TorchRec's EmbeddingCollection runs: a request made for TorchRec plans its sequence
+# tables within these (the planner also offers table-row-wise and table-column-wise, which
+# only shardplan's runtime runs for them).
+TORCHREC_SEQUENCE_SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise")
 
 
 # --------------------------------------------------------------------------- from TorchRec
@@ -128,6 +132,8 @@ def from_torchrec(
         limit = defaults.constraint | _constraint(
             name, constraints.get(name), device, table, problems
         )
+        if not source.pooled:
+            limit.setdefault("sharding_types", list(TORCHREC_SEQUENCE_SHARDING_TYPES))
         if limit:
             limits[name] = limit
     problems.raise_any()

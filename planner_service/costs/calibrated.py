@@ -210,7 +210,7 @@ def shard_perf(
     if weighted:
         fwd_compute *= kernel.weighted_fwd_factor
         bwd_compute *= kernel.weighted_bwd_factor
-    fwd_comms, bwd_comms = _output_exchange_ms(profile, topology, sharding_type, out_bytes)
+    fwd_comms, bwd_comms = _output_exchange_ms(profile, topology, sharding_type, pooled, out_bytes)
     stitch = profile.runtime.output_ns_per_byte * out_bytes / NS_PER_MS
     id_bytes = ids * INDEX_BYTES * (2 if weighted else 1) * (world - 1) / world
     input_dist = (
@@ -229,12 +229,13 @@ def shard_perf(
 
 
 def _output_exchange_ms(
-    profile: DeviceProfile, topology: Topology, kind: ShardingType, out_bytes: float
+    profile: DeviceProfile, topology: Topology, kind: ShardingType, pooled: bool, out_bytes: float
 ) -> tuple[float, float]:
     """(forward, backward) ms of sending a shard's outputs to the ranks whose samples they
-    are: an all-to-all (and its adjoint) for whole columns; a reduce-scatter (adjoint: an
-    all-gather) over the world for row-wise; over the host, then an all-to-all across
-    hosts, for table-row-wise."""
+    are: an all-to-all (and its adjoint) for whole columns and for every shard of a
+    sequence table (its rows go back whole, nothing is reduced); for pooled tables a
+    reduce-scatter (adjoint: an all-gather) over the world for row-wise, over the host, then
+    an all-to-all across hosts, for table-row-wise."""
     world, local = topology.world_size, topology.num_local_ranks
     hosts = max(1, world // local)
     a2a, rs, ag = (
@@ -247,7 +248,7 @@ def _output_exchange_ms(
         sent = share * (group - 1) / group if group > 0 else 0.0
         return collective_ms(profile, topology, kind_, group, per_host, sent)
 
-    if kind in WHOLE_COLUMNS:
+    if kind in WHOLE_COLUMNS or not pooled:
         each = cost(a2a, world, local, out_bytes)
         return each, each
     if kind is ShardingType.ROW_WISE:

@@ -43,7 +43,6 @@ from planner_service.plan.types import (
     ParameterConstraints,
     Perf,
     PlanRequest,
-    PoolingType,
     ShardingType,
     Table,
     TableProblem,
@@ -52,13 +51,6 @@ from planner_service.plan.types import (
 )
 from planner_service.plan.units import size
 
-# TorchRec's EmbeddingCollection (sequence tables) supports only these sharding types.
-SEQUENCE_SHARDING_TYPES = (
-    ShardingType.DATA_PARALLEL,
-    ShardingType.TABLE_WISE,
-    ShardingType.COLUMN_WISE,
-    ShardingType.ROW_WISE,
-)
 CUDA_FUSED_KERNELS = (ComputeKernel.FUSED, ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING)
 
 
@@ -109,7 +101,7 @@ class _OptionBuilder:
     def _build(self, table: Table, constraint: ParameterConstraints) -> Iterable[ShardingOption]:
         load = TableLoad.of(table, self.request.batch_size)
         clf = constraint.cache_load_factor or DEFAULT_CACHE_LOAD_FACTOR
-        for kind in allowed_sharding_types(table, constraint):
+        for kind in allowed_sharding_types(constraint):
             for kernel in allowed_kernels(kind, self.topology.compute_device, constraint):
                 ctx = OptionContext(
                     table=table,
@@ -214,10 +206,13 @@ def _shape_key(table: Table, constraint: ParameterConstraints) -> tuple[Any, ...
     )
 
 
-def allowed_sharding_types(table: Table, constraint: ParameterConstraints) -> list[ShardingType]:
-    supported = SEQUENCE_SHARDING_TYPES if table.pooling is PoolingType.NONE else list(ShardingType)
+def allowed_sharding_types(constraint: ParameterConstraints) -> list[ShardingType]:
+    """Every sharding type the constraint allows. Sequence tables (pooling none) take all
+    six too: TorchRec's EmbeddingCollection runs four (not the host-local two), shardplan's
+    runtime all, returning a sequence table's rows to the ids' ranks in one all-to-all
+    whatever the split."""
     allowed = constraint.sharding_types or list(ShardingType)
-    return [kind for kind in supported if kind in allowed]
+    return [kind for kind in ShardingType if kind in allowed]
 
 
 def allowed_kernels(
@@ -417,10 +412,6 @@ def _no_option_message(request: PlanRequest, table: Table) -> str:
         parts.append(f"ranks {constraint.ranks}")
     limits = " and ".join(parts) or "its configuration"
     hint = []
-    if table.pooling is PoolingType.NONE:
-        hint.append(
-            f"sequence tables (pooling none) support {[t.value for t in SEQUENCE_SHARDING_TYPES]}"
-        )
     if device is ComputeDevice.CPU:
         hint.append("on compute_device cpu only fused (and dense for data_parallel) run")
     hint.append("data_parallel runs only on dense, every other sharding type on a fused kernel")

@@ -264,7 +264,8 @@ def _table_wise_perf(ctx: OptionContext, cols: int, device: DeviceSpec) -> Perf:
 
 def _row_wise_perf(ctx: OptionContext, cols: int, device: DeviceSpec, group: int) -> Perf:
     """row_wise (group = world) and table_row_wise (group = one host): ids are bucketised
-    over the group's row blocks, partial bags are reduce-scattered back."""
+    over the group's row blocks, partial bags are reduce-scattered back (a sequence table's
+    rows go back whole, ``_row_exchange``)."""
     world, ids, bags = ctx.world_size, ctx.load.batch_inputs, ctx.load.batch_outputs
     local_ids = ids / group
     read = _input_read_bytes(ctx, local_ids * world)
@@ -275,7 +276,9 @@ def _row_wise_perf(ctx: OptionContext, cols: int, device: DeviceSpec, group: int
     fwd_compute = (read + lookup + write) / device_bw
     batched_copy = write * BATCHED_COPY_PERF_FACTOR / device_bw
     topology, local = ctx.topology, ctx.local_world_size
-    if ctx.sharding_type is ShardingType.ROW_WISE:
+    if not ctx.is_pooled:
+        fwd_comms = bwd_comms = _row_exchange(ctx, write)
+    elif ctx.sharding_type is ShardingType.ROW_WISE:
         fwd_comms = write / comms_bandwidth(topology, Collective.REDUCE_SCATTER, world, local)
         bwd_comms = write / comms_bandwidth(topology, Collective.ALL_GATHER, world, local)
     else:
@@ -286,6 +289,14 @@ def _row_wise_perf(ctx: OptionContext, cols: int, device: DeviceSpec, group: int
         fwd_comms += cross_hosts
         bwd_comms = cross_hosts + bwd_comms
     return _perf(ctx, fwd_compute, fwd_comms, bwd_comms + batched_copy, _input_dist(ctx))
+
+
+def _row_exchange(ctx: OptionContext, write: float) -> float:
+    """A sequence table's row-split shard: each holder sends the rows of every rank's ids
+    straight back in one all-to-all over the world (there is no partial bag to reduce,
+    within the host or across hosts), for row_wise and table_row_wise alike."""
+    world, local = ctx.world_size, ctx.local_world_size
+    return write / comms_bandwidth(ctx.topology, Collective.ALL_TO_ALL, world, local)
 
 
 def _cross_host_all_to_all(ctx: OptionContext, cols: int) -> float:

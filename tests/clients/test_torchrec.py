@@ -629,8 +629,8 @@ def test_from_torchrec_maps_topology_tables_constraints_and_fused_params(request
             "min_partition": 16,
             "cache_load_factor": 0.5,
         },
-        "hist": {
-            "sharding_types": None,
+        "hist": {  # a sequence table: what TorchRec's EmbeddingCollection runs
+            "sharding_types": ["data_parallel", "table_wise", "column_wise", "row_wise"],
             "compute_kernels": None,
             "ranks": None,
             "min_partition": None,

@@ -144,6 +144,30 @@ def test_an_empty_row_block_costs_nothing_and_row_blocks_split_the_ids():
     assert computes[3] == 0.0 and computes[0] > 0.0
 
 
+def test_a_sequence_tables_row_shards_send_their_rows_back_in_an_all_to_all():
+    """A pooled table's row blocks reduce-scatter their partial bags (adjoint: all-gather);
+    a sequence table's send their rows back whole in an all-to-all, for row-wise and
+    table-row-wise alike. The profile prices the reduce-scatter and all-gather dearer, so
+    the two are told apart."""
+    profile = device_profile()
+    for entry in profile["collectives"]:
+        if entry["collective"] != "all_to_all":
+            entry["ns_per_byte"] = 50.0
+    tables = [table("p", rows=4000, dim=16), table("s", rows=4000, dim=16, pooling="none")]
+    pooled, sequence = (
+        next(o for o in entry.options if o.sharding_type is ShardingType.ROW_WISE)
+        for entry in enumerate_options(calibrated(tables, profile=profile))
+    )
+    per_byte = [
+        option.shards[0].perf[0].fwd_comms / option.shards[0].storage.output_bytes
+        for option in (pooled, sequence)
+    ]
+    assert per_byte[1] < per_byte[0] / 10  # the all-to-all's price, not the reduce-scatter's
+    assert sequence.shards[0].perf[0].bwd_comms == pytest.approx(
+        sequence.shards[0].perf[0].fwd_comms
+    )
+
+
 def test_rows_touched_is_the_expected_distinct_rows():
     assert rows_touched(10, 0) == 0.0
     assert rows_touched(1_000_000, 10) == pytest.approx(10, rel=1e-4)

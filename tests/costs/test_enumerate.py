@@ -148,13 +148,12 @@ def test_pins_rule_out_options_that_need_every_rank_or_a_whole_host():
     assert ShardingType.TABLE_ROW_WISE not in kinds
 
 
-def test_sequence_tables_only_get_embedding_collection_types():
-    assert {kind for kind, _ in _kinds(request([table("s", pooling="none")]))} == {
-        "data_parallel",
-        "table_wise",
-        "column_wise",
-        "row_wise",
-    }
+def test_sequence_tables_get_every_sharding_type_the_runtime_runs():
+    """TorchRec's EmbeddingCollection runs four types; shardplan's runtime the host-local
+    two as well, so a sequence table is offered all six (on two hosts: table-row-wise
+    differs from row-wise there, see ``prepare``)."""
+    req = request([table("s", pooling="none")], topology={"local_world_size": 2})
+    assert {kind for kind, _ in _kinds(req)} == {kind.value for kind in ShardingType}
 
 
 def test_identical_shapes_share_options_but_keep_their_names():
@@ -246,15 +245,18 @@ def test_table_that_fits_nowhere_is_reported_with_numbers():
 
 def test_constraints_that_empty_a_table_are_named():
     req = request(
-        [table("s", pooling="none")],
-        constraints={"tables": {"s": {"sharding_types": ["table_row_wise"]}}},
+        [table("s")],
+        constraints={
+            "tables": {"s": {"sharding_types": ["data_parallel"], "compute_kernels": ["fused"]}}
+        },
     )
     (problem,) = fit_options(req, enumerate_options(req)).problems
     assert problem.code is TableProblemCode.NO_ALLOWED_OPTION
     assert (
-        "constraints sharding_types ['table_row_wise'] leave no sharding option" in problem.message
+        "constraints sharding_types ['data_parallel'] and compute_kernels ['fused'] leave no "
+        "sharding option" in problem.message
     )
-    assert "sequence tables (pooling none) support" in problem.message
+    assert "data_parallel runs only on dense" in problem.message
 
 
 # --------------------------------------------------------------------------- CLI

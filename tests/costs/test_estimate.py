@@ -167,6 +167,27 @@ def test_table_row_wise_reduces_inside_the_host_then_exchanges_across_hosts():
     assert one_host.fwd_comms == pytest.approx(512 * 2 * 16 * 4 / INTRA, rel=EXACT)
 
 
+def test_a_sequence_tables_host_local_shards_send_their_rows_back_in_one_all_to_all():
+    """Two hosts of two ranks, 512 ids of 16 fp32 columns per rank, no pooling. Table-row-
+    wise: each of the host's two row blocks gets half of the world's ids and sends their
+    rows straight back to the four ranks (an all-to-all over both hosts: nothing to reduce
+    inside the host first, unlike a pooled table), as row-wise does with its four blocks;
+    backward adds the batched copy. Table-column-wise: one column shard serves every id, as
+    column-wise does. Storage: a row block's buffers hold its share of the ids and rows."""
+    options = _options([table("s", pooling="none")], world_size=4, topology={"local_world_size": 2})
+    twrw, rw = _perf(_pick(options, TWRW, FUSED)), _perf(_pick(options, RW, FUSED))
+    rows_back = 512 / 2 * 4 * 16 * 4  # a block's share of the world's ids, as rows
+    assert twrw.fwd_comms == pytest.approx(rows_back / INTER, rel=EXACT)
+    batched_copy = rows_back * 2.455 / HBM
+    assert twrw.bwd_comms == pytest.approx(rows_back / INTER + batched_copy, rel=EXACT)
+    assert rw.fwd_comms == pytest.approx(rows_back / 2 / INTER, rel=EXACT)  # four blocks
+    twcw, cw = (_pick(options, kind, FUSED, shards=1) for kind in (TWCW, CW))
+    assert _perf(twcw).fwd_comms == pytest.approx(512 * 4 * 16 * 4 / INTER, rel=EXACT)
+    assert _perf(twcw) == _perf(cw)
+    storage = _pick(options, TWRW, FUSED).shards[0].storage
+    assert (storage.input_bytes, storage.output_bytes) == (512 / 2 * 4 * 8, rows_back)
+
+
 @pytest.mark.parametrize(("world", "doubled"), [(4, 1), (6, 2), (8, 2)])
 def test_data_parallel_all_reduce_doubles_beyond_two_hosts(world, doubled):
     """A replica's gradient (100 x 16 fp32) is all-reduced over the NICs of a host's two

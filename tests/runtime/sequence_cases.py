@@ -215,6 +215,23 @@ def check_sequence(
             )
 
 
+def planned(rank: int, world: int, plan_json: bytes) -> None:
+    """A plan the planner made (``test_sequence.planned_host_local``): sequence tables
+    table-row-wise and table-column-wise, as the planner splits and places them."""
+    plan = ModulePlan.of(plan_json)
+    tables = [EmbeddingConfig(name, rows, dim) for name, (rows, dim) in PLANNED_TABLES.items()]
+    check_sequence(rank, world, "planned", tables, plan, "rowwise_adagrad")
+
+
+# The tables of ``planned`` and the sharding type the request allows each.
+PLANNED_TABLES = {"twrw": (29, 8), "twcw": (11, 16), "twrw_wide": (40, 16)}
+PLANNED_TYPES = {
+    "twrw": ShardingType.TABLE_ROW_WISE,
+    "twcw": ShardingType.TABLE_COLUMN_WISE,
+    "twrw_wide": ShardingType.TABLE_ROW_WISE,
+}
+
+
 def equivalence(rank: int, world: int, optimizer: str) -> None:
     for name, (tables, plan) in scenarios(world).items():
         check_sequence(rank, world, name, tables, plan, optimizer)

@@ -85,13 +85,13 @@ def test_pinned_ranks_overloaded_are_named():
 
 def test_constraint_that_empties_options_and_the_caching_fix():
     req = request(
-        [table("big", rows=3 * 10**7, dim=64), table("s", pooling="none")],
+        [table("big", rows=3 * 10**7, dim=64), table("s")],
         world_size=2,
         topology={"hbm_bytes": 4 * GIB},
         constraints={
             "tables": {
                 "big": {"compute_kernels": ["fused"], "sharding_types": ["table_wise"]},
-                "s": {"sharding_types": ["table_row_wise"]},
+                "s": {"sharding_types": ["data_parallel"], "compute_kernels": ["fused"]},
             }
         },
     )

@@ -26,7 +26,7 @@ from ortools.sat.python import cp_model
 
 from planner_service.costs.options import Placement
 from planner_service.plan.types import ShardingType
-from planner_service.solve.cpsat_runner import COST_RESOLUTION, deterministic_solver
+from planner_service.solve.cpsat_runner import COST_RESOLUTION, single_worker_solver
 from planner_service.solve.problem import Group, OptionCosts, Problem
 
 RESOLUTION = COST_RESOLUTION  # integer units per warm-start makespan, as in the main model
@@ -144,9 +144,6 @@ def relaxation_solver(budget: float, seed: int) -> cp_model.CpSolver:
     (probing, clique merging) spent the whole budget, and a portfolio overshot its
     deterministic limit several times over (measured on the public workloads, see
     docs/solver.md)."""
-    solver = deterministic_solver(budget, seed)
-    parameters = solver.parameters
-    parameters.num_workers = 1
-    parameters.interleave_search = False
-    parameters.cp_model_presolve = False
+    solver = single_worker_solver(budget, seed)
+    solver.parameters.cp_model_presolve = False
     return solver

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from planner_service.plan.codec import parse_request
 from planner_service.plan.types import (
     PlanRequest,
     SolverStatus,
+    StopReason,
 )
 from planner_service.solve.cpsat import search as cpsat
 from planner_service.solve.deadline import Deadline
@@ -232,15 +237,19 @@ TINY_SHAPES = [
 ]
 
 
-def _tiny_model_on_8_ranks(time_limit_s: float) -> PlanRequest:
-    tables = [
+def _tables_of(shapes: list[tuple[int, int, int, int]]) -> list[dict]:
+    """Tables t0, t1, ... of (rows, dim, lookups per sample, how many tables) shapes."""
+    return [
         table(f"t{i}", rows=rows, dim=dim, pooling_factors=[float(lookups)])
         for i, (rows, dim, lookups) in enumerate(
-            (rows, dim, lookups) for rows, dim, lookups, n in TINY_SHAPES for _ in range(n)
+            (rows, dim, lookups) for rows, dim, lookups, n in shapes for _ in range(n)
         )
     ]
+
+
+def _tiny_model_on_8_ranks(time_limit_s: float) -> PlanRequest:
     return request(
-        tables,
+        _tables_of(TINY_SHAPES),
         world_size=8,
         topology={"hbm_bytes": 80 * GIB},
         options={"cost_model": "torchrec-1.8", "time_limit_s": time_limit_s, "gap_limit": 0},
@@ -262,7 +271,8 @@ def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
     """With the relaxation's plan withheld, CP-SAT must find the optimum, and alone it
     cannot prove it: without the packing bound it spends its whole budget and ends merely
     FEASIBLE. With the bound as the makespan's floor, the run that reaches it ends OPTIMAL,
-    and no later run starts: not the long last run after the probes, nor a second run.
+    and no later run starts: not the long last run after the probes, nor the portfolio's
+    run after the lone worker's (which reaches it here).
     (What the solver did, not how long it took: deterministic time overshoots its limit
     by a batch, and the wall-clock safety net cuts runs short on a loaded machine.)"""
     import planner_service.solve.bounds.packing as packing
@@ -281,3 +291,65 @@ def test_search_stops_once_a_bound_proves_the_plan_optimal(monkeypatch):
     assert outcome.plan.solver.status is SolverStatus.OPTIMAL
     assert outcome.details["cpsat_status"] == "OPTIMAL"
     assert outcome.details["cpsat_runs"] == 1
+
+
+# --------------------------------------------------------------------------- small problems
+
+EXAMPLE_REQUEST = Path(__file__).resolve().parents[3] / "examples" / "request.json"
+
+
+def _readme_example(hbm_bytes: int, **options) -> PlanRequest:
+    """The README's request (examples/request.json) with ``hbm_bytes`` and ``options``."""
+    document = json.loads(EXAMPLE_REQUEST.read_text())
+    document["topology"]["hbm_bytes"] = hbm_bytes
+    document["options"] = options
+    return parse_request(json.dumps(document).encode())
+
+
+def test_the_readme_example_in_64_mib_stops_on_its_proof_not_its_time_limit():
+    """Two of its three tables must leave HBM. CP-SAT proved the optimum within
+    milliseconds, but its core-guided worker raised the makespan's lower bound one unit at a
+    time, without advancing deterministic time, so the interleaved batch it was in (and the
+    solve) went on to the wall-clock limit: 10 s of a 10 s limit, and the plan said
+    ``optimal`` stopped on ``time_limit``. With 30 s it must end by its proof, having done
+    a few milliseconds of deterministic work."""
+    req = _readme_example(64 * 2**20, time_limit_s=30)
+    outcome = solve(req)
+    report = outcome.plan.solver
+    assert report.status is SolverStatus.OPTIMAL
+    assert report.stop_reason is StopReason.OPTIMAL
+    assert outcome.details["cpsat_deterministic_s"] < 0.05
+
+
+# 20 tables (rows, dim, lookups, how many) on 4 ranks of 512 MiB at batch 4,096: weights of
+# about 1.1 GiB must partly leave HBM (the proof bench's sweep request 0).
+SWEEP_0_SHAPES = [
+    (10, 16, 1, 3),
+    (3_067_956, 128, 3, 1),
+    (1_000_000, 16, 1, 4),
+    (1000, 16, 1, 7),
+    (1000, 8, 1, 1),
+    (10, 8, 1, 1),
+    (108, 128, 1, 1),
+    (100_000, 32, 1, 1),
+    (4_000_000, 32, 1, 1),
+]
+
+
+def test_a_small_memory_tight_request_stops_once_proven_within_the_gap_limit():
+    """CP-SAT reached the 2% gap limit within milliseconds, but interleaved search stops
+    only between batches, and a batch gives each full-problem worker up to one
+    deterministic second: 1.3 deterministic seconds (4 to 5 s of wall time) before the
+    proof was noticed. The search must stop at its proof, after little work."""
+    req = request(
+        _tables_of(SWEEP_0_SHAPES),
+        world_size=4,
+        batch_size=4096,
+        topology={"hbm_bytes": 512 * 2**20},
+        options={"cost_model": "torchrec-1.8", "time_limit_s": 30},
+    )
+    outcome = solve(req)
+    report = outcome.plan.solver
+    assert report.stop_reason in (StopReason.OPTIMAL, StopReason.GAP_LIMIT)
+    assert report.gap <= req.options.gap_limit
+    assert outcome.details["cpsat_deterministic_s"] < 0.1
