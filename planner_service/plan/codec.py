@@ -34,7 +34,6 @@ from planner_service.plan.errors import (
 from planner_service.plan.json_data import JsonObject, JsonValue
 from planner_service.plan.schema_version import (
     SCHEMA_VERSION,
-    SCHEMA_VERSION_WITHOUT_MIGRATION,
     check_schema_version,
 )
 from planner_service.plan.types import (
@@ -104,12 +103,36 @@ def seal_plan_data(
 ) -> ShardingPlan:
     """Assemble a plan for ``request`` from its parts as JSON data and stamp it with its
     content address: a plan of many shards is validated once, at the end, instead of once
-    per object and again when sealed."""
+    per object and again when sealed. ``tables`` are runs (schema 2.0)."""
+    return seal_plan_body(
+        request_hash=request_hash(request),
+        world_size=request.topology.world_size,
+        planner_version=planner_version,
+        tables=tables,
+        rank_stats=rank_stats,
+        solver=solver,
+        migration=migration,
+    )
+
+
+def seal_plan_body(
+    *,
+    request_hash: str,
+    world_size: int,
+    planner_version: str,
+    tables: dict[str, JsonObject],
+    rank_stats: list[JsonObject],
+    solver: JsonObject,
+    migration: JsonObject | None = None,
+    schema_version: str = SCHEMA_VERSION,
+) -> ShardingPlan:
+    """``seal_plan_data`` given the request's hash and world size, at ``schema_version``
+    (a 1.x one takes tables as shard lists: ``plan.compact.expand_plan``'s)."""
     body = {
-        "schema_version": SCHEMA_VERSION if migration else SCHEMA_VERSION_WITHOUT_MIGRATION,
-        "request_hash": request_hash(request),
+        "schema_version": schema_version,
+        "request_hash": request_hash,
         "planner_version": planner_version,
-        "world_size": request.topology.world_size,
+        "world_size": world_size,
         "tables": {name: tables[name] for name in sorted(tables)},
         "rank_stats": rank_stats,
         "solver": solver,

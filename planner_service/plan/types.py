@@ -11,6 +11,7 @@ This module must not import torch.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from enum import StrEnum
@@ -21,9 +22,11 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
     Strict,
+    Tag,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -33,10 +36,21 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from planner_service.plan.canonical import canonical_bytes, plan_id_of, sha256_hex
+from planner_service.plan.errors import RUNS_TAG, SHARD_LIST_TAG
 from planner_service.plan.json_data import JsonObject
+from planner_service.plan.runs import (
+    expand_rank_runs,
+    rank_bounds,
+    rank_count,
+    rank_positions,
+    rank_runs_problem,
+    width_runs_problem,
+)
 from planner_service.plan.schema_version import (
+    COMPACT_SCHEMA,
     SCHEMA_VERSION,
     SCHEMA_VERSION_PATTERN,
+    schema_tuple,
     schema_version_problem,
 )
 from planner_service.plan.text import FreeText, IdentifierText
@@ -1065,6 +1079,206 @@ class ParameterSharding(_Value):
     shards: list[Shard] = Field(min_length=1)
     cache_load_factor: LoadFactor | None = None
 
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def shards_on(self, rank: int) -> list[tuple[int, Shard]]:
+        """The shards on ``rank``, each with its index in shard order."""
+        return [(i, shard) for i, shard in enumerate(self.shards) if shard.rank == rank]
+
+    def placed_ranks(self) -> frozenset[int]:
+        """The ranks that hold a shard of the table."""
+        return frozenset(shard.rank for shard in self.shards)
+
+
+# A rank in a 2.0 plan's rank list: itself, or the consecutive ranks [first, last] (runs.py).
+RankRunItem = Annotated[Rank | tuple[Rank, Rank], Field(union_mode="left_to_right")]
+ShardCount = Annotated[int, Strict(), Field(ge=1, le=MAX_WORLD_SIZE)]
+# [width, count]: ``count`` consecutive column shards ``width`` columns wide.
+WidthRunItem = tuple[NumColumns, ShardCount]
+
+
+class CompactSharding(_Value):
+    """How one table is sharded in plan schema 2.0: a split rule and a rank list, so a
+    table on 4,096 ranks is a few dozen bytes, not 4,096 shard records.
+
+    ``shape`` is the table's [rows, columns]; ``ranks`` (``rank_runs`` here) the rank of
+    each shard in shard order, consecutive ranks written as [first, last] runs
+    (``plan.runs``). The shards follow from the sharding type:
+
+    - ``table_wise``: one shard, the whole table;
+    - ``row_wise``, ``table_row_wise``: full-width row blocks of ``rows_per_shard`` rows in
+      order, the last one that has rows holding the remainder, any after it none;
+    - ``column_wise``, ``table_column_wise``: full-height column blocks left to right, of
+      the widths ``column_widths`` gives as [width, count] runs;
+    - ``data_parallel``: a whole replica on each rank.
+
+    ``shards``, ``ranks`` expand them (once, kept); ``shards_on(rank)`` expands one rank's
+    only, which is what a training rank needs of a table spread over every rank.
+    """
+
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    sharding_type: ShardingType
+    compute_kernel: ComputeKernel
+    shape: tuple[NumRows, NumColumns]
+    rank_runs: list[RankRunItem] = Field(alias="ranks", min_length=1, max_length=MAX_WORLD_SIZE)
+    rows_per_shard: NumRows | None = None
+    column_widths: list[WidthRunItem] | None = Field(
+        default=None, min_length=1, max_length=MAX_EMBEDDING_DIM
+    )
+    cache_load_factor: LoadFactor | None = None
+
+    @model_validator(mode="after")
+    def _check_runs(self) -> Self:
+        """What the shards are built from is all there, consistent and in its one
+        spelling; checked on the runs, never by listing the ranks."""
+        _check_rank_runs(self)
+        _check_split_rule(self)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
+        return _without_absent(
+            handler(self), ("rows_per_shard", "column_widths", "cache_load_factor")
+        )
+
+    @property
+    def num_shards(self) -> int:
+        return rank_count(self.rank_runs)
+
+    @functools.cached_property
+    def ranks(self) -> list[int]:
+        """The rank of each shard, in shard order (as ``ParameterSharding.ranks``)."""
+        return expand_rank_runs(self.rank_runs)
+
+    @functools.cached_property
+    def shards(self) -> list[Shard]:
+        """Every shard, in shard order (as ``ParameterSharding.shards``)."""
+        return [self.shard(i, rank) for i, rank in enumerate(self.ranks)]
+
+    def shards_on(self, rank: int) -> list[tuple[int, Shard]]:
+        """The shards on ``rank``, each with its index in shard order, without expanding
+        the others."""
+        return [(i, self.shard(i, rank)) for i in rank_positions(self.rank_runs, rank)]
+
+    def placed_ranks(self) -> frozenset[int]:
+        """The ranks that hold a shard of the table."""
+        return frozenset(self.ranks)
+
+    def shard(self, index: int, rank: int) -> Shard:
+        """Shard ``index`` (of ``num_shards``), placed on ``rank``."""
+        rows, cols = self.shape
+        if self.rows_per_shard is not None:
+            start = min(index * self.rows_per_shard, rows)
+            offsets, sizes = (start, 0), (min(self.rows_per_shard, rows - start), cols)
+        elif self.column_widths is not None:
+            start, width = self._column_block(index)
+            offsets, sizes = (0, start), (rows, width)
+        else:
+            offsets, sizes = (0, 0), self.shape
+        return Shard.model_construct(offsets=offsets, sizes=sizes, rank=rank)
+
+    def _column_block(self, index: int) -> tuple[int, int]:
+        """(first column, width) of column shard ``index``."""
+        assert self.column_widths is not None
+        start = 0
+        for width, count in self.column_widths:
+            if index < count:
+                return start + index * width, width
+            start += width * count
+            index -= count
+        raise IndexError(f"column shard {index} past the last")
+
+
+TableShardingModel = ParameterSharding | CompactSharding
+# A plan's table: explicit shards (schemas 1.x) or runs (2.0), told apart by a "shards" key.
+TableSharding = Annotated[
+    Annotated[ParameterSharding, Tag(SHARD_LIST_TAG)] | Annotated[CompactSharding, Tag(RUNS_TAG)],
+    Discriminator(lambda value: _sharding_form(value)),
+]
+
+
+def _sharding_form(value: object) -> str:
+    """Which model a table's sharding is: explicit shards (schemas 1.x) or runs (2.0)."""
+    if isinstance(value, dict):
+        return SHARD_LIST_TAG if "shards" in value else RUNS_TAG
+    return RUNS_TAG if isinstance(value, CompactSharding) else SHARD_LIST_TAG
+
+
+def _check_rank_runs(sharding: CompactSharding) -> None:
+    problem = rank_runs_problem(sharding.rank_runs)
+    if problem is not None:
+        raise _error("rank_runs", "{problem}", problem=problem, at="ranks", value=None)
+    count = sharding.num_shards
+    if count > MAX_WORLD_SIZE:
+        raise _error(
+            "rank_runs",
+            "the ranks name {count} shards; a table has at most {most} (MAX_WORLD_SIZE)",
+            count=count,
+            most=MAX_WORLD_SIZE,
+            at="ranks",
+            value=count,
+        )
+    if sharding.sharding_type is ShardingType.TABLE_WISE and count != 1:
+        raise _error(
+            "rank_runs",
+            "table_wise has one shard on one rank; ranks names {count}",
+            count=count,
+            at="ranks",
+            value=count,
+        )
+
+
+def _check_split_rule(sharding: CompactSharding) -> None:
+    """Row types have ``rows_per_shard`` and column types ``column_widths``, the others
+    neither; blocks cover the table's rows, widths add up to its columns, one per rank."""
+    kind = sharding.sharding_type
+    for field, types in (
+        ("rows_per_shard", ROW_SHARDING_TYPES),
+        ("column_widths", COLUMN_SHARDING_TYPES),
+    ):
+        if (getattr(sharding, field) is None) == (kind in types):
+            raise _error(
+                "split_rule",
+                "{field} is {what} for sharding_type {sharding_type}",
+                field=field,
+                what="required" if kind in types else "not a field",
+                sharding_type=kind.value,
+                at=field,
+                value=None,
+            )
+    rows, cols = sharding.shape
+    count = sharding.num_shards
+    if sharding.rows_per_shard is not None and sharding.rows_per_shard * count < rows:
+        raise _error(
+            "split_rule",
+            "{count} blocks of rows_per_shard {block} cover {covered} of the table's {rows} "
+            "rows; use rows_per_shard of at least ceil(rows / shards) = {least}",
+            count=count,
+            block=sharding.rows_per_shard,
+            covered=sharding.rows_per_shard * count,
+            rows=rows,
+            least=-(-rows // count),
+            at="rows_per_shard",
+            value=sharding.rows_per_shard,
+        )
+    if sharding.column_widths is not None:
+        _check_width_runs(sharding.column_widths, cols, count)
+
+
+def _check_width_runs(runs: list[tuple[int, int]], cols: int, count: int) -> None:
+    problem = width_runs_problem(runs)
+    shards = sum(run_count for _, run_count in runs)
+    width = sum(run_width * run_count for run_width, run_count in runs)
+    if problem is None and shards != count:
+        problem = f"the runs make {shards} column shards but ranks names {count}"
+    if problem is None and width != cols:
+        problem = f"the widths add up to {width} columns, not the table's {cols}"
+    if problem is not None:
+        raise _error("split_rule", "{problem}", problem=problem, at="column_widths", value=None)
+
 
 class Perf(_Value):
     """Estimated milliseconds per training iteration, by component.
@@ -1157,7 +1371,7 @@ class ShardingPlan(_Value):
     request_hash: Sha256Hex
     planner_version: Name
     world_size: WorldSize
-    tables: dict[Name, ParameterSharding] = Field(min_length=1)
+    tables: dict[Name, TableSharding] = Field(min_length=1)
     rank_stats: list[RankStats]
     solver: SolverReport
     migration: Migration | None = None
@@ -1168,6 +1382,9 @@ class ShardingPlan(_Value):
         has its fields and its migration adds up (the validator checks its shards against
         the request; ``check_previous_layout`` checks them without one)."""
         _check_schema_fields(self)
+        for name, sharding in self.tables.items():
+            if isinstance(sharding, CompactSharding):  # runs: checked without listing ranks
+                _check_shards(name, sharding, self.world_size, "")
         if self.migration is not None:
             _check_migration(self.migration, self.world_size, len(self.tables))
         return self
@@ -1179,9 +1396,9 @@ class ShardingPlan(_Value):
 
 def _check_schema_fields(plan: ShardingPlan) -> None:
     """A field exists from the schema that added it on: 1.0 plans have no
-    ``solver.stop_reason``, plans before 1.2 no ``migration``."""
-    major, _, minor = plan.schema_version.partition(".")
-    version = (int(major), int(minor))
+    ``solver.stop_reason``, plans before 1.2 no ``migration``; tables are shard lists
+    before 2.0 and runs from 2.0 on."""
+    version = schema_tuple(plan.schema_version)
     if plan.solver.stop_reason is not None and version < (1, 1):
         raise _error(
             "schema_field",
@@ -1191,6 +1408,20 @@ def _check_schema_fields(plan: ShardingPlan) -> None:
             at="solver.stop_reason",
             value=plan.solver.stop_reason.value,
         )
+    compact = version >= COMPACT_SCHEMA
+    for name, sharding in plan.tables.items():
+        if isinstance(sharding, CompactSharding) != compact:
+            raise _error(
+                "schema_field",
+                "plan schema {version!r} writes each table's shards as {form}; table "
+                "{name!r} has {other}",
+                version=plan.schema_version,
+                form="a split rule and ranks" if compact else "a shards list",
+                other="a shards list" if compact else "a split rule and ranks",
+                name=name,
+                at=f"tables.{name}",
+                value=None,
+            )
     if plan.migration is not None and version < (1, 2):
         raise _error(
             "schema_field",
@@ -1227,10 +1458,14 @@ def check_previous_layout(plan: ShardingPlan, at: str) -> None:
         _check_rank(stats.rank, plan.world_size, f"{at}rank_stats[{i}].rank")
 
 
-def _check_shards(name: str, sharding: ParameterSharding, world_size: int, at: str) -> None:
+def _check_shards(name: str, sharding: TableShardingModel, world_size: int, at: str) -> None:
     """Shards on the plan's ranks that cover the rectangle they span exactly once by area
     (the validator, with the request, checks the tiling itself); data-parallel shards are
-    each the whole table."""
+    each the whole table. Runs tile by construction (their model checks them): only their
+    ranks' range is left to check, on the runs."""
+    if isinstance(sharding, CompactSharding):
+        _check_rank(rank_bounds(sharding.rank_runs)[1], world_size, f"{at}tables.{name}.ranks")
+        return
     for i, rank in enumerate(sharding.ranks):
         _check_rank(rank, world_size, f"{at}tables.{name}.ranks[{i}]")
     for i, shard in enumerate(sharding.shards):

@@ -24,13 +24,13 @@ from planner_service.plan.types import (
     ComputeDevice,
     ComputeKernel,
     ParameterConstraints,
-    ParameterSharding,
     PlanRequest,
     RankStats,
     ShardingPlan,
     ShardingType,
     SolverStatus,
     Table,
+    TableShardingModel,
     Topology,
     Violation,
     ViolationCode,
@@ -244,7 +244,7 @@ def _check_tables(request: PlanRequest, plan: ShardingPlan) -> Iterator[Violatio
         yield from context.check()
 
 
-def check_layout(topology: Topology, table: Table, sharding: ParameterSharding) -> list[Violation]:
+def check_layout(topology: Topology, table: Table, sharding: TableShardingModel) -> list[Violation]:
     """The layout rules alone (shard ranks, tiling, row blocks, one host for host-local
     types, column widths), without a request: the runtime checks a served plan with these,
     so it accepts exactly the layouts the planner validates."""
@@ -259,7 +259,7 @@ class _TableContext:
         self,
         topology: Topology,
         table: Table,
-        sharding: ParameterSharding,
+        sharding: TableShardingModel,
         constraint: ParameterConstraints,
     ) -> None:
         self.topology = topology

@@ -16,12 +16,12 @@ from planner_service.plan.diff import TableChange, TableStatus
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import (
     ComputeDevice,
-    ParameterSharding,
     Perf,
     PlanRequest,
     ShardingPlan,
     SolverReport,
     StopReason,
+    TableShardingModel,
 )
 from planner_service.plan.units import size
 from planner_service.reports.plan_table import perf_rule
@@ -380,7 +380,7 @@ def _moved_row(change: TableChange) -> str:
     )
 
 
-def _placement(sharding: ParameterSharding | None) -> str:
+def _placement(sharding: TableShardingModel | None) -> str:
     if sharding is None:
         return "-"
     ranks = rank_ranges(sorted(set(sharding.ranks)))
