@@ -43,10 +43,12 @@ def schema_version_problem(version: object) -> str | None:
     if parsed is None:
         return f'must be a string like "{SCHEMA_VERSION}"'
     major, minor = parsed
-    if minor > NEWEST_MINOR.get(major, -1):
+    newest = NEWEST_MINOR.get(major)
+    if newest is None or minor > newest:
+        newer = major > max(NEWEST_MINOR) or newest is not None
         return (
             f"this shardplan reads plan schemas {READS}; "
-            f"{'upgrade shardplan' if parsed > _OURS else 're-plan'} to read it"
+            f"{'upgrade shardplan' if newer else 're-plan'} to read it"
         )
     return None
 
@@ -68,12 +70,3 @@ def _version_tuple(version: str) -> tuple[int, int] | None:
 
 
 _SCHEMA_VERSION = re.compile(SCHEMA_VERSION_PATTERN.strip("^$"))
-
-
-def _ours() -> tuple[int, int]:
-    ours = _version_tuple(SCHEMA_VERSION)
-    assert ours is not None  # SCHEMA_VERSION matches its own pattern
-    return ours
-
-
-_OURS = _ours()
