@@ -42,6 +42,7 @@ from planner_service.plan.types import (
     DeviceProfile,
     PlanRequest,
     ShardingPlan,
+    rank_stats_columns,
 )
 from planner_service.plan.units import MiB
 
@@ -127,14 +128,16 @@ def seal_plan_body(
     schema_version: str = SCHEMA_VERSION,
 ) -> ShardingPlan:
     """``seal_plan_data`` given the request's hash and world size, at ``schema_version``
-    (a 1.x one takes tables as shard lists: ``plan.compact.expand_plan``'s)."""
+    (a 1.x one takes tables as shard lists: ``plan.compact.expand_plan``'s).
+    ``rank_stats``: one object per rank, written as columns from 2.0 on."""
+    compact = not schema_version.startswith(("0.", "1."))
     body = {
         "schema_version": schema_version,
         "request_hash": request_hash,
         "planner_version": planner_version,
         "world_size": world_size,
         "tables": {name: tables[name] for name in sorted(tables)},
-        "rank_stats": rank_stats,
+        "rank_stats": rank_stats_columns(rank_stats) if compact else rank_stats,
         "solver": solver,
     }
     if migration is not None:

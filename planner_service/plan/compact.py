@@ -149,7 +149,7 @@ def _reseal(plan: ShardingPlan, tables: dict[str, JsonObject], version: str) -> 
         world_size=plan.world_size,
         planner_version=plan.planner_version,
         tables=tables,
-        rank_stats=data["rank_stats"],
+        rank_stats=[stats.model_dump(mode="json") for stats in plan.rank_stats],
         solver=data["solver"],
         migration=data.get("migration"),
         schema_version=version,

@@ -275,7 +275,7 @@ class ShardingSummary(_Document):
     def of(cls, sharding: TableShardingModel | None) -> ShardingSummary | None:
         if sharding is None:
             return None
-        shards = len(sharding.shards)
+        shards = sharding.num_shards
         return cls(
             sharding_type=sharding.sharding_type,
             compute_kernel=sharding.compute_kernel,

@@ -227,3 +227,29 @@ def test_an_error_inside_a_table_of_runs_names_its_field():
     with pytest.raises(InputError) as caught:
         parse_plan(json.dumps(data))
     assert [p.path for p in caught.value.problems] == ["tables.a.rows_per_shard"]
+
+
+def test_rank_stats_are_columns_in_2_0_and_rows_in_1x():
+    req = request([table("a"), table("b")], world_size=3)
+    plan = builders.plan(
+        req, {"a": builders.table_wise(req, "a", 0), "b": builders.row_wise(req, "b")}
+    )
+    data = json.loads(plan_bytes(plan))
+    assert data["rank_stats"]["rank"] == [0, 1, 2]
+    assert data["rank_stats"]["hbm_bytes"] == [s.hbm_bytes for s in plan.rank_stats]
+    assert set(data["rank_stats"]["perf"]) == {
+        "fwd_compute",
+        "fwd_comms",
+        "bwd_compute",
+        "bwd_comms",
+        "prefetch",
+        "input_dist",
+        "total",
+    }
+    assert isinstance(json.loads(plan_bytes(expand_plan(plan)))["rank_stats"], list)
+    rows = json.loads(plan_bytes(expand_plan(plan)))["rank_stats"]
+    with pytest.raises(InputError, match="writes rank_stats as columns"):
+        parse_plan(json.dumps({**data, "rank_stats": rows}))
+    short = {**data["rank_stats"], "hbm_bytes": data["rank_stats"]["hbm_bytes"][:2]}
+    with pytest.raises(InputError, match="lists of one length"):
+        parse_plan(json.dumps({**data, "rank_stats": short}))

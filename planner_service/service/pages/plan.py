@@ -392,7 +392,7 @@ def _tables_section(plan: ShardingPlan) -> str:
         f"<tr><td>{escape(name)}</td><td>{plan.tables[name].sharding_type.value}</td>"
         f"<td>{plan.tables[name].compute_kernel.value}</td>"
         f"<td>{escape(rank_ranges(sorted(set(plan.tables[name].ranks))))}</td>"
-        f"<td class=num>{len(plan.tables[name].shards)}</td></tr>"
+        f"<td class=num>{plan.tables[name].num_shards}</td></tr>"
         for name in natural_sorted(plan.tables)
     )
     return (
