@@ -7,10 +7,12 @@ from typing import Any
 
 from planner_service.plan.codec import parse_request, request_hash, seal_plan_body
 from planner_service.plan.compact import NotCompactError, compact_sharding, expand_sharding
+from planner_service.plan.runs import rank_runs
 from planner_service.plan.schema_version import SCHEMA_VERSION, SCHEMA_VERSION_WITHOUT_MIGRATION
 from planner_service.plan.shards import column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
     PERF_FIELDS,
+    CompactSharding,
     ComputeKernel,
     ParameterSharding,
     Perf,
@@ -239,3 +241,24 @@ def device_profile(
         "runtime": runtime,
     }
     return {**profile, **fields}
+
+
+# --------------------------------------------------------------------------- plan JSON
+
+
+def shard_list(table_data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan table's shards as JSON records (``offsets``, ``sizes``, ``rank``), from its
+    JSON data in either form (2.0 runs, 1.x shard lists)."""
+    model = ParameterSharding if "shards" in table_data else CompactSharding
+    return [shard.model_dump(mode="json") for shard in model.model_validate(table_data).shards]
+
+
+def move_shard(table_data: dict[str, Any], index: int, rank: int) -> None:
+    """Edit a plan table's JSON data (either form) so that shard ``index`` is on ``rank``:
+    what a tampering test changes after the plan was sealed."""
+    if "shards" in table_data:
+        table_data["shards"][index]["rank"] = rank
+        return
+    ranks = CompactSharding.model_validate(table_data).ranks
+    ranks[index] = rank
+    table_data["ranks"] = [run if isinstance(run, int) else list(run) for run in rank_runs(ranks)]
