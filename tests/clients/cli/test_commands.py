@@ -63,8 +63,8 @@ def test_validate_invalid_plan_one_line_per_violation(run_cli, files, tmp_path):
         "rank_stats",
     ]
     assert "table 'a': ranks name rank 5, but ranks are 0..1" in lines[1]
-    assert "rank 0 reports hbm_bytes 1,000,000,000,000,000 (the shards use" in lines[3]
-    assert "invalid: 4 violation(s)" in result.stderr
+    assert "rank 0 reports hbm_bytes 1,000,000,000,000,000 (the shards use" in lines[2]
+    assert "invalid: 3 violation(s)" in result.stderr
 
 
 def test_validate_refuses_a_plan_made_for_another_batch_size(run_cli, files, tmp_path):
