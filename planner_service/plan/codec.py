@@ -151,9 +151,15 @@ def seal_plan_body(
     else:  # a key sorts before it ("migration")
         document = canonical_bytes({**body, "plan_id": plan_id})
     plan = ShardingPlan.model_validate_json(document)
+    remember_plan_bytes(plan, document)
+    return plan
+
+
+def remember_plan_bytes(plan: ShardingPlan, document: bytes) -> None:
+    """Keep ``document``, the canonical bytes of ``plan`` (sealed here, or received and
+    checked to be them), as what ``plan_bytes`` returns for it while it lives."""
     key = id(plan)
     _SEALED[key] = (weakref.ref(plan, lambda _: _SEALED.pop(key, None)), document)
-    return plan
 
 
 # Plans sealed in this process, weakly, with their canonical bytes (dropped with the plan),

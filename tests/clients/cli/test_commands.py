@@ -134,7 +134,10 @@ def test_missing_file_and_bad_plan_version(run_cli, files, tmp_path):
     plan_path.write_text(json.dumps(document))
     future = run_cli("validate", request_path, plan_path)
     assert future.returncode == 2
-    assert "schema_version = '9.0': this shardplan reads plan schemas 1.0 to 1.2 and 2.0" in future.stderr
+    assert (
+        "schema_version = '9.0': this shardplan reads plan schemas 1.0 to 1.2 and 2.0"
+        in future.stderr
+    )
     assert "Traceback" not in missing.stderr + future.stderr
 
 
