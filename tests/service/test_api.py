@@ -679,8 +679,7 @@ def test_validate_valid_and_invalid(client):
     codes = [v["code"] for v in bad["violations"]]
     assert codes == [
         "plan_id_mismatch",
-        "rank_out_of_range",
-        "ranks_mismatch",
+        "rank_out_of_range",  # a 2.0 table's ranks are its shards' (no ranks_mismatch)
         "rank_stats",  # rank 0 lost a's shard (and the objective, the critical path)
         "solver_report",
         "solver_report",
