@@ -176,7 +176,11 @@ def test_our_plan_runs_in_distributed_model_parallel_and_matches_the_unsharded_m
         # DMP kept our plan: every table's sharding type, kernel and ranks.
         kept = {name: p for module in result["plan"].values() for name, p in module.items()}
         assert kept == {
-            name: [t["sharding_type"], t["compute_kernel"], t["ranks"]]
+            name: [
+                t["sharding_type"],
+                t["compute_kernel"],
+                [s["rank"] for s in builders.shard_list(t)],
+            ]
             for name, t in plan["tables"].items()
         }
         assert set(result["plan"]) == {"sparse", "weighted", "history"}
@@ -733,7 +737,7 @@ def expected_torchrec_plan(plan: dict[str, Any], placement) -> dict[str, Any]:
             "type": ["ShardingPlan", "EmbeddingModuleShardingPlan", "ParameterSharding"],
             "sharding_type": table["sharding_type"],
             "compute_kernel": table["compute_kernel"],
-            "ranks": table["ranks"],
+            "ranks": [s["rank"] for s in builders.shard_list(table)],
             "shards": None
             if table["sharding_type"] == "data_parallel"
             else [
