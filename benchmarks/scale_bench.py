@@ -58,7 +58,7 @@ if plan:
         gap=plan.solver.gap,
         bound_source=plan.solver.lower_bound_source,
         stop_reason=plan.solver.stop_reason.value,
-        shards=sum(len(t.shards) for t in plan.tables.values()),
+        shards=sum(t.num_shards for t in plan.tables.values()),
         plan_mib=len(plan_bytes(plan)) / 2**20,
     )
 print(json.dumps(row))

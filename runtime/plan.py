@@ -19,12 +19,14 @@ from planner_service.plan.codec import parse_plan
 from planner_service.plan.errors import problems_from_validation_error
 from planner_service.plan.shards import COLUMN_ALIGNMENT, column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
+    CompactSharding,
     ComputeKernel,
     ParameterSharding,
     Shard,
     ShardingPlan,
     ShardingType,
     Table,
+    TableShardingModel,
     Topology,
 )
 from planner_service.validate.validator import check_layout
@@ -43,7 +45,7 @@ class ModulePlan:
     """What the runtime needs of a plan: the world size and each table's sharding."""
 
     world_size: int
-    tables: Mapping[str, ParameterSharding]
+    tables: Mapping[str, TableShardingModel]
     plan_id: str | None = None
 
     def __post_init__(self) -> None:
@@ -66,20 +68,21 @@ class ModulePlan:
         return ModulePlan(plan.world_size, dict(plan.tables), plan.plan_id)
 
 
-def _parameter_sharding(table: str, sharding: object) -> ParameterSharding:
-    """A ``ModulePlan`` table's sharding: a ``ParameterSharding``, or its JSON data (enums
-    as their string values), read once here."""
-    if isinstance(sharding, ParameterSharding):
+def _parameter_sharding(table: str, sharding: object) -> TableShardingModel:
+    """A ``ModulePlan`` table's sharding: a ``ParameterSharding`` or ``CompactSharding``,
+    or the JSON data of either (enums as their string values), read once here."""
+    if isinstance(sharding, ParameterSharding | CompactSharding):
         return sharding
     if not isinstance(sharding, Mapping):
         raise PlanMismatchError(
             f"table {table!r}: its sharding is a {type(sharding).__name__}; give a "
-            "ParameterSharding (a plan builder's) or its JSON data"
+            "ParameterSharding (a plan builder's), a CompactSharding or its JSON data"
         )
+    model = ParameterSharding if "shards" in sharding else CompactSharding
     try:
-        return ParameterSharding.model_validate(sharding)
+        return model.model_validate(sharding)
     except ValidationError as error:
-        problems = problems_from_validation_error(error, ParameterSharding)
+        problems = problems_from_validation_error(error, model)
         details = "; ".join(problem.render() for problem in problems)
         raise PlanMismatchError(f"table {table!r}: {details}") from None
 
@@ -253,7 +256,7 @@ def host_size(plan: ModulePlan) -> int | None:
     for name, sharding in sorted(plan.tables.items()):
         if sharding.sharding_type is not ShardingType.TABLE_ROW_WISE:
             continue
-        ranks = sorted(s.rank for s in sharding.shards)
+        ranks = sorted(sharding.ranks)
         local = len(ranks)
         if ranks != list(range(ranks[0], ranks[0] + local)) or ranks[0] % local:
             raise PlanMismatchError(
@@ -275,7 +278,7 @@ def host_size(plan: ModulePlan) -> int | None:
 
 
 def _check_table(
-    table: BaseEmbeddingConfig, sharding: ParameterSharding, topology: Topology
+    table: BaseEmbeddingConfig, sharding: TableShardingModel, topology: Topology
 ) -> None:
     """The planner's layout rules (``validator.check_layout``), then what FBGEMM's kernels
     need of every shard."""
@@ -288,10 +291,21 @@ def _check_table(
         prefix = f"table {table.name!r}: "
         details = "; ".join(v.message.removeprefix(prefix) for v in violations)
         raise PlanMismatchError(f"table {table.name!r} ({kind}): {details}")
-    for shard in sharding.shards:
-        width = shard.sizes[1]
-        if shard.sizes[0] and width % COLUMN_ALIGNMENT:
+    for width in _widths(sharding):
+        if width % COLUMN_ALIGNMENT:
             raise PlanMismatchError(
                 f"table {table.name!r} ({kind}): a shard is {width} columns wide; FBGEMM's "
                 f"kernels need widths that are multiples of {COLUMN_ALIGNMENT}"
             )
+
+
+def _widths(sharding: TableShardingModel) -> set[int]:
+    """The widths of the shards that hold rows, read from the runs where there are runs
+    (a table row-split over every rank has one width, not one per rank)."""
+    if isinstance(sharding, ParameterSharding):
+        return {shard.sizes[1] for shard in sharding.shards if shard.sizes[0]}
+    if not sharding.shape[0]:
+        return set()
+    if sharding.column_widths is None:
+        return {sharding.shape[1]}
+    return {width for width, _ in sharding.column_widths}

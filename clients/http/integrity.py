@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from clients.http.errors import IntegrityError
 from planner_service.plan.canonical import plan_id_of
-from planner_service.plan.codec import parse_plan_document, parse_profile
+from planner_service.plan.codec import parse_plan_document, parse_profile, remember_plan_bytes
 from planner_service.plan.errors import InputError
 from planner_service.plan.plan_ids import is_full_plan_id
 from planner_service.plan.schema_version import check_schema_version
@@ -62,7 +62,12 @@ def sealed_plan(data: bytes) -> ShardingPlan | None:
         check_schema_version(plan.schema_version)
     except (ValidationError, InputError):
         return None  # the general path says what is wrong
-    return plan if plan.plan_id == claimed else None  # the member was the plan's own
+    if plan.plan_id != claimed:  # the member was not the plan's own
+        return None
+    # These are the canonical bytes (what the id hashes, the id in front): storing or
+    # passing the plan on (load_plan broadcasts it) need not serialise it again.
+    remember_plan_bytes(plan, data)
+    return plan
 
 
 def verified_plan(data: bytes, *, source: str, expected_plan_id: str | None) -> ShardingPlan:

@@ -34,7 +34,6 @@ from planner_service.plan.errors import (
 from planner_service.plan.json_data import JsonObject, JsonValue
 from planner_service.plan.schema_version import (
     SCHEMA_VERSION,
-    SCHEMA_VERSION_WITHOUT_MIGRATION,
     check_schema_version,
 )
 from planner_service.plan.types import (
@@ -43,6 +42,7 @@ from planner_service.plan.types import (
     DeviceProfile,
     PlanRequest,
     ShardingPlan,
+    rank_stats_columns,
 )
 from planner_service.plan.units import MiB
 
@@ -104,14 +104,40 @@ def seal_plan_data(
 ) -> ShardingPlan:
     """Assemble a plan for ``request`` from its parts as JSON data and stamp it with its
     content address: a plan of many shards is validated once, at the end, instead of once
-    per object and again when sealed."""
+    per object and again when sealed. ``tables`` are runs (schema 2.0)."""
+    return seal_plan_body(
+        request_hash=request_hash(request),
+        world_size=request.topology.world_size,
+        planner_version=planner_version,
+        tables=tables,
+        rank_stats=rank_stats,
+        solver=solver,
+        migration=migration,
+    )
+
+
+def seal_plan_body(
+    *,
+    request_hash: str,
+    world_size: int,
+    planner_version: str,
+    tables: dict[str, JsonObject],
+    rank_stats: list[JsonObject],
+    solver: JsonObject,
+    migration: JsonObject | None = None,
+    schema_version: str = SCHEMA_VERSION,
+) -> ShardingPlan:
+    """``seal_plan_data`` given the request's hash and world size, at ``schema_version``
+    (a 1.x one takes tables as shard lists: ``plan.compact.expand_plan``'s).
+    ``rank_stats``: one object per rank, written as columns from 2.0 on."""
+    compact = not schema_version.startswith(("0.", "1."))
     body = {
-        "schema_version": SCHEMA_VERSION if migration else SCHEMA_VERSION_WITHOUT_MIGRATION,
-        "request_hash": request_hash(request),
+        "schema_version": schema_version,
+        "request_hash": request_hash,
         "planner_version": planner_version,
-        "world_size": request.topology.world_size,
+        "world_size": world_size,
         "tables": {name: tables[name] for name in sorted(tables)},
-        "rank_stats": rank_stats,
+        "rank_stats": rank_stats_columns(rank_stats) if compact else rank_stats,
         "solver": solver,
     }
     if migration is not None:
@@ -125,9 +151,15 @@ def seal_plan_data(
     else:  # a key sorts before it ("migration")
         document = canonical_bytes({**body, "plan_id": plan_id})
     plan = ShardingPlan.model_validate_json(document)
+    remember_plan_bytes(plan, document)
+    return plan
+
+
+def remember_plan_bytes(plan: ShardingPlan, document: bytes) -> None:
+    """Keep ``document``, the canonical bytes of ``plan`` (sealed here, or received and
+    checked to be them), as what ``plan_bytes`` returns for it while it lives."""
     key = id(plan)
     _SEALED[key] = (weakref.ref(plan, lambda _: _SEALED.pop(key, None)), document)
-    return plan
 
 
 # Plans sealed in this process, weakly, with their canonical bytes (dropped with the plan),

@@ -25,12 +25,12 @@ from planner_service.plan.order import natural_sorted
 from planner_service.plan.transfers import Element, ElementBytes, elements_of, sharding_moves
 from planner_service.plan.types import (
     ComputeKernel,
-    ParameterSharding,
     PlanRequest,
     RankStats,
     Shard,
     ShardingPlan,
     ShardingType,
+    TableShardingModel,
 )
 
 # 2: moved bytes count optimizer state (with --request), exclude rows no rank held, and
@@ -64,8 +64,8 @@ class TableChange:
     name: str
     status: TableStatus
     changes: tuple[ShardingAspect, ...]
-    old: ParameterSharding | None
-    new: ParameterSharding | None
+    old: TableShardingModel | None
+    new: TableShardingModel | None
     moved_elements: int = 0
     moved_bytes: int = 0
 
@@ -162,7 +162,7 @@ def diff_plans(
     return PlanDiff(old, new, tables, unchanged, ranks, bool(request))
 
 
-def _changes(before: ParameterSharding, after: ParameterSharding) -> tuple[ShardingAspect, ...]:
+def _changes(before: TableShardingModel, after: TableShardingModel) -> tuple[ShardingAspect, ...]:
     return tuple(
         aspect for aspect in ShardingAspect if getattr(before, aspect) != getattr(after, aspect)
     )
@@ -272,10 +272,10 @@ class ShardingSummary(_Document):
     cache_load_factor: float | None
 
     @classmethod
-    def of(cls, sharding: ParameterSharding | None) -> ShardingSummary | None:
+    def of(cls, sharding: TableShardingModel | None) -> ShardingSummary | None:
         if sharding is None:
             return None
-        shards = len(sharding.shards)
+        shards = sharding.num_shards
         return cls(
             sharding_type=sharding.sharding_type,
             compute_kernel=sharding.compute_kernel,

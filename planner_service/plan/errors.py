@@ -90,7 +90,7 @@ def problems_from_validation_error(
     """Turn pydantic's errors into FieldProblems with paths and accepted values."""
     problems = []
     for item in error.errors(include_url=False):
-        loc = tuple(item["loc"])
+        loc = _without_union_tags(tuple(item["loc"]))
         message = _message(item, model, loc)
         value = item.get("input", _NO_VALUE)
         if item["type"] == "too_long":
@@ -104,6 +104,22 @@ def problems_from_validation_error(
             value = context.get("field_value", _NO_VALUE)
         problems.append(FieldProblem(path, message, value))
     return problems
+
+
+# The tags of a plan table's two forms (``types.TableSharding``): pydantic puts the tag of
+# the form it validated in an error's location, after ``tables`` and the table's name; a
+# user's document has no such level, so paths leave it out.
+SHARD_LIST_TAG = "shard list"
+RUNS_TAG = "shard runs"
+_UNION_TAGS = frozenset({SHARD_LIST_TAG, RUNS_TAG})
+
+
+def _without_union_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    return tuple(
+        part
+        for i, part in enumerate(loc)
+        if not (part in _UNION_TAGS and i >= 2 and loc[i - 2] == "tables")
+    )
 
 
 def _below(path: str, relative: str) -> str:

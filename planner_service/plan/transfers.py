@@ -34,11 +34,11 @@ from enum import StrEnum
 from planner_service.plan.types import (
     Migration,
     OptimizerType,
-    ParameterSharding,
     PlanRequest,
     RankMoves,
     ShardingPlan,
     ShardingType,
+    TableShardingModel,
 )
 
 ASSUMED_ELEMENT_BYTES = 4  # fp32, the request format's default data type
@@ -84,7 +84,7 @@ class TableMoves:
 NO_MOVES = TableMoves()
 
 
-def boxes(sharding: ParameterSharding) -> list[Box]:
+def boxes(sharding: TableShardingModel) -> list[Box]:
     return [(*shard.offsets, *shard.sizes, shard.rank) for shard in sharding.shards]
 
 
@@ -242,7 +242,7 @@ def elements_of(request: PlanRequest | None) -> dict[str, Element]:
 
 
 def sharding_moves(
-    before: ParameterSharding, after: ParameterSharding, element: Element
+    before: TableShardingModel, after: TableShardingModel, element: Element
 ) -> TableMoves:
     replicated = before.sharding_type is ShardingType.DATA_PARALLEL
     return table_moves(boxes(before), boxes(after), old_replicated=replicated, element=element)
@@ -250,7 +250,7 @@ def sharding_moves(
 
 def plan_moves(
     old: ShardingPlan,
-    new_tables: Mapping[str, ParameterSharding],
+    new_tables: Mapping[str, TableShardingModel],
     request: PlanRequest | None = None,
 ) -> PlanMoves:
     """The moves from ``old`` to ``new_tables`` (a plan's tables) for tables in both."""
@@ -273,7 +273,7 @@ def plan_moves(
 
 def plan_transfers(
     old: ShardingPlan,
-    new_tables: Mapping[str, ParameterSharding],
+    new_tables: Mapping[str, TableShardingModel],
     request: PlanRequest | None = None,
     *,
     elements: Mapping[str, Element] | None = None,
@@ -292,7 +292,7 @@ def plan_transfers(
 
 
 def sharding_transfers(
-    name: str, before: ParameterSharding, after: ParameterSharding, element: Element
+    name: str, before: TableShardingModel, after: TableShardingModel, element: Element
 ) -> list[Transfer]:
     replicated = before.sharding_type is ShardingType.DATA_PARALLEL
     return table_transfers(

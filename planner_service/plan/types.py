@@ -11,19 +11,23 @@ This module must not import torch.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
     Strict,
+    Tag,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -33,10 +37,21 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from planner_service.plan.canonical import canonical_bytes, plan_id_of, sha256_hex
+from planner_service.plan.errors import RUNS_TAG, SHARD_LIST_TAG
 from planner_service.plan.json_data import JsonObject
+from planner_service.plan.runs import (
+    expand_rank_runs,
+    rank_bounds,
+    rank_count,
+    rank_positions,
+    rank_runs_problem,
+    width_runs_problem,
+)
 from planner_service.plan.schema_version import (
+    COMPACT_SCHEMA,
     SCHEMA_VERSION,
     SCHEMA_VERSION_PATTERN,
+    schema_tuple,
     schema_version_problem,
 )
 from planner_service.plan.text import FreeText, IdentifierText
@@ -1065,6 +1080,221 @@ class ParameterSharding(_Value):
     shards: list[Shard] = Field(min_length=1)
     cache_load_factor: LoadFactor | None = None
 
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def shards_on(self, rank: int) -> list[tuple[int, Shard]]:
+        """The shards on ``rank``, each with its index in shard order."""
+        return [(i, shard) for i, shard in enumerate(self.shards) if shard.rank == rank]
+
+    def placed_ranks(self) -> frozenset[int]:
+        """The ranks that hold a shard of the table."""
+        return frozenset(shard.rank for shard in self.shards)
+
+
+# A rank in a 2.0 plan's rank list: itself, or the consecutive ranks [first, last] (runs.py).
+RankRunItem = Annotated[Rank | tuple[Rank, Rank], Field(union_mode="left_to_right")]
+ShardCount = Annotated[int, Strict(), Field(ge=1, le=MAX_WORLD_SIZE)]
+# [width, count]: ``count`` consecutive column shards ``width`` columns wide.
+WidthRunItem = tuple[NumColumns, ShardCount]
+
+
+class CompactSharding(_Value):
+    """How one table is sharded in plan schema 2.0: a split rule and a rank list, so a
+    table on 4,096 ranks is a few dozen bytes, not 4,096 shard records.
+
+    ``shape`` is the table's [rows, columns]; ``ranks`` (``rank_runs`` here) the rank of
+    each shard in shard order, consecutive ranks written as [first, last] runs
+    (``plan.runs``). The shards follow from the sharding type:
+
+    - ``table_wise``: one shard, the whole table;
+    - ``row_wise``, ``table_row_wise``: full-width row blocks of ``rows_per_shard`` rows in
+      order, the last one that has rows holding the remainder, any after it none;
+    - ``column_wise``, ``table_column_wise``: full-height column blocks left to right, of
+      the widths ``column_widths`` gives as [width, count] runs;
+    - ``data_parallel``: a whole replica on each rank.
+
+    ``shards``, ``ranks`` expand them (once, kept); ``shards_on(rank)`` expands one rank's
+    only, which is what a training rank needs of a table spread over every rank.
+    """
+
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    sharding_type: ShardingType
+    compute_kernel: ComputeKernel
+    shape: tuple[NumRows, NumColumns]
+    rank_runs: list[RankRunItem] = Field(alias="ranks", min_length=1, max_length=MAX_WORLD_SIZE)
+    rows_per_shard: NumRows | None = None
+    column_widths: list[WidthRunItem] | None = Field(
+        default=None, min_length=1, max_length=MAX_EMBEDDING_DIM
+    )
+    cache_load_factor: LoadFactor | None = None
+
+    @model_validator(mode="after")
+    def _check_runs(self) -> Self:
+        """What the shards are built from is all there, consistent and in its one
+        spelling; checked on the runs, never by listing the ranks. A table on one rank
+        (most of a plan's) takes the short way: a load_plan of 10,000 tables checks them
+        all."""
+        runs = self.rank_runs
+        count = 1 if len(runs) == 1 and isinstance(runs[0], int) else _check_rank_runs(self)
+        _check_split_rule(self, count)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
+        return _without_absent(
+            handler(self), ("rows_per_shard", "column_widths", "cache_load_factor")
+        )
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy whose expansions are made again from its own runs, not the original's."""
+        copied = super().model_copy(update=update, deep=deep)
+        for expanded in _EXPANSIONS:
+            copied.__dict__.pop(expanded, None)
+        return copied
+
+    @property
+    def num_shards(self) -> int:
+        return rank_count(self.rank_runs)
+
+    @functools.cached_property
+    def ranks(self) -> list[int]:
+        """The rank of each shard, in shard order (as ``ParameterSharding.ranks``)."""
+        return expand_rank_runs(self.rank_runs)
+
+    @functools.cached_property
+    def shards(self) -> list[Shard]:
+        """Every shard, in shard order (as ``ParameterSharding.shards``)."""
+        return [self.shard(i, rank) for i, rank in enumerate(self.ranks)]
+
+    def shards_on(self, rank: int) -> list[tuple[int, Shard]]:
+        """The shards on ``rank``, each with its index in shard order, without expanding
+        the others."""
+        return [(i, self.shard(i, rank)) for i in rank_positions(self.rank_runs, rank)]
+
+    def placed_ranks(self) -> frozenset[int]:
+        """The ranks that hold a shard of the table."""
+        return frozenset(self.ranks)
+
+    def shard(self, index: int, rank: int) -> Shard:
+        """Shard ``index`` (of ``num_shards``), placed on ``rank``."""
+        rows, cols = self.shape
+        if self.rows_per_shard is not None:
+            start = min(index * self.rows_per_shard, rows)
+            offsets, sizes = (start, 0), (min(self.rows_per_shard, rows - start), cols)
+        elif self.column_widths is not None:
+            start, width = self._column_block(index)
+            offsets, sizes = (0, start), (rows, width)
+        else:
+            offsets, sizes = (0, 0), self.shape
+        return Shard.model_construct(offsets=offsets, sizes=sizes, rank=rank)
+
+    def _column_block(self, index: int) -> tuple[int, int]:
+        """(first column, width) of column shard ``index``."""
+        assert self.column_widths is not None
+        start = 0
+        for width, count in self.column_widths:
+            if index < count:
+                return start + index * width, width
+            start += width * count
+            index -= count
+        raise IndexError(f"column shard {index} past the last")
+
+
+_EXPANSIONS = ("ranks", "shards")  # CompactSharding's cached properties
+TableShardingModel = ParameterSharding | CompactSharding
+# A plan's table: explicit shards (schemas 1.x) or runs (2.0), told apart by a "shards" key.
+TableSharding = Annotated[
+    Annotated[ParameterSharding, Tag(SHARD_LIST_TAG)] | Annotated[CompactSharding, Tag(RUNS_TAG)],
+    Discriminator(lambda value: _sharding_form(value)),
+]
+
+
+def _sharding_form(value: object) -> str:
+    """Which model a table's sharding is: explicit shards (schemas 1.x) or runs (2.0)."""
+    if isinstance(value, dict):
+        return SHARD_LIST_TAG if "shards" in value else RUNS_TAG
+    return RUNS_TAG if isinstance(value, CompactSharding) else SHARD_LIST_TAG
+
+
+def _check_rank_runs(sharding: CompactSharding) -> int:
+    """The number of ranks (shards) the runs stand for, once checked."""
+    problem = rank_runs_problem(sharding.rank_runs)
+    if problem is not None:
+        raise _error("rank_runs", "{problem}", problem=problem, at="ranks", value=None)
+    count = sharding.num_shards
+    if count > MAX_WORLD_SIZE:
+        raise _error(
+            "rank_runs",
+            "the ranks name {count} shards; a table has at most {most} (MAX_WORLD_SIZE)",
+            count=count,
+            most=MAX_WORLD_SIZE,
+            at="ranks",
+            value=count,
+        )
+    if sharding.sharding_type is ShardingType.TABLE_WISE and count != 1:
+        raise _error(
+            "rank_runs",
+            "table_wise has one shard on one rank; ranks names {count}",
+            count=count,
+            at="ranks",
+            value=count,
+        )
+    return count
+
+
+def _check_split_rule(sharding: CompactSharding, count: int) -> None:
+    """Row types have ``rows_per_shard`` and column types ``column_widths``, the others
+    neither; blocks cover the table's rows, widths add up to its columns, one per rank."""
+    kind = sharding.sharding_type
+    for field, types in _SPLIT_FIELDS:
+        if (getattr(sharding, field) is None) == (kind in types):
+            raise _error(
+                "split_rule",
+                "{field} is {what} for sharding_type {sharding_type}",
+                field=field,
+                what="required" if kind in types else "not a field",
+                sharding_type=kind.value,
+                at=field,
+                value=None,
+            )
+    rows, cols = sharding.shape
+    if sharding.rows_per_shard is not None and sharding.rows_per_shard * count < rows:
+        raise _error(
+            "split_rule",
+            "{count} blocks of rows_per_shard {block} cover {covered} of the table's {rows} "
+            "rows; use rows_per_shard of at least ceil(rows / shards) = {least}",
+            count=count,
+            block=sharding.rows_per_shard,
+            covered=sharding.rows_per_shard * count,
+            rows=rows,
+            least=-(-rows // count),
+            at="rows_per_shard",
+            value=sharding.rows_per_shard,
+        )
+    if sharding.column_widths is not None:
+        _check_width_runs(sharding.column_widths, cols, count)
+
+
+_SPLIT_FIELDS = (
+    ("rows_per_shard", ROW_SHARDING_TYPES),
+    ("column_widths", COLUMN_SHARDING_TYPES),
+)
+
+
+def _check_width_runs(runs: list[tuple[int, int]], cols: int, count: int) -> None:
+    problem = width_runs_problem(runs)
+    shards = sum(run_count for _, run_count in runs)
+    width = sum(run_width * run_count for run_width, run_count in runs)
+    if problem is None and shards != count:
+        problem = f"the runs make {shards} column shards but ranks names {count}"
+    if problem is None and width != cols:
+        problem = f"the widths add up to {width} columns, not the table's {cols}"
+    if problem is not None:
+        raise _error("split_rule", "{problem}", problem=problem, at="column_widths", value=None)
+
 
 class Perf(_Value):
     """Estimated milliseconds per training iteration, by component.
@@ -1094,6 +1324,40 @@ class RankStats(_Value):
     hbm_bytes: PlanBytes
     ddr_bytes: PlanBytes
     perf: Perf = Field(default_factory=Perf)
+
+
+# Schema 2.0 writes ``rank_stats`` as columns: one list per field, the n-th entries of all
+# lists one rank's stats. On 4,096 ranks the field names repeated per rank were a fifth of
+# the plan (0.5 of 2.3 MB); in memory it stays a list of ``RankStats``.
+_STATS_FIELDS = ("rank", "hbm_bytes", "ddr_bytes")
+
+
+def rank_stats_columns(rows: list[JsonObject]) -> JsonObject:
+    """``rank_stats`` JSON data, one object per rank, as columns (schema 2.0's form)."""
+    columns: JsonObject = {field: [row[field] for row in rows] for field in _STATS_FIELDS}
+    columns["perf"] = {name: [row["perf"][name] for row in rows] for name in PERF_FIELDS}
+    return columns
+
+
+def rank_stats_rows(columns: object) -> object:
+    """Schema 2.0's ``rank_stats`` columns as one object per rank; what is not columns of
+    one length is left as it is, for validation to name."""
+    if not isinstance(columns, dict) or set(columns) != {*_STATS_FIELDS, "perf"}:
+        return columns
+    perf = columns["perf"]
+    lists = [columns[field] for field in _STATS_FIELDS]
+    if not isinstance(perf, dict) or set(perf) != set(PERF_FIELDS):
+        return columns
+    lists += [perf[name] for name in PERF_FIELDS]
+    if not all(isinstance(values, list) for values in lists):
+        return columns
+    if len({len(values) for values in lists}) != 1:
+        return columns
+    perfs = [dict(zip(PERF_FIELDS, values, strict=True)) for values in zip(*lists[3:], strict=True)]
+    return [
+        {"rank": rank, "hbm_bytes": hbm, "ddr_bytes": ddr, "perf": one}
+        for rank, hbm, ddr, one in zip(*lists[:3], perfs, strict=True)
+    ]
 
 
 class SolverReport(_Value):
@@ -1157,7 +1421,7 @@ class ShardingPlan(_Value):
     request_hash: Sha256Hex
     planner_version: Name
     world_size: WorldSize
-    tables: dict[Name, ParameterSharding] = Field(min_length=1)
+    tables: dict[Name, TableSharding] = Field(min_length=1)
     rank_stats: list[RankStats]
     solver: SolverReport
     migration: Migration | None = None
@@ -1172,16 +1436,46 @@ class ShardingPlan(_Value):
             _check_migration(self.migration, self.world_size, len(self.tables))
         return self
 
+    @field_validator("rank_stats", mode="before")
+    @classmethod
+    def _rank_stats_from_columns(cls, stats: object, info: ValidationInfo) -> object:
+        """Schema 2.0 writes ``rank_stats`` as columns, 1.x as one object per rank. A
+        field validator, not the model's: only this field is read into Python objects
+        before validation, the tables stay on pydantic's JSON path."""
+        version = info.data.get("schema_version")
+        if version is None:  # refused already
+            return stats
+        columns = schema_tuple(version) >= COMPACT_SCHEMA
+        if columns != isinstance(stats, dict):
+            raise PydanticCustomError(
+                "schema_field",
+                f"plan schema {version!r} writes rank_stats as "
+                f"{'columns: an object of lists' if columns else 'a list of objects'}",
+            )
+        if not columns:
+            return stats
+        rows = rank_stats_rows(stats)
+        if rows is stats:
+            raise PydanticCustomError(
+                "rank_stats_columns",
+                "rank_stats columns are rank, hbm_bytes, ddr_bytes and perf (an object of "
+                f"{', '.join(PERF_FIELDS)}), lists of one length",
+            )
+        return rows
+
     @model_serializer(mode="wrap")
     def _omit_absent_migration(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
-        return _without_absent(handler(self), ("migration",))
+        data = _without_absent(handler(self), ("migration",))
+        if schema_tuple(self.schema_version) >= COMPACT_SCHEMA:
+            data["rank_stats"] = rank_stats_columns(data["rank_stats"])
+        return data
 
 
 def _check_schema_fields(plan: ShardingPlan) -> None:
     """A field exists from the schema that added it on: 1.0 plans have no
-    ``solver.stop_reason``, plans before 1.2 no ``migration``."""
-    major, _, minor = plan.schema_version.partition(".")
-    version = (int(major), int(minor))
+    ``solver.stop_reason``, plans before 1.2 no ``migration``; tables are shard lists
+    before 2.0 and runs from 2.0 on."""
+    version = schema_tuple(plan.schema_version)
     if plan.solver.stop_reason is not None and version < (1, 1):
         raise _error(
             "schema_field",
@@ -1191,6 +1485,20 @@ def _check_schema_fields(plan: ShardingPlan) -> None:
             at="solver.stop_reason",
             value=plan.solver.stop_reason.value,
         )
+    compact = version >= COMPACT_SCHEMA
+    for name, sharding in plan.tables.items():
+        if isinstance(sharding, CompactSharding) != compact:
+            raise _error(
+                "schema_field",
+                "plan schema {version!r} writes each table's shards as {form}; table "
+                "{name!r} has {other}",
+                version=plan.schema_version,
+                form="a split rule and ranks" if compact else "a shards list",
+                other="a shards list" if compact else "a split rule and ranks",
+                name=name,
+                at=f"tables.{name}",
+                value=None,
+            )
     if plan.migration is not None and version < (1, 2):
         raise _error(
             "schema_field",
@@ -1227,10 +1535,14 @@ def check_previous_layout(plan: ShardingPlan, at: str) -> None:
         _check_rank(stats.rank, plan.world_size, f"{at}rank_stats[{i}].rank")
 
 
-def _check_shards(name: str, sharding: ParameterSharding, world_size: int, at: str) -> None:
+def _check_shards(name: str, sharding: TableShardingModel, world_size: int, at: str) -> None:
     """Shards on the plan's ranks that cover the rectangle they span exactly once by area
     (the validator, with the request, checks the tiling itself); data-parallel shards are
-    each the whole table."""
+    each the whole table. Runs tile by construction (their model checks them): only their
+    ranks' range is left to check, on the runs."""
+    if isinstance(sharding, CompactSharding):
+        _check_rank(rank_bounds(sharding.rank_runs)[1], world_size, f"{at}tables.{name}.ranks")
+        return
     for i, rank in enumerate(sharding.ranks):
         _check_rank(rank, world_size, f"{at}tables.{name}.ranks[{i}]")
     for i, shard in enumerate(sharding.shards):

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from planner_service.plan.diff import PlanDiff, RankChange, TableChange, TableStatus, diff_totals
-from planner_service.plan.types import ParameterSharding, RankStats, ShardingPlan
+from planner_service.plan.types import RankStats, ShardingPlan, TableShardingModel
 from planner_service.plan.units import size
 from planner_service.reports.tables import markdown_table, rank_ranges, text_table
 
@@ -76,7 +76,7 @@ def _diff_tables(diff: PlanDiff) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _old_to_new(change: TableChange, show: Callable[[ParameterSharding], str]) -> str:
+def _old_to_new(change: TableChange, show: Callable[[TableShardingModel], str]) -> str:
     """ "old -> new" where they differ, the value alone where not, "-" for no table."""
     before = show(change.old) if change.old is not None else "-"
     after = show(change.new) if change.new is not None else "-"

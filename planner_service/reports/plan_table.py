@@ -103,7 +103,7 @@ def _table_section(plan: ShardingPlan) -> str:
                 name,
                 sharding.sharding_type.value,
                 sharding.compute_kernel.value,
-                str(len(sharding.shards)),
+                str(sharding.num_shards),
                 rank_ranges(sorted(set(sharding.ranks))),
             ]
         )

@@ -9,9 +9,12 @@ import numpy as np
 
 from planner_service import PLANNER_VERSION
 from planner_service.costs.estimate import total_components
-from planner_service.costs.options import Placement
+from planner_service.costs.options import Placement, ShardingOption
 from planner_service.plan.codec import seal_plan_data
+from planner_service.plan.compact import table_runs
+from planner_service.plan.json_data import JsonObject
 from planner_service.plan.types import (
+    COLUMN_SHARDING_TYPES,
     PERF_COMPONENTS,
     Migration,
     Perf,
@@ -20,6 +23,7 @@ from planner_service.plan.types import (
     SolverReport,
     SolverStatus,
     StopReason,
+    Table,
     gap,
 )
 from planner_service.solve.bounds.simple import OPTIMAL_GAP, LowerBound
@@ -39,13 +43,13 @@ def build_plan(
     hold hundreds of thousands of shards, and sealing happens after the deadline.
     ``fixed_costs``: what every rank pays whatever it holds (the calibrated model's fixed costs;
     ``bound`` then includes them too)."""
-    tables: dict[str, dict[str, object]] = {}
+    tables: dict[str, JsonObject] = {}
     components = np.zeros((problem.world_size, len(PERF_COMPONENTS)))
     vectors: dict[int, np.ndarray] = {}  # shards of one size share one Perf object
     # Options fixed on every rank (row-wise, data-parallel: world-size shards each) always
-    # have the same shards on the same ranks: their shard list and per-rank components are
-    # built once per option and shared by every table that takes it.
-    fixed: dict[int, tuple[list[dict[str, object]], np.ndarray]] = {}
+    # have the same shards on the same ranks: their per-rank components are built once per
+    # option and shared by every table that takes it.
+    fixed: dict[int, np.ndarray] = {}
     for entry, choice in zip(problem.tables, choices, strict=True):
         option = entry.options[choice.option]
         ranks = [int(rank) for rank in choice.ranks]
@@ -54,9 +58,7 @@ def build_plan(
             # one shard per rank when fixed: adding them into zeros first is exact
             is_fixed = option.placement is Placement.FIXED
             added = np.zeros_like(components) if is_fixed else components
-            shards = []
-            for offsets, shard, rank in zip(option.offsets(), option.shards, ranks, strict=True):
-                shards.append({"offsets": list(offsets), "sizes": list(shard.sizes), "rank": rank})
+            for shard, rank in zip(option.shards, ranks, strict=True):
                 perf = shard.perf[problem.class_of_rank[rank]]
                 vector = vectors.get(id(perf))
                 if vector is None:
@@ -64,18 +66,11 @@ def build_plan(
                     vectors[id(perf)] = vector
                 added[rank] += vector
             if is_fixed:
-                fixed[id(option)] = shards, added
+                fixed[id(option)] = added
                 components += added
         else:
-            shards, added = known
-            components += added
-        tables[entry.table.name] = {
-            "sharding_type": option.sharding_type.value,
-            "compute_kernel": option.compute_kernel.value,
-            "ranks": ranks,
-            "shards": shards,
-            "cache_load_factor": option.cache_load_factor,
-        }
+            components += known
+        tables[entry.table.name] = _table_runs(entry.table, option, ranks)
     fixed_total = 0.0
     if fixed_costs is not None and fixed_costs.total:
         components += np.array([getattr(fixed_costs, n) for n in PERF_COMPONENTS])
@@ -111,6 +106,19 @@ def build_plan(
         rank_stats=rank_stats,
         solver=report.model_dump(mode="json"),
         migration=None if migration is None else migration.model_dump(mode="json"),
+    )
+
+
+def _table_runs(table: Table, option: ShardingOption, ranks: list[int]) -> JsonObject:
+    """The table's shards as runs (plan schema 2.0): its option's split rule, its ranks."""
+    axis = 1 if option.sharding_type in COLUMN_SHARDING_TYPES else 0
+    return table_runs(
+        sharding_type=option.sharding_type,
+        compute_kernel=option.compute_kernel,
+        shape=(table.num_embeddings, table.embedding_dim),
+        ranks=ranks,
+        split=[estimate.sizes[axis] for estimate in option.shards],
+        cache_load_factor=option.cache_load_factor,
     )
 
 

@@ -31,10 +31,10 @@ from planner_service.plan.types import (
     PERF_FIELDS,
     ComputeKernel,
     CostModel,
-    ParameterSharding,
     PlanRequest,
     Shard,
     Table,
+    TableShardingModel,
 )
 
 
@@ -89,7 +89,7 @@ class RankUsage:
         )
 
 
-def rank_usage(request: PlanRequest, tables: Mapping[str, ParameterSharding]) -> RankUsage:
+def rank_usage(request: PlanRequest, tables: Mapping[str, TableShardingModel]) -> RankUsage:
     """What ``tables`` (a plan's) put on each rank; shards on ranks outside the world and
     tables the request does not have are left out (the validator reports those)."""
     pricer = _Pricer(request)
@@ -116,7 +116,7 @@ def rank_usage(request: PlanRequest, tables: Mapping[str, ParameterSharding]) ->
 
 
 def table_storage(
-    request: PlanRequest, tables: Mapping[str, ParameterSharding]
+    request: PlanRequest, tables: Mapping[str, TableShardingModel]
 ) -> dict[str, Storage]:
     """Every table's bytes per tier under ``tables`` (a plan's), summed over its shards
     on ranks inside the world; tables the request does not have are left out."""
@@ -146,7 +146,7 @@ class _Pricer:
         self.perf: dict[tuple[Any, ...], tuple[float, ...]] = {}
 
     def price(
-        self, table: Table, sharding: ParameterSharding, shard: Shard
+        self, table: Table, sharding: TableShardingModel, shard: Shard
     ) -> tuple[Storage, tuple[float, ...]]:
         ctx = self._context(table, sharding)
         rows, cols = shard.sizes
@@ -162,7 +162,7 @@ class _Pricer:
             perf = self.perf[perf_key] = tuple(getattr(estimate, f) for f in PERF_FIELDS)
         return storage, perf
 
-    def _context(self, table: Table, sharding: ParameterSharding) -> OptionContext:
+    def _context(self, table: Table, sharding: TableShardingModel) -> OptionContext:
         caching = sharding.compute_kernel is ComputeKernel.FUSED_UVM_CACHING
         clf = (sharding.cache_load_factor or DEFAULT_CACHE_LOAD_FACTOR) if caching else None
         key = (table.name, sharding.sharding_type, sharding.compute_kernel, clf)

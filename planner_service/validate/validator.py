@@ -15,22 +15,24 @@ from collections.abc import Iterable, Iterator, Sequence
 from planner_service.plan.canonical import plan_id_of
 from planner_service.plan.capacity import rank_capacities
 from planner_service.plan.codec import request_hash
+from planner_service.plan.runs import RankRun, rank_bounds, rank_runs
 from planner_service.plan.shards import COLUMN_ALIGNMENT, row_block_size, row_wise_shards
 from planner_service.plan.types import (
     COLUMN_SHARDING_TYPES,
     HOST_LOCAL_SHARDING_TYPES,
     PERF_FIELDS,
     UVM_KERNELS,
+    CompactSharding,
     ComputeDevice,
     ComputeKernel,
     ParameterConstraints,
-    ParameterSharding,
     PlanRequest,
     RankStats,
     ShardingPlan,
     ShardingType,
     SolverStatus,
     Table,
+    TableShardingModel,
     Topology,
     Violation,
     ViolationCode,
@@ -177,7 +179,7 @@ def _check_capacities(request: PlanRequest, usage: RankUsage) -> Iterator[Violat
 def _check_groups(request: PlanRequest, plan: ShardingPlan) -> Iterator[Violation]:
     def ranks_of(name: str) -> frozenset[int] | None:
         sharding = plan.tables.get(name)
-        return frozenset(s.rank for s in sharding.shards) if sharding else None
+        return sharding.placed_ranks() if sharding else None
 
     for group in request.constraints.colocate:
         placed = {name: ranks_of(name) for name in group}
@@ -247,7 +249,7 @@ def _check_tables(request: PlanRequest, plan: ShardingPlan) -> Iterator[Violatio
         yield from context.check()
 
 
-def check_layout(topology: Topology, table: Table, sharding: ParameterSharding) -> list[Violation]:
+def check_layout(topology: Topology, table: Table, sharding: TableShardingModel) -> list[Violation]:
     """The layout rules alone (shard ranks, tiling, row blocks, one host for host-local
     types, column widths), without a request: the runtime checks a served plan with these,
     so it accepts exactly the layouts the planner validates."""
@@ -262,7 +264,7 @@ class _TableContext:
         self,
         topology: Topology,
         table: Table,
-        sharding: ParameterSharding,
+        sharding: TableShardingModel,
         constraint: ParameterConstraints,
     ) -> None:
         self.topology = topology
@@ -276,6 +278,9 @@ class _TableContext:
         yield from self._constraints()
 
     def layout(self) -> Iterator[Violation]:
+        if isinstance(self.sharding, CompactSharding):
+            yield from _RunsLayout(self, self.sharding).check()
+            return
         yield from self._ranks()
         ranks_ok = all(0 <= s.rank < self.topology.world_size for s in self.sharding.shards)
         yield from self._tiling(ranks_ok)
@@ -487,7 +492,7 @@ class _TableContext:
                 f"{[k.value for k in constraint.compute_kernels]}",
             )
         if constraint.ranks:
-            outside = sorted({s.rank for s in sharding.shards} - set(constraint.ranks))
+            outside = sorted(sharding.placed_ranks() - set(constraint.ranks))
             if outside:
                 yield self._v(
                     ViolationCode.PINNED_RANKS,
@@ -516,6 +521,96 @@ class _TableContext:
                 ViolationCode.CACHE_LOAD_FACTOR,
                 f"cache_load_factor {clf} differs from the constraint's {wanted}",
             )
+
+
+class _RunsLayout:
+    """The layout rules on a table written as runs (schema 2.0), checked on the runs: a
+    row split over 4,096 ranks is one rank run and one block size, so it is compared with
+    the layout it must be without listing 4,096 shards. Runs tile their shape by
+    construction (``CompactSharding`` checks that), so what is left is the shape, the
+    ranks and the split rule."""
+
+    def __init__(self, table: _TableContext, sharding: CompactSharding) -> None:
+        self.table = table
+        self.sharding = sharding
+        self.topology = table.topology
+
+    def check(self) -> Iterator[Violation]:
+        expected = (self.table.table.num_embeddings, self.table.table.embedding_dim)
+        shape_ok = self.sharding.shape == expected
+        if not shape_ok:
+            yield self.table._v(
+                ViolationCode.TILING,
+                f"shape {list(self.sharding.shape)} is not the table's {list(expected)} "
+                "(num_embeddings, embedding_dim)",
+            )
+        lowest, highest = rank_bounds(self.sharding.rank_runs)
+        if highest >= self.topology.world_size:
+            yield self.table._v(
+                ViolationCode.RANK_OUT_OF_RANGE,
+                f"ranks name rank {highest}, but ranks are 0..{self.topology.world_size - 1}",
+                rank=highest,
+            )
+            return
+        if shape_ok:
+            yield from self._split()
+        kind = self.sharding.sharding_type
+        hosts = sorted({self.topology.host_of(lowest), self.topology.host_of(highest)})
+        if kind in HOST_LOCAL_SHARDING_TYPES and len(hosts) > 1:
+            yield self.table._v(
+                ViolationCode.NOT_ONE_HOST,
+                f"{kind.value} shards must all sit on one host ("
+                f"{self.topology.num_local_ranks} ranks per host), found ranks "
+                f"{lowest}..{highest} on hosts {hosts[0]}..{hosts[-1]}",
+            )
+
+    def _split(self) -> Iterator[Violation]:
+        kind = self.sharding.sharding_type
+        if kind is ShardingType.DATA_PARALLEL:
+            yield from self._replicas()
+        elif kind in COLUMN_SHARDING_TYPES:
+            yield from self.table._column_wise()  # a few shards at most: listed
+        elif kind is not ShardingType.TABLE_WISE:
+            yield from self._row_blocks()
+
+    def _replicas(self) -> Iterator[Violation]:
+        world = self.topology.world_size
+        if self.sharding.rank_runs == rank_runs(range(world)):
+            return
+        ranks = sorted(self.sharding.ranks)  # not in rank order: at most MAX_WORLD_SIZE
+        if ranks != list(range(world)):
+            yield self.table._v(
+                ViolationCode.SHARD_LAYOUT,
+                f"data_parallel needs one full replica on every rank 0..{world - 1}, got "
+                f"replicas on ranks {_brief(ranks)}",
+            )
+
+    def _row_blocks(self) -> Iterator[Violation]:
+        """The TorchRec block split on every rank (row_wise) or every rank of the host of
+        the first shard (table_row_wise), in rank order."""
+        sharding = self.sharding
+        if sharding.sharding_type is ShardingType.ROW_WISE:
+            ranks = range(self.topology.world_size)
+        else:
+            first = sharding.rank_runs[0]
+            host = self.topology.host_of(first if isinstance(first, int) else first[0])
+            ranks = self.topology.host_ranks(host)
+        rows = sharding.shape[0]
+        block = row_block_size(rows, len(ranks))
+        if sharding.rank_runs != rank_runs(ranks) or sharding.rows_per_shard != block:
+            yield self.table._v(
+                ViolationCode.SHARD_LAYOUT,
+                f"{sharding.sharding_type.value} must put row blocks of {block} rows "
+                f"({_brief_row_blocks(rows, len(ranks))}) on ranks {_brief(ranks)} in order; "
+                f"got blocks of rows_per_shard {sharding.rows_per_shard} on ranks "
+                f"{_brief_runs(sharding.rank_runs)}",
+            )
+
+
+def _brief_runs(runs: Sequence[RankRun]) -> str:
+    shown = [run if isinstance(run, int) else f"{run[0]}..{run[1]}" for run in runs[:_BRIEF]]
+    more = f", ... ({len(runs)} runs in all)" if len(runs) > _BRIEF else ""
+    return f"[{', '.join(map(str, shown))}{more}]"
 
 
 def _close(reported: float, recomputed: float) -> bool:

@@ -14,8 +14,8 @@ from typing import NamedTuple
 from planner_service.plan.types import (
     DEFAULT_CACHE_LOAD_FACTOR,
     ComputeKernel,
-    ParameterSharding,
     ShardingType,
+    TableShardingModel,
 )
 from runtime.kernel_key import KernelKey, Memory
 from runtime.modules import BaseEmbeddingConfig
@@ -104,7 +104,7 @@ class RankLayout:
 
 
 def kernel_key(
-    sharding: ParameterSharding, table: BaseEmbeddingConfig, cuda: bool, index: int = -1
+    sharding: TableShardingModel, table: BaseEmbeddingConfig, cuda: bool, index: int = -1
 ) -> KernelKey:
     """On CUDA one kernel batches every table of a memory location, data type and cache.
     On CPU every table (``index``) has its own kernel: FBGEMM's CPU backward costs more

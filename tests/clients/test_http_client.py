@@ -139,7 +139,7 @@ def test_create_get_request_check_and_validate(connect, service):
     assert len(checked.ranks) == 2 and checked.min_hbm_free_bytes > 0
     assert client.validate(document, plan).valid is True
     broken = json.loads(canonical_bytes(plan))
-    broken["tables"][f"{document['tables'][0]['name']}"]["shards"][0]["rank"] = 7
+    builders.move_shard(broken["tables"][document["tables"][0]["name"]], 0, 7)
     verdict = client.validate(document, broken)
     assert verdict.valid is False
     assert "plan_id_mismatch" in [violation.code for violation in verdict.violations]
@@ -182,7 +182,7 @@ def test_import_plan_201_200_409_422(connect, service):
     assert client.get_plan(plan.plan_id) == plan
 
     edited = json.loads(canonical_bytes(plan))
-    edited["rank_stats"][0]["hbm_bytes"] += 1  # content changed, plan_id kept
+    edited["rank_stats"]["hbm_bytes"][0] += 1  # content changed, plan_id kept
     with pytest.raises(Conflict) as conflict:
         client.import_plan(req, edited)
     assert conflict.value.status == 409 and conflict.value.plan_id == plan.plan_id
@@ -405,7 +405,7 @@ def test_retry_after_is_capped_and_overload_ends_unavailable(connect):
 
 def _corrupt(body: bytes) -> bytes:
     """A plan that still reads as one, with one rank's HBM bytes changed."""
-    return body.replace(b'"hbm_bytes":', b'"hbm_bytes":1', 1)
+    return body.replace(b'"world_size":', b'"world_size":1', 1)
 
 
 def test_a_corrupted_plan_is_refused_and_not_cached(connect, service, tmp_path):

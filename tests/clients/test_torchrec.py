@@ -34,6 +34,7 @@ from planner_service.plan.types import ROW_SHARDING_TYPES, ShardingType
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.pipeline import solve
 from tests.project import doc_commands
+from tests.support import builders
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHREC_ENV = ROOT / "benchmarks" / "torchrec_env.sh"
@@ -165,7 +166,9 @@ def test_our_plan_runs_in_distributed_model_parallel_and_matches_the_unsharded_m
         name: constraint["sharding_types"][0]
         for name, constraint in DMP_MODEL["constraints"].items()
     }
-    assert len(plan["tables"]["cw"]["shards"]) > 1, "cw kept whole: make it heavier to split"
+    assert len(builders.shard_list(plan["tables"]["cw"])) > 1, (
+        "cw kept whole: make it heavier to split"
+    )
 
     ranks = run_torchrec(torchrec_python, "shard", {"model": DMP_MODEL, "plan": plan})["ranks"]
 
@@ -173,7 +176,11 @@ def test_our_plan_runs_in_distributed_model_parallel_and_matches_the_unsharded_m
         # DMP kept our plan: every table's sharding type, kernel and ranks.
         kept = {name: p for module in result["plan"].values() for name, p in module.items()}
         assert kept == {
-            name: [t["sharding_type"], t["compute_kernel"], t["ranks"]]
+            name: [
+                t["sharding_type"],
+                t["compute_kernel"],
+                [s["rank"] for s in builders.shard_list(t)],
+            ]
             for name, t in plan["tables"].items()
         }
         assert set(result["plan"]) == {"sparse", "weighted", "history"}
@@ -182,7 +189,7 @@ def test_our_plan_runs_in_distributed_model_parallel_and_matches_the_unsharded_m
         assert held == sorted(
             (name, shard["offsets"], shard["sizes"])
             for name, table in plan["tables"].items()
-            for shard in table["shards"]
+            for shard in builders.shard_list(table)
             if shard["rank"] == rank
         )
         outputs = result["outputs"]
@@ -730,12 +737,12 @@ def expected_torchrec_plan(plan: dict[str, Any], placement) -> dict[str, Any]:
             "type": ["ShardingPlan", "EmbeddingModuleShardingPlan", "ParameterSharding"],
             "sharding_type": table["sharding_type"],
             "compute_kernel": table["compute_kernel"],
-            "ranks": table["ranks"],
+            "ranks": [s["rank"] for s in builders.shard_list(table)],
             "shards": None
             if table["sharding_type"] == "data_parallel"
             else [
                 {"offsets": s["offsets"], "sizes": s["sizes"], "placement": placement(s["rank"])}
-                for s in table["shards"]
+                for s in builders.shard_list(table)
             ],
             "cache_load_factor": table.get("cache_load_factor"),
         }

@@ -16,6 +16,7 @@ from planner_service.plan.codec import (
     plan_bytes,
     request_hash,
 )
+from planner_service.plan.compact import compact_sharding, expand_plan
 from planner_service.plan.errors import InputError
 from planner_service.plan.schema_version import SCHEMA_VERSION, SCHEMA_VERSION_WITHOUT_MIGRATION
 from planner_service.plan.types import (
@@ -37,6 +38,7 @@ from planner_service.plan.types import (
 from planner_service.solve.pipeline import solve
 from tests.support import builders
 from tests.support.builders import request, table
+from tests.support.layouts import layouts
 
 MiB = 1024**2
 GIB = 1024**3
@@ -207,18 +209,19 @@ def test_plan_id_is_hash_of_body_and_detects_edits():
     assert plan.plan_id == plan_id_of(plan.model_dump(mode="json"))
     assert plan.request_hash == request_hash(req)
     edited = json.loads(plan_bytes(plan))
-    edited["tables"]["a"]["shards"][0]["rank"] = 1
+    edited["tables"]["a"]["ranks"] = [1]
     assert plan_id_of(edited) != plan.plan_id
 
 
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        ("2.0", "reads plan schema 1.x up to 1.2; upgrade shardplan"),
+        ("3.0", "reads plan schemas 1.0 to 1.2 and 2.0; upgrade shardplan"),
+        ("2.1", "upgrade shardplan"),
         ("0.9", "re-plan"),
         ("1.7", "upgrade shardplan"),
-        ("one", 'must be a string like "1.2"'),
-        (3, 'must be a string like "1.2"'),
+        ("one", 'must be a string like "2.0"'),
+        (3, 'must be a string like "2.0"'),
     ],
 )
 def test_unknown_schema_versions_are_refused(version, message):
@@ -244,8 +247,17 @@ def test_schema_versions_are_read_without_unbounded_int(version):
 
 def test_current_schema_version_reads():
     _, plan = _two_table_plan()
-    assert plan.schema_version == SCHEMA_VERSION_WITHOUT_MIGRATION  # no migration section
+    assert plan.schema_version == SCHEMA_VERSION == "2.0"
     assert parse_plan(plan.model_dump_json()) == plan
+
+
+def test_a_1x_plan_still_reads_and_its_id_checks_against_its_own_bytes():
+    _, plan = _two_table_plan()
+    old = expand_plan(plan)
+    assert old.schema_version == SCHEMA_VERSION_WITHOUT_MIGRATION
+    assert "shards" in json.loads(plan_bytes(old))["tables"]["b"]
+    assert parse_plan(plan_bytes(old)) == old
+    assert plan_id_of(json.loads(plan_bytes(old))) == old.plan_id != plan.plan_id
 
 
 # --------------------------------------------------------------------------- round trip
@@ -302,8 +314,22 @@ _perfs = st.builds(
     input_dist=_finite,
     total=_finite,
 )
-_plans = st.builds(
+
+
+@st.composite
+def _plans(draw: st.DrawFn) -> ShardingPlan:
+    """A plan at 1.1 (shard lists) or 2.0 (the same tables as runs)."""
+    plan = draw(_explicit_plans)
+    if not draw(st.booleans()):
+        return plan
+    drawn = draw(st.dictionaries(_names, layouts(), min_size=1, max_size=4))
+    tables = {name: compact_sharding(sharding) for name, sharding in drawn.items()}
+    return plan.model_copy(update={"schema_version": SCHEMA_VERSION, "tables": tables})
+
+
+_explicit_plans = st.builds(
     ShardingPlan,
+    schema_version=st.just(SCHEMA_VERSION_WITHOUT_MIGRATION),
     plan_id=_hex,
     request_hash=_hex,
     planner_version=_names,
@@ -326,7 +352,7 @@ _plans = st.builds(
 
 
 @settings(max_examples=300)
-@given(_plans)
+@given(_plans())
 def test_plan_round_trips_losslessly(plan):
     assert ShardingPlan.model_validate_json(plan.model_dump_json()) == plan
     encoded = plan_bytes(plan)
@@ -411,7 +437,8 @@ def test_json_depth_is_the_depth_of_any_json(value, ascii_only):
 
 def test_plans_nest_far_less_than_the_limit():
     _, plan = _two_table_plan()
-    assert json_depth(plan_bytes(plan)) == 6 < MAX_JSON_DEPTH
+    assert json_depth(plan_bytes(plan)) == 4 < MAX_JSON_DEPTH  # 5 with a [first, last] run
+    assert json_depth(plan_bytes(expand_plan(plan))) == 6
 
 
 def test_integers_too_long_to_convert_are_named_by_path():

@@ -61,6 +61,13 @@ CLIENTS_MAY = (
 RULES = (
     Rule(VERSION, (), frozenset(), "planner_service/__init__.py imports only the standard library"),
     Rule(PLAN, (PLAN,), CORE, "plan (the vocabulary) imports only plan, pydantic and numpy"),
+    Rule(
+        f"{PLAN}.runs",
+        (),
+        frozenset(),
+        "plan.runs (schema 2.0's run encodings, which the vocabulary's models build on) "
+        "imports only the standard library",
+    ),
     Rule(COSTS, (PLAN, COSTS), CORE, "costs imports only plan and costs (and pydantic, numpy)"),
     Rule(
         VALIDATE,

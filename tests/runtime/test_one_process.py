@@ -431,7 +431,8 @@ def _one_byte(field: str) -> Callable[[bytes], bytes]:
     """Add one to the last digit of the first number after ``"field":``."""
 
     def edit(data: bytes) -> bytes:
-        match = re.search(rb'"' + field.encode() + rb'":[0-9.e+-]*?([0-8])[,}]', data)
+        # a number, or the first of a list of them (schema 2.0's rank_stats columns)
+        match = re.search(rb'"' + field.encode() + rb'":\[?[0-9.e+-]*?([0-8])[,}\]]', data)
         assert match is not None, field
         at = match.start(1)
         return data[:at] + bytes([data[at] + 1]) + data[at + 1 :]
@@ -454,8 +455,9 @@ def _kernel_to_dense(document: dict) -> None:
 
 def _split_columns(document: dict) -> None:
     """The table-wise 16 x 128 table as two column shards of 64 on the same rank."""
-    halves = [{"offsets": [0, c], "sizes": [16, 64], "rank": 0} for c in (0, 64)]
-    document["tables"]["wide"].update(sharding_type="column_wise", ranks=[0, 0], shards=halves)
+    document["tables"]["wide"].update(
+        sharding_type="column_wise", ranks=[0, 0], column_widths=[[64, 2]]
+    )
 
 
 EDITS = {

@@ -14,6 +14,8 @@ import pytest
 
 from clients.http import PlannerClient
 from planner_service.plan.codec import plan_bytes
+from planner_service.plan.compact import expand_plan
+from planner_service.solve.pipeline import solve
 from runtime import PlanLoadError, load_plan
 from tests.support.builders import request, table
 from tests.support.distributed import run_ranks
@@ -58,6 +60,19 @@ def loads(rank: int, world: int, sources: list[str], server: str, every: bool, w
         assert plan_bytes(plan) == want, (rank, source)
 
 
+def loads_both_forms(rank: int, world: int, compact_file: str, expanded_file: str) -> None:
+    """A 2.0 plan (runs) and its 1.x expansion load to the same shards on every rank, and
+    the rank's own shards are the expansion's shards on that rank."""
+    compact = load_plan(compact_file, deadline_s=DEADLINE_S)
+    expanded = load_plan(expanded_file, deadline_s=DEADLINE_S)
+    assert (compact.schema_version, expanded.schema_version) == ("2.0", "1.1")
+    for name, sharding in compact.tables.items():
+        listed = expanded.tables[name].shards
+        assert sharding.shards == listed, (rank, name)
+        mine = [(i, shard) for i, shard in enumerate(listed) if shard.rank == rank]
+        assert sharding.shards_on(rank) == mine, (rank, name)
+
+
 def fails(rank: int, world: int, sources: list[str], server: str, every: bool, says: list) -> None:
     """Rank r loads ``sources[r]`` and must get PlanLoadError containing every ``says``."""
     try:
@@ -91,6 +106,25 @@ def test_every_rank_gets_the_stored_plan_by_id_alias_and_file(stored, every):
     base, plans, files = stored
     plan_id = json.loads(plans[0])["plan_id"]
     run_ranks(loads, 2, [plan_id, "alias:job", files[0]], base, every, plans[0], timeout_s=120)
+
+
+def test_a_plan_of_runs_loads_to_the_shards_of_its_expansion(tmp_path):
+    req = request(
+        [table("wide", rows=1000, dim=64), table("long", rows=10_001), table("one")],
+        world_size=2,
+        constraints={
+            "tables": {
+                "wide": {"sharding_types": ["column_wise"]},
+                "long": {"sharding_types": ["row_wise"]},
+            }
+        },
+    )
+    plan = solve(req).plan
+    assert plan is not None
+    files = [tmp_path / "runs.json", tmp_path / "listed.json"]
+    files[0].write_bytes(plan_bytes(plan))
+    files[1].write_bytes(plan_bytes(expand_plan(plan)))
+    run_ranks(loads_both_forms, 2, str(files[0]), str(files[1]), timeout_s=120)
 
 
 def test_service_not_listening_fails_every_rank_with_rank_0s_reason(stored):

@@ -149,7 +149,7 @@ def test_an_incremental_plan_reports_what_the_diff_recomputes(base_plan):
     req, outcome = _replan(base_plan, 21)
     plan = outcome.plan
     assert plan is not None and validate_plan(req, plan) == []
-    assert plan.request_hash == request_hash(req) and plan.schema_version == "1.2"
+    assert plan.request_hash == request_hash(req) and plan.schema_version == "2.0"
     # "migration" sorts before "plan_id": the sealed bytes are still the canonical ones
     assert plan_bytes(plan) == canonical_bytes(plan)
     _assert_reports_the_diff(base_plan, req, plan)
@@ -291,9 +291,8 @@ def test_a_cap_without_a_previous_plan_is_refused(base_plan):
 def test_an_edited_inline_plan_is_refused(base_plan):
     previous = json.loads(canonical_bytes(base_plan))
     name = next(iter(previous["tables"]))
-    previous["tables"][name]["shards"][0]["rank"] = (
-        previous["tables"][name]["shards"][0]["rank"] + 1
-    ) % 4
+    first = builders.shard_list(previous["tables"][name])[0]["rank"]
+    builders.move_shard(previous["tables"][name], 0, (first + 1) % 4)
     problems = _problems(_with_options(base_plan, previous_plan=previous))
     message = problems["options.previous_plan.plan_id"]
     assert "does not match its plan_id" in message and base_plan.plan_id in message
@@ -301,7 +300,7 @@ def test_an_edited_inline_plan_is_refused(base_plan):
 
 def test_an_inline_plan_of_a_newer_schema_is_refused(base_plan):
     previous = json.loads(canonical_bytes(base_plan))
-    previous["schema_version"] = "1.9"
+    previous["schema_version"] = "2.9"
     problems = _problems(_with_options(base_plan, previous_plan=previous))
     assert "upgrade shardplan" in problems["options.previous_plan.schema_version"]
 

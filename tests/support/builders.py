@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from planner_service.plan.codec import parse_request, seal_plan_data
+from planner_service.plan.codec import parse_request, request_hash, seal_plan_body
+from planner_service.plan.compact import NotCompactError, compact_sharding, expand_sharding
+from planner_service.plan.runs import rank_runs
+from planner_service.plan.schema_version import SCHEMA_VERSION, SCHEMA_VERSION_WITHOUT_MIGRATION
 from planner_service.plan.shards import column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
     PERF_FIELDS,
+    CompactSharding,
     ComputeKernel,
     ParameterSharding,
     Perf,
@@ -20,6 +24,7 @@ from planner_service.plan.types import (
     SolverReport,
     SolverStatus,
     Table,
+    TableShardingModel,
 )
 from planner_service.validate.usage import rank_usage
 
@@ -43,17 +48,31 @@ def seal_plan(
     *,
     request: PlanRequest,
     planner_version: str,
-    tables: dict[str, ParameterSharding],
+    tables: dict[str, TableShardingModel],
     rank_stats: list[RankStats],
     solver: SolverReport,
+    explicit: bool = False,
 ) -> ShardingPlan:
-    """A plan for ``request`` assembled from models and stamped with its content address."""
-    return seal_plan_data(
-        request=request,
+    """A plan for ``request`` assembled from models and stamped with its content address:
+    at schema 2.0 (runs), as the planner writes plans, unless ``explicit`` or a table's
+    shards are in a layout runs cannot write (a test of a broken layout): then at 1.1
+    (shard lists)."""
+    try:
+        if explicit:
+            raise NotCompactError("asked for shard lists")
+        written = {name: compact_sharding(s).model_dump(mode="json") for name, s in tables.items()}
+        version = SCHEMA_VERSION
+    except NotCompactError:
+        written = {name: expand_sharding(s).model_dump(mode="json") for name, s in tables.items()}
+        version = SCHEMA_VERSION_WITHOUT_MIGRATION
+    return seal_plan_body(
+        request_hash=request_hash(request),
+        world_size=request.topology.world_size,
         planner_version=planner_version,
-        tables={name: sharding.model_dump(mode="json") for name, sharding in tables.items()},
+        tables=written,
         rank_stats=[stats.model_dump(mode="json") for stats in rank_stats],
         solver=solver.model_dump(mode="json"),
+        schema_version=version,
     )
 
 
@@ -114,17 +133,18 @@ def data_parallel(req: PlanRequest, name: str) -> ParameterSharding:
 
 def plan(
     req: PlanRequest,
-    tables: dict[str, ParameterSharding],
+    tables: dict[str, TableShardingModel],
     hbm_bytes: list[int] | None = None,
     ddr_bytes: list[int] | None = None,
     report: SolverReport | None = None,
     stats_ranks: list[int] | None = None,
     planner_version: str = "test",
+    explicit: bool = False,
 ) -> ShardingPlan:
     """A sealed plan whose rank_stats and report say what its shards really put on each
     rank (recomputed as the validator does), unless given: ``hbm_bytes`` and ``ddr_bytes``
     replace the bytes, ``report`` the solver report. ``stats_ranks``: the ranks rank_stats
-    lists (every rank by default)."""
+    lists (every rank by default). ``explicit``: at schema 1.1 (shard lists)."""
     usage = rank_usage(req, tables)
     ranks = range(req.topology.world_size) if stats_ranks is None else stats_ranks
     loads = [usage.of(rank) for rank in ranks]
@@ -152,6 +172,7 @@ def plan(
         tables=tables,
         rank_stats=stats,
         solver=report,
+        explicit=explicit,
     )
 
 
@@ -220,3 +241,24 @@ def device_profile(
         "runtime": runtime,
     }
     return {**profile, **fields}
+
+
+# --------------------------------------------------------------------------- plan JSON
+
+
+def shard_list(table_data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan table's shards as JSON records (``offsets``, ``sizes``, ``rank``), from its
+    JSON data in either form (2.0 runs, 1.x shard lists)."""
+    model = ParameterSharding if "shards" in table_data else CompactSharding
+    return [shard.model_dump(mode="json") for shard in model.model_validate(table_data).shards]
+
+
+def move_shard(table_data: dict[str, Any], index: int, rank: int) -> None:
+    """Edit a plan table's JSON data (either form) so that shard ``index`` is on ``rank``:
+    what a tampering test changes after the plan was sealed."""
+    if "shards" in table_data:
+        table_data["shards"][index]["rank"] = rank
+        return
+    ranks = CompactSharding.model_validate(table_data).ranks
+    ranks[index] = rank
+    table_data["ranks"] = [run if isinstance(run, int) else list(run) for run in rank_runs(ranks)]

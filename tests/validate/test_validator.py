@@ -10,13 +10,14 @@ from planner_service.costs.enumerate import enumerate_options
 from planner_service.plan.codec import request_hash
 from planner_service.plan.types import (
     MAX_WORLD_SIZE,
+    CompactSharding,
     ComputeKernel,
     ParameterSharding,
     Shard,
     ShardingType,
     ViolationCode,
 )
-from planner_service.validate.validator import validate_plan
+from planner_service.validate.validator import check_layout, validate_plan
 from tests.support import builders
 from tests.support.builders import request, seal_plan, table
 
@@ -181,10 +182,104 @@ def test_bad_shards_are_named(name, shards, kind, expected, text):
     req, tables = _mixed()
     kernel = ComputeKernel.DENSE if kind is ShardingType.DATA_PARALLEL else ComputeKernel.FUSED
     tables[name] = builders.sharding(kind, kernel, shards)
+    violations = validate_plan(req, builders.plan(req, tables, explicit=True))
+    matching = [v for v in violations if v.code is expected]
+    assert matching, violations
+    assert any(text in v.message and v.table == name for v in matching), matching
+
+
+def _runs(name: str, kind: ShardingType, **fields: object) -> CompactSharding:
+    kernel = "dense" if kind is ShardingType.DATA_PARALLEL else "fused"
+    data = {"sharding_type": kind.value, "compute_kernel": kernel, **fields}
+    return CompactSharding.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    ("name", "sharding", "expected", "text"),
+    [
+        (
+            "tw",
+            _runs("tw", ShardingType.TABLE_WISE, shape=[1000, 64], ranks=[4]),
+            ViolationCode.RANK_OUT_OF_RANGE,
+            "ranks name rank 4, but ranks are 0..3",
+        ),
+        (
+            "tw",
+            _runs("tw", ShardingType.TABLE_WISE, shape=[999, 64], ranks=[0]),
+            ViolationCode.TILING,
+            "shape [999, 64] is not the table's [1000, 64]",
+        ),
+        (
+            "rw",
+            _runs("rw", ShardingType.ROW_WISE, shape=[10, 32], ranks=[[0, 3]], rows_per_shard=5),
+            ViolationCode.SHARD_LAYOUT,
+            "row_wise must put row blocks of 3 rows ([3, 3, 3, 1]) on ranks [0, 1, 2, 3] in "
+            "order; got blocks of rows_per_shard 5 on ranks [0..3]",
+        ),
+        (
+            "rw",
+            _runs(
+                "rw", ShardingType.ROW_WISE, shape=[10, 32], ranks=[1, 0, 2, 3], rows_per_shard=3
+            ),
+            ViolationCode.SHARD_LAYOUT,
+            "got blocks of rows_per_shard 3 on ranks [1, 0, 2, 3]",
+        ),
+        (
+            "cw",
+            _runs(
+                "cw",
+                ShardingType.COLUMN_WISE,
+                shape=[50, 512],
+                ranks=[0, 1],
+                column_widths=[[510, 1], [2, 1]],
+            ),
+            ViolationCode.COLUMN_WIDTH,
+            "is 510 columns wide; column shard widths must be multiples of 4",
+        ),
+        (
+            "twcw",
+            _runs(
+                "twcw",
+                ShardingType.TABLE_COLUMN_WISE,
+                shape=[7, 256],
+                ranks=[1, 2],
+                column_widths=[[128, 2]],
+            ),
+            ViolationCode.NOT_ONE_HOST,
+            "found ranks 1..2 on hosts 0..1",
+        ),
+        (
+            "dp",
+            _runs("dp", ShardingType.DATA_PARALLEL, shape=[3, 8], ranks=[[0, 2]]),
+            ViolationCode.SHARD_LAYOUT,
+            "one full replica on every rank 0..3, got replicas on ranks [0, 1, 2]",
+        ),
+    ],
+)
+def test_bad_runs_are_named(name, sharding, expected, text):
+    req, tables = _mixed()
+    tables[name] = sharding
     violations = validate_plan(req, builders.plan(req, tables))
     matching = [v for v in violations if v.code is expected]
     assert matching, violations
     assert any(text in v.message and v.table == name for v in matching), matching
+
+
+def test_a_row_split_over_every_rank_is_checked_on_its_runs():
+    req = request([table("big", rows=10**9, dim=128)], world_size=4096)
+    rows_per_shard = -(-(10**9) // 4096)
+    sharding = _runs(
+        "big",
+        ShardingType.ROW_WISE,
+        shape=[10**9, 128],
+        ranks=[[0, 4095]],
+        rows_per_shard=rows_per_shard,
+    )
+    assert check_layout(req.topology, req.tables[0], sharding) == []
+    assert "shards" not in sharding.__dict__  # no shard was listed to check it
+    shifted = sharding.model_copy(update={"rows_per_shard": rows_per_shard + 1})
+    [violation] = check_layout(req.topology, req.tables[0], shifted)
+    assert violation.code is ViolationCode.SHARD_LAYOUT
 
 
 def test_kernel_rules():

@@ -16,12 +16,12 @@ from planner_service.plan.diff import TableChange, TableStatus
 from planner_service.plan.order import natural_sorted
 from planner_service.plan.types import (
     ComputeDevice,
-    ParameterSharding,
     Perf,
     PlanRequest,
     ShardingPlan,
     SolverReport,
     StopReason,
+    TableShardingModel,
 )
 from planner_service.plan.units import size
 from planner_service.reports.plan_table import perf_rule
@@ -395,7 +395,7 @@ def _moved_row(change: TableChange) -> str:
     )
 
 
-def _placement(sharding: ParameterSharding | None) -> str:
+def _placement(sharding: TableShardingModel | None) -> str:
     if sharding is None:
         return "-"
     ranks = rank_ranges(sorted(set(sharding.ranks)))
@@ -407,7 +407,7 @@ def _tables_section(plan: ShardingPlan) -> str:
         f"<tr><td>{escape(name)}</td><td>{plan.tables[name].sharding_type.value}</td>"
         f"<td>{plan.tables[name].compute_kernel.value}</td>"
         f"<td>{escape(rank_ranges(sorted(set(plan.tables[name].ranks))))}</td>"
-        f"<td class=num>{len(plan.tables[name].shards)}</td></tr>"
+        f"<td class=num>{plan.tables[name].num_shards}</td></tr>"
         for name in natural_sorted(plan.tables)
     )
     return (

@@ -69,7 +69,8 @@ def test_fits_exits_0_with_the_headroom_of_the_plan_that_plan_makes(run_cli):
     plan = json.loads(run_cli("plan", request).stdout)
     capacities = usable_capacity(*_topology_and_constraints(request))
     free = [
-        c.hbm_bytes - s["hbm_bytes"] for c, s in zip(capacities, plan["rank_stats"], strict=True)
+        c.hbm_bytes - used
+        for c, used in zip(capacities, plan["rank_stats"]["hbm_bytes"], strict=True)
     ]
     assert (report["fits"], report["verdict"], report["plan_id"]) == (True, "fits", plan["plan_id"])
     assert [r["hbm_free_bytes"] for r in report["ranks"]] == free
@@ -80,7 +81,7 @@ def test_fits_exits_0_with_the_headroom_of_the_plan_that_plan_makes(run_cli):
     assert [u["rank"] for u in report["headroom"]["tightest"]] == sorted(
         range(4), key=lambda r: (free[r], r)
     )[:3]
-    slowest = max(range(4), key=lambda r: plan["rank_stats"][r]["perf"]["total"])
+    slowest = max(range(4), key=lambda r: plan["rank_stats"]["perf"]["total"][r])
     assert report["binding"]["kind"] == "perf" and report["binding"]["rank"] == slowest
 
 

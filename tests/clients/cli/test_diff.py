@@ -201,7 +201,7 @@ def test_json_format_is_the_document(run_cli, plan_files, req):
 def test_a_tampered_plan_is_refused_with_exit_2(run_cli, plan_files):
     old, new = plan_files
     document = json.loads(new.read_text())
-    document["tables"]["a"]["shards"][0]["rank"] = 3
+    builders.move_shard(document["tables"]["a"], 0, 3)
     new.write_text(json.dumps(document))
     result = run_cli("diff", old, new)
     assert result.returncode == 2

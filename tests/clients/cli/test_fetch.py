@@ -172,7 +172,7 @@ def test_a_corrupted_plan_exits_5_and_writes_nothing(cli, service, stored, tmp_p
     output = tmp_path / "plan.json"
 
     def corrupt(body: bytes) -> bytes:
-        return body.replace(b'"hbm_bytes":', b'"hbm_bytes":1', 1)
+        return body.replace(b'"world_size":', b'"world_size":1', 1)
 
     with FaultyProxy(service.base, corrupt=corrupt) as proxy:
         result = cli(

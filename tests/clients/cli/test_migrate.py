@@ -338,7 +338,7 @@ def test_a_missing_file_is_refused(run_cli, plan_files, tmp_path):
 def test_a_tampered_plan_is_refused(run_cli, plan_files):
     old, new, _ = plan_files
     document = json.loads(new.read_text())
-    document["tables"]["a"]["shards"][0]["rank"] = 1
+    builders.move_shard(document["tables"]["a"], 0, 1)
     new.write_text(json.dumps(document))
     _refused(run_cli("migrate", old, new), f"{new}: plan_id = '", "does not match the plan's")
 
