@@ -42,9 +42,9 @@ from planner_service.solve.bounds.lp import LP_SAFETY
 from planner_service.solve.bounds.packing import (
     MAX_CONFIG_VARS,
     PER_HOST_MAX_HOSTS,
-    _Class,
-    _classes,
-    _configurations,
+    PackingClass,
+    configurations,
+    packing_classes,
 )
 from planner_service.solve.bounds.relaxed import (
     MEMORY_UNITS,
@@ -58,8 +58,9 @@ from planner_service.solve.problem import Group, Problem
 
 MAX_NODES = 4_000  # ranges bounded before the search gives up (the bound so far stands)
 # The most of what is left of the deadline it may take in wall time (it needs tenths of a
-# second on the public workloads; the packing relaxation and CP-SAT get the rest).
-HOST_LEVELS_WALL_SHARE = 0.1
+# second alone on the public workloads, several times that beside other work; CP-SAT
+# gets the rest).
+HOST_LEVELS_WALL_SHARE = 0.3
 
 _Ranges = tuple[tuple[int, int], ...]  # per host: (lowest, highest) index into the levels
 
@@ -91,7 +92,7 @@ def host_level_bound(
         return None
     scale = RESOLUTION / upper
     memory = MemoryWeights.of(problem)
-    classes = _classes(groups, relaxed_options(problem, groups, upper, scale, memory))
+    classes = packing_classes(groups, relaxed_options(problem, groups, upper, scale, memory))
     kinds = sorted(
         {kind for c in classes for o in c.free for kind in o.items if kind[0] > 0}, reverse=True
     )
@@ -99,7 +100,7 @@ def host_level_bound(
         sum(len(c.tables) * max(o.items.get(kind, 0) for o in c.free) for c in classes if c.free)
         for kind in kinds
     ]
-    configs = _configurations(kinds, supply, (RESOLUTION, MEMORY_UNITS, MEMORY_UNITS))
+    configs = configurations(kinds, supply, (RESOLUTION, MEMORY_UNITS, MEMORY_UNITS))
     if configs is None or len(configs) * hosts > MAX_CONFIG_VARS:
         return None
     lp = _LevelLp(classes, kinds, configs, hosts, local)
@@ -156,7 +157,7 @@ class _LevelLp:
 
     def __init__(
         self,
-        classes: list[_Class],
+        classes: list[PackingClass],
         kinds: list[tuple[int, int, int]],
         configs: list[tuple[int, tuple[int, ...]]],
         hosts: int,
@@ -235,8 +236,10 @@ class _LevelLp:
                 row.SetCoefficient(x, -float(count))
         solver.Minimize(self.makespan)
 
-    def _class_every_rank(self, c: _Class, counts: list[pywraplp.Variable]) -> pywraplp.Variable:
-        """The class's least load on every rank: above each chord of ``packing._Class``."""
+    def _class_every_rank(
+        self, c: PackingClass, counts: list[pywraplp.Variable]
+    ) -> pywraplp.Variable:
+        """The class's least load on every rank: above each chord of ``packing.PackingClass``."""
         units = [entry[0] for entry in c.tables]
         left = float(sum(units))
         e = self.solver.NumVar(0.0, left, "")
