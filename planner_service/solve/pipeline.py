@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,6 +34,7 @@ from planner_service.plan.types import (
     ShardingType,
     SolverStatus,
 )
+from planner_service.solve.bounds.host_levels import HOST_LEVELS_WALL_SHARE, host_level_bound
 from planner_service.solve.bounds.option_mix import OPTION_MIX_SHARE, option_mix_bound
 from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.bounds.simple import LowerBound, best_bound, proven_within
@@ -285,7 +287,8 @@ class _Search:
         return not self.deadline.expired()
 
     def relaxations(self, warm: list[Choice], report: ProgressCallback) -> list[list[Choice]]:
-        """The option-mix and packing relaxations: their bounds, and the packing plan."""
+        """The option-mix, host-level and packing relaxations: their bounds, and the
+        packing plan."""
         options, problem = self.options, self.problem
         warm_objective = loads_of(problem, warm).objective
         if self.worth_it(warm):
@@ -313,6 +316,7 @@ class _Search:
             gap_limit=options.gap_limit,
             deadline=self.deadline,
         )
+        self.host_levels(warm_objective)
         if packing is None:
             self.details["packing"] = "skipped"
             return []
@@ -326,6 +330,18 @@ class _Search:
             return []
         self.details["packing_objective"] = loads_of(problem, packing.plan).objective
         return [packing.plan]
+
+    def host_levels(self, upper: float) -> None:
+        """The host-level bound (``bounds/host_levels.py``), after the packing relaxation:
+        the packing search starts from the bounds it started from before this bound
+        existed (its floor steers its search, so its plans stay as they were), and CP-SAT
+        gets the higher floor."""
+        if self.options.time_limit_s < MIN_CPSAT_TIME_S or self.deadline.expired():
+            return
+        stage = Deadline(self.deadline.cap_s(math.inf, HOST_LEVELS_WALL_SHARE))
+        levels = host_level_bound(self.problem, self.groups, upper, deadline=stage)
+        if levels is not None:
+            self.bounds.append(levels)
 
     def cpsat(self, hint: list[Choice] | None, report: ProgressCallback) -> CpSatResult:
         options = self.options

@@ -117,7 +117,7 @@ def packing_bound(
         return None
     scale = RESOLUTION / upper
     memory = MemoryWeights.of(problem)
-    classes = _classes(groups, relaxed_options(problem, groups, upper, scale, memory))
+    classes = packing_classes(groups, relaxed_options(problem, groups, upper, scale, memory))
     kinds = sorted(
         {kind for c in classes for o in c.free for kind in o.items if kind[0] > 0}, reverse=True
     )
@@ -134,11 +134,11 @@ def packing_bound(
             sum(len(c.tables) for c in classes for o in c.free if o.per_host_rank == size)
             for size in host_sizes
         ]
-        mixes = _configurations([(size,) for size in host_sizes], host_supply, (RESOLUTION,))
+        mixes = configurations([(size,) for size in host_sizes], host_supply, (RESOLUTION,))
         if mixes is None:
             return None
         host_mixes = mixes
-    configs = _configurations(kinds, supply, (RESOLUTION, MEMORY_UNITS, MEMORY_UNITS))
+    configs = configurations(kinds, supply, (RESOLUTION, MEMORY_UNITS, MEMORY_UNITS))
     if configs is None:
         return None
     num_pools = problem.num_hosts if per_host else len(host_mixes)
@@ -196,7 +196,7 @@ def packing_bound(
 
 
 @dataclass
-class _Class:
+class PackingClass:
     """Groups the relaxation cannot tell apart but by what their options on every rank
     cost: the same options elsewhere (``free``: the table-row-wise option with the least
     per-rank load, and each distinct set of items once). A table of the class takes one of
@@ -216,7 +216,7 @@ class _Class:
     every_rank: cp_model.IntVar | None = None  # its least load on every rank
 
 
-def _classes(groups: list[Group], options: list[RelaxedOption]) -> list[_Class]:
+def packing_classes(groups: list[Group], options: list[RelaxedOption]) -> list[PackingClass]:
     """The groups' options as the relaxation's classes: on every rank only the cheapest
     option counts, and of table-row-wise ones the one with the least per-rank load (they
     have no items: nothing else of them is modelled); groups with the same options left
@@ -224,7 +224,7 @@ def _classes(groups: list[Group], options: list[RelaxedOption]) -> list[_Class]:
     by_group: dict[int, list[RelaxedOption]] = {}
     for o in options:
         by_group.setdefault(o.group, []).append(o)
-    found: dict[object, _Class] = {}
+    found: dict[object, PackingClass] = {}
     for g, mine in by_group.items():
         fixed = [o for o in mine if not o.items and not o.per_host_rank]
         host = [o for o in mine if o.per_host_rank]
@@ -241,7 +241,7 @@ def _classes(groups: list[Group], options: list[RelaxedOption]) -> list[_Class]:
         )
         c = found.get(signature)
         if c is None:
-            c = found[signature] = _Class(free, {}, {}, {}, [])
+            c = found[signature] = PackingClass(free, {}, {}, {}, [])
         c.option_of[g] = [o.option for o in free]
         index = {o.option: j for j, o in enumerate(free)}
         for o in mine:
@@ -260,7 +260,7 @@ def _classes(groups: list[Group], options: list[RelaxedOption]) -> list[_Class]:
     return list(found.values())
 
 
-def _configurations(
+def configurations(
     kinds: Sequence[tuple[int, ...]], supply: list[int], limits: tuple[int, ...]
 ) -> list[_Configuration] | None:
     """Every (load, count of each kind) whose sums stay within ``limits`` coordinate by
@@ -294,7 +294,7 @@ class _RelaxedModel:
         self,
         problem: Problem,
         groups: list[Group],
-        classes: list[_Class],
+        classes: list[PackingClass],
         kinds: list[Item],
         configs: list[_Configuration],
         scale: float,
@@ -321,7 +321,7 @@ class _RelaxedModel:
         # Per pool, per configuration: (ranks taking it, whether any does).
         self.slots: list[dict[_Configuration, tuple[cp_model.IntVar, cp_model.IntVar]]] = []
 
-    def _class_counts(self, c: _Class) -> Expr:
+    def _class_counts(self, c: PackingClass) -> Expr:
         """The class's tables per free option, all placed; its least every-rank load."""
         model, n = self.model, len(c.tables)
         c.counts = [model.new_int_var(0, n, "") for _ in c.free]
