@@ -24,12 +24,33 @@ def priced_guide(problem: Problem, groups: list[Group], memory_fraction: float) 
     """Per table, the option of least ``work + price * hbm``, at the least price that
     fits the tables' HBM within ``memory_fraction`` of all ranks' HBM (or, if none does,
     each table's least-HBM option, ties to less work)."""
+    return priced_guides(problem, groups, (memory_fraction,))[0]
+
+
+def priced_guides(
+    problem: Problem, groups: list[Group], memory_fractions: tuple[float, ...]
+) -> list[list[list[int]]]:
+    """``priced_guide`` at each of ``memory_fractions``, from one table of the options'
+    work and HBM (reading them takes most of the time on thousands of groups)."""
     work, hbm, sizes = _option_arrays(problem, groups)
-    budget = memory_fraction * float(problem.hbm_total)
+    return [
+        _per_table(problem, groups, _fitting_picks(work, hbm, sizes, fraction * problem.hbm_total))
+        for fraction in memory_fractions
+    ]
+
+
+def _fitting_picks(
+    work: np.ndarray, hbm: np.ndarray, sizes: np.ndarray, budget: float
+) -> np.ndarray:
+    """Each group's option at the least price whose picks fit ``budget`` bytes of HBM."""
     picks = _picks(work, hbm, 0.0)
     if _total_hbm(hbm, sizes, picks) > budget:
-        price = _least_price(work, hbm, sizes, budget)
-        picks = _picks(work, hbm, price)
+        picks = _picks(work, hbm, _least_price(work, hbm, sizes, budget))
+    return picks
+
+
+def _per_table(problem: Problem, groups: list[Group], picks: np.ndarray) -> list[list[int]]:
+    """A group's pick handed to each of its tables."""
     per_table: list[list[int]] = [[] for _ in problem.tables]
     for group, pick in zip(groups, picks.tolist(), strict=True):
         for member in group.members:

@@ -168,7 +168,7 @@ class LinearRelaxation:
                 choose.SetCoefficient(x, 1.0)
                 work.SetCoefficient(x, costs.work)
                 largest.SetCoefficient(x, costs.largest_shard)
-                memory = [costs.hbm, costs.ddr]
+                largest_bytes = (costs.hbm_largest, costs.ddr_largest)
                 for total, tier_bytes, scale in zip(
                     totals, (costs.hbm_total, costs.ddr_total), scales, strict=True
                 ):
@@ -182,8 +182,10 @@ class LinearRelaxation:
                         definition.SetCoefficient(x, -float(least[i]))
                 else:
                     stacked.SetCoefficient(x, costs.largest_shard)
-                    for row, bytes_, scale in zip(stacked_memory, memory, scales, strict=True):
-                        row.SetCoefficient(x, scale.down_one(int(bytes_.max())))
+                    for row, bytes_, scale in zip(
+                        stacked_memory, largest_bytes, scales, strict=True
+                    ):
+                        row.SetCoefficient(x, scale.down_one(bytes_))
         solver.Minimize(makespan)
 
     def solve(self, memory_fraction: float = 1.0) -> Relaxation | None:
