@@ -18,7 +18,7 @@ from planner_service.solve.collector import paused_collector
 from planner_service.solve.construct import greedy_plans
 from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.improve import improve
-from planner_service.solve.pricing import priced_guides
+from planner_service.solve.pricing import priced_guides, priced_work_bound
 from planner_service.solve.problem import (
     Choice,
     Group,
@@ -99,18 +99,18 @@ def _prepare(
     groups = group_tables(problem)
     bounds = simple_bounds(problem)
     if deadline.expired():
-        return Prepared([], problem, groups, bounds, fitted=fitted)
+        return _without_lp(problem, groups, bounds, fitted)
     # The LP and its guides get at most this share of what is left: on thousands of
     # distinct shapes it can take seconds, and the greedy must still have time for a plan.
     lp_deadline = deadline.share(LP_SHARE)
     if not lp_deadline.allows(_lp_estimate_s(groups)):  # skipped: its time goes to the plan
         deadline.reached = True
-        return Prepared([], problem, groups, bounds, fitted=fitted)
+        return _without_lp(problem, groups, bounds, fitted)
     try:
         linear = LinearRelaxation(problem, groups, lp_deadline)
     except OutOfTime:
         deadline.reached = True
-        return Prepared([], problem, groups, bounds, fitted=fitted)
+        return _without_lp(problem, groups, bounds, fitted)
     try:
         relaxation = linear.solve()
         deadline.reached |= lp_deadline.reached
@@ -121,6 +121,15 @@ def _prepare(
     if relaxation is not None:
         bounds.append(relaxation.bound)
     return Prepared([], problem, groups, bounds, relaxation, linear=linear, fitted=fitted)
+
+
+def _without_lp(
+    problem: Problem, groups: list[Group], bounds: list[LowerBound], fitted: FitResult
+) -> Prepared:
+    """The problem with the simple bounds and, in the LP's stead, the memory-priced work
+    bound (``pricing.priced_work_bound``)."""
+    priced = priced_work_bound(problem, groups)
+    return Prepared([], problem, groups, bounds + ([priced] if priced else []), fitted=fitted)
 
 
 def _lp_estimate_s(groups: list[Group]) -> float:

@@ -44,7 +44,7 @@ def test_options_keep_their_runs_not_a_reference_per_shard():
 def test_the_simple_bounds_read_each_option_per_run_not_per_shard():
     prepared = prepare(_request(60, 1024), _frozen_deadline(0.0))
     problem = prepared.problem
-    assert prepared.linear is None and len(prepared.bounds) == 2
+    assert prepared.linear is None and len(prepared.bounds) == 3  # work, largest, priced
     costs = [problem.costs(o) for entry in problem.tables for o in entry.options]
     assert costs and not any("cost" in c.__dict__ or "hbm" in c.__dict__ for c in costs)
     for c in costs[:200]:  # the per-run totals are the per-shard arrays' sums
@@ -87,3 +87,17 @@ def test_the_collector_is_paused_inside_and_resumes_after_the_outermost_block():
         assert not gc.isenabled()  # it was off before: it stays off
     finally:
         gc.enable()
+
+
+def test_without_the_lp_the_work_bound_prices_memory_and_stays_below_the_lp():
+    """The work bound ignores memory: with every rank's HBM full it was the loose side of a
+    33% gap on 5,384 distinct shapes. Priced, it stays a bound (below the LP's, which has
+    the same work and memory rows and more) and is above the plain work bound."""
+    tables = memory_tight_tables(168, 32, fill=0.95, jitter=0.3, seed=1)
+    request = workload_request(tables, 32, batch_size=4096)
+    with_lp = prepare(request, Deadline.never())
+    work, _, lp = (b.value for b in with_lp.bounds)
+    without_lp = prepare(request, _frozen_deadline(0.0))
+    priced = without_lp.lower_bound
+    assert without_lp.linear is None and priced.source.value == "work/world_size"
+    assert work * 1.02 < priced.value <= lp
