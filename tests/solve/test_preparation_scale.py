@@ -101,3 +101,18 @@ def test_without_the_lp_the_work_bound_prices_memory_and_stays_below_the_lp():
     priced = without_lp.lower_bound
     assert without_lp.linear is None and priced.source.value == "work/world_size"
     assert work * 1.02 < priced.value <= lp
+
+
+def test_the_lp_builds_its_per_rank_shares_without_per_shard_arrays():
+    """Through each option's own arrays, 40,000 row-wise options on 4,096 ranks held
+    gigabytes beside the LP's matrix (12.5 GiB peak at 10,000 x 4,096)."""
+    prepared = prepare(_request(60, 1024), Deadline.never())
+    problem = prepared.problem
+    assert prepared.relaxation is not None
+    fixed = [
+        problem.costs(o)
+        for entry in problem.tables
+        for o in entry.options
+        if o.placement is Placement.FIXED
+    ]
+    assert fixed and not any({"cost", "hbm", "ddr"} & c.__dict__.keys() for c in fixed)
