@@ -1,5 +1,7 @@
 """Proven gaps on multi-host clusters: every public workload of up to 500 tables on 2, 4
-and 16 hosts of 8 ranks, solved as a request gets solved by default.
+and 16 hosts of 8 ranks, solved as a request gets solved by default; memory-tight draws
+on request (``--workloads tight-60,tight-80,tight-95``: weights at 60 to 95% of the HBM,
+two tables larger than a rank's HBM; ``workloads.named_workload``).
 
     .venv/bin/python -m benchmarks.gap_bench [--workloads tiny,small,medium,criteo,criteo-60]
         [--world-sizes 16,32,128] [--cost-models shardplan,torchrec-1.8]

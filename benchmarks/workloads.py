@@ -71,12 +71,22 @@ def criteo_like_tables(count: int = 60) -> list[dict[str, Any]]:
     return tables
 
 
+TIGHT_TABLES_PER_RANK = 6  # the memory-tight named workloads' tables per rank
+
+
 def named_workload(
     name: str, world_size: int, options: dict[str, Any] | None = None
 ) -> PlanRequest:
     """A public workload by name on ``world_size`` ranks (8 per host, 80 GiB): an NVIDIA
-    model at batch 512, ``criteo`` at batch 512, or ``criteo-60`` at batch 4,096."""
+    model at batch 512, ``criteo`` at batch 512, ``criteo-60`` at batch 4,096, or
+    ``tight-FILL`` (``tight-60``, ``tight-80``, ``tight-95``): ``memory_tight_tables``,
+    six tables per rank whose weights fill FILL% of the HBM, two of them larger than a
+    rank's HBM, at batch 4,096."""
     extra = {"options": options} if options else {}
+    if name.startswith("tight-"):
+        fill = int(name.removeprefix("tight-")) / 100
+        tables = memory_tight_tables(TIGHT_TABLES_PER_RANK * world_size, world_size, fill=fill)
+        return workload_request(tables, world_size, batch_size=4096, **extra)
     if name == "criteo-60":
         return workload_request(criteo_like_tables(60), world_size, batch_size=4096, **extra)
     tables = criteo_tables() if name == "criteo" else nvidia_tables(name)

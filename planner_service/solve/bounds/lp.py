@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from planner_service.costs.options import Placement
+from planner_service.costs.options import Placement, ShardEstimate
 from planner_service.plan.types import BoundSource
 from planner_service.solve.bounds.simple import LowerBound
 from planner_service.solve.deadline import Deadline
-from planner_service.solve.problem import Group, Problem
+from planner_service.solve.problem import Group, OptionCosts, Problem
 
 LP_SAFETY = 1e-9  # relative slack for the LP's floating-point optimum
 MEMORY_RESOLUTION = 2.0**-24  # the LP's memory coefficients, in units (see _MemoryScale)
@@ -106,14 +107,12 @@ class LinearRelaxation:
             if option.placement is Placement.FIXED
         ]
         # Per rank, the shares of the fixed options: perf, then each memory tier in units.
+        fixed_costs = [c for _, _, c in fixed]
+        hbm_scale, ddr_scale = scales
         shares = [
-            np.array([c.fixed_cost for _, _, c in fixed]).T.reshape(problem.world_size, -1),
-            *(
-                np.array([scale.down(getattr(c, tier)) for _, _, c in fixed]).T.reshape(
-                    problem.world_size, -1
-                )
-                for tier, scale in zip(("hbm", "ddr"), scales, strict=True)
-            ),
+            _fixed_perf(fixed_costs, problem),
+            _per_rank(fixed_costs, problem, lambda e: hbm_scale.down_one(e.storage.hbm_bytes)),
+            _per_rank(fixed_costs, problem, lambda e: ddr_scale.down_one(e.storage.ddr_bytes)),
         ]
         # Every row bounded by memory, with its bound at full memory (``solve`` scales them).
         self.capacity_rows: list[tuple[pywraplp.Constraint, float]] = []
@@ -168,7 +167,7 @@ class LinearRelaxation:
                 choose.SetCoefficient(x, 1.0)
                 work.SetCoefficient(x, costs.work)
                 largest.SetCoefficient(x, costs.largest_shard)
-                memory = [costs.hbm, costs.ddr]
+                largest_bytes = (costs.hbm_largest, costs.ddr_largest)
                 for total, tier_bytes, scale in zip(
                     totals, (costs.hbm_total, costs.ddr_total), scales, strict=True
                 ):
@@ -182,8 +181,10 @@ class LinearRelaxation:
                         definition.SetCoefficient(x, -float(least[i]))
                 else:
                     stacked.SetCoefficient(x, costs.largest_shard)
-                    for row, bytes_, scale in zip(stacked_memory, memory, scales, strict=True):
-                        row.SetCoefficient(x, scale.down_one(int(bytes_.max())))
+                    for row, bytes_, scale in zip(
+                        stacked_memory, largest_bytes, scales, strict=True
+                    ):
+                        row.SetCoefficient(x, scale.down_one(bytes_))
         solver.Minimize(makespan)
 
     def solve(self, memory_fraction: float = 1.0) -> Relaxation | None:
@@ -204,6 +205,30 @@ class LinearRelaxation:
         counts = [[max(0.0, x.solution_value()) for x in row] for row in self.variables]
         bound = LowerBound(max(0.0, value * (1 - LP_SAFETY)), BoundSource.LP_RELAXATION)
         return Relaxation(bound, counts)
+
+
+def _fixed_perf(fixed: list[OptionCosts], problem: Problem) -> np.ndarray:
+    """Per rank (rows), each fixed option's (columns) cost there: its shard ``i`` on rank
+    ``i``, at that rank's device class."""
+    if len(problem.classes.specs) == 1:
+        return _per_rank(fixed, problem, lambda e: e.perf[0].total)
+    rows = [c.fixed_cost for c in fixed]
+    return np.array(rows, dtype=float).reshape(len(fixed), problem.world_size).T
+
+
+def _per_rank(
+    fixed: list[OptionCosts], problem: Problem, per_shard: Callable[[ShardEstimate], float]
+) -> np.ndarray:
+    """Per rank (rows), ``per_shard`` of each fixed option's (columns) shard there, filled
+    run by run: through the options' own per-shard arrays, 40,000 row-wise options on
+    4,096 ranks held gigabytes beside this matrix (issue 37: 12.5 GiB at 10,000 x 4,096)."""
+    matrix = np.empty((len(fixed), problem.world_size))
+    for row, costs in zip(matrix, fixed, strict=True):
+        start = 0
+        for estimate, count in costs.option.runs:
+            row[start : start + count] = per_shard(estimate)
+            start += count
+    return matrix.T
 
 
 def _distinct_rows(matrix: np.ndarray, column: np.ndarray | None = None) -> np.ndarray:
