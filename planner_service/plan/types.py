@@ -1707,13 +1707,43 @@ class SmallestFixes(_Value):
     uvm_caching_makes_it_fit: bool = False
 
 
+class ExplainCheck(StrEnum):
+    """A part of the explanation of a request without a plan, which the time limit may
+    leave unchecked (``Infeasibility.not_checked``)."""
+
+    MEMORY_TOTALS = "memory_totals"  # all tables' least bytes against all (pinned) ranks
+    LARGER_WORLD_SIZES = "larger_world_sizes"  # the search for the least world size
+    UVM_CACHING = "uvm_caching"  # re-planning with fused_uvm_caching allowed
+
+
 class Infeasibility(_Value):
     """Why a request has no plan (``infeasible``: proven; ``no_solution_in_time``: none
-    found within the time limit, not proven impossible), and the smallest fixes found."""
+    found within the time limit, not proven impossible), and the smallest fixes found.
+    ``not_checked``: what the explanation did not get to within ``time_limit_s`` (absent
+    when it checked everything), so that a missing reason or fix is not read as ruled out."""
 
     status: SolverStatus
     reasons: list[InfeasibilityReason]
     fixes: SmallestFixes = Field(default_factory=SmallestFixes)
+    not_checked: list[ExplainCheck] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_not_checked(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
+        return _without_absent(handler(self), ("not_checked",))
+
+    def not_checked_lines(self) -> list[str]:
+        """What the explanation did not get to, in words."""
+        lines = []
+        for check in self.not_checked or []:
+            if check is ExplainCheck.MEMORY_TOTALS:
+                lines.append("memory totals over all ranks were not checked within time_limit_s")
+            elif check is ExplainCheck.LARGER_WORLD_SIZES:
+                tried = self.fixes.min_world_size_searched_up_to
+                above = f" above {tried}" if tried is not None else ""
+                lines.append(f"world sizes{above} were not tried within time_limit_s")
+            else:
+                lines.append("allowing fused_uvm_caching was not tried within time_limit_s")
+        return lines
 
     def render(self) -> str:
         title = (
@@ -1726,7 +1756,9 @@ class Infeasibility(_Value):
         fixes = self.fixes
         if fixes.min_world_size is not None:
             lines.append(f"  fix: world_size {fixes.min_world_size} (same devices) fits")
-        elif fixes.min_world_size_searched_up_to is not None:
+        elif fixes.min_world_size_searched_up_to is not None and not self._cut(
+            ExplainCheck.LARGER_WORLD_SIZES
+        ):
             lines.append(f"  no world size up to {fixes.min_world_size_searched_up_to} fits either")
         if fixes.tables_fit_with_uvm_caching:
             verdict = (
@@ -1738,7 +1770,11 @@ class Infeasibility(_Value):
                 "  fix: allow fused_uvm_caching for "
                 f"{', '.join(fixes.tables_fit_with_uvm_caching)} {verdict}"
             )
+        lines += [f"  {line}" for line in self.not_checked_lines()]
         return "\n".join(lines)
+
+    def _cut(self, check: ExplainCheck) -> bool:
+        return check in (self.not_checked or [])
 
 
 class Violation(_Value):

@@ -22,6 +22,7 @@ from planner_service.plan.api import (
 )
 from planner_service.plan.types import (
     CostModel,
+    ExplainCheck,
     Infeasibility,
     PlanRequest,
     SmallestFixes,
@@ -321,16 +322,22 @@ def _markdown_no_plan(infeasibility: Infeasibility, binding: Binding) -> list[st
     lines = [f"**Why** (binding constraint: {binding.kind.value}):", ""]
     lines += [f"- {reason.message}" for reason in infeasibility.reasons]
     lines += ["", "**Smallest fixes**, found by planning changed requests:", ""]
-    lines += [f"- {fix}" for fix in fix_lines(infeasibility.fixes)] or ["- none found"]
+    fixes = fix_lines(infeasibility.fixes, unchecked=infeasibility)
+    lines += [f"- {fix}" for fix in fixes] or ["- none found"]
     return lines
 
 
-def fix_lines(fixes: SmallestFixes, quote: str = "`") -> list[str]:
-    """The fixes of an infeasibility report, in words (names quoted for markdown)."""
+def fix_lines(
+    fixes: SmallestFixes, quote: str = "`", *, unchecked: Infeasibility | None = None
+) -> list[str]:
+    """The fixes of an infeasibility report, in words (names quoted for markdown), then
+    what the time limit left unchecked in ``unchecked``'s explanation."""
     lines = []
+    not_checked = unchecked.not_checked or [] if unchecked is not None else []
+    cut = ExplainCheck.LARGER_WORLD_SIZES in not_checked
     if fixes.min_world_size is not None:
         lines.append(f"{quote}world_size{quote} {fixes.min_world_size} (same devices) fits")
-    elif fixes.min_world_size_searched_up_to is not None:
+    elif fixes.min_world_size_searched_up_to is not None and not cut:
         searched = fixes.min_world_size_searched_up_to
         lines.append(f"no {quote}world_size{quote} up to {searched} fits either")
     if fixes.tables_fit_with_uvm_caching:
@@ -341,4 +348,4 @@ def fix_lines(fixes: SmallestFixes, quote: str = "`") -> list[str]:
             else "then these tables fit, but not the whole model"
         )
         lines.append(f"allow {quote}fused_uvm_caching{quote} for {tables}: {then}")
-    return lines
+    return lines + (unchecked.not_checked_lines() if unchecked is not None else [])

@@ -15,6 +15,7 @@ than at ``optimal``, ``gap_limit`` or ``work_budget`` (reproducible).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -30,6 +31,9 @@ EXPIRY_TOLERANCE_S = 0.002
 # Preparing a problem looks at the clock once per this many tables: on 100,000 tables of
 # distinct shapes (1 to 2 ms each) about once a second, and never on a request of fewer.
 PREPARATION_CHECK_EVERY = 512
+# A strict deadline's (``Deadline.strict``) preparation looks at the clock this often: its
+# work is optional, so it stops at the deadline, within a few milliseconds.
+STRICT_CHECK_EVERY = 8
 
 
 def finish_slack_s(time_limit_s: float) -> float:
@@ -68,10 +72,12 @@ class Deadline:
         grace_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         after: AfterSolve = NOTHING_AFTER,
+        strict: bool = False,
     ) -> None:
         self._clock = clock
         self._end = clock() + max(0.0, seconds)
         self._grace_s = grace_s
+        self._strict = strict
         self.after = after
         self.reached = False
 
@@ -92,6 +98,15 @@ class Deadline:
         """No wall-clock limit: for callers (tests, relaxed re-solves) that want only the
         deterministic budget."""
         return cls(float("inf"))
+
+    def strict(self) -> Deadline:
+        """This deadline for optional work (the explanation's fix searches): no grace for a
+        first plan and no finishing slack, so preparing a request stops at the deadline
+        itself, and the clock is read every ``STRICT_CHECK_EVERY`` tables. The caller
+        records its expiry here with ``reached`` if it needs to."""
+        strict = copy.copy(self)
+        strict._grace_s, strict._strict, strict.reached = 0.0, True, False
+        return strict
 
     def remaining_s(self) -> float:
         return max(0.0, self._end - self._clock())
@@ -130,11 +145,12 @@ class Deadline:
         gets its (late) plan; 100,000 tables of distinct shapes, which take minutes, stop
         within the slack. The clock is read every ``PREPARATION_CHECK_EVERY`` tables."""
         calls = 0
+        every = STRICT_CHECK_EVERY if self._strict else PREPARATION_CHECK_EVERY
 
         def check() -> None:
             nonlocal calls
             calls += 1
-            if calls % PREPARATION_CHECK_EVERY == 0 and self.overrun():
+            if calls % every == 0 and self.overrun():
                 raise OutOfTime
 
         return check
@@ -142,7 +158,8 @@ class Deadline:
     def overrun(self) -> bool:
         """Whether the deadline has passed by more than the finishing slack, max(twice
         the grace, ``FINISH_SLACK_MIN_S``): what must be done for any answer stops then."""
-        if self._clock() > self._end + max(2 * self._grace_s, FINISH_SLACK_MIN_S):
+        slack_s = 0.0 if self._strict else max(2 * self._grace_s, FINISH_SLACK_MIN_S)
+        if self._clock() > self._end + slack_s:
             self.reached = True
             return True
         return False
@@ -165,7 +182,9 @@ class Deadline:
         ``reached``."""
         if math.isinf(self._end):
             return self
-        return Deadline(self.remaining_s() * fraction, clock=self._clock, after=self.after)
+        return Deadline(
+            self.remaining_s() * fraction, clock=self._clock, after=self.after, strict=self._strict
+        )
 
     def note_stop(self, limit_s: float, wall_s: float) -> None:
         """Record a stage that ran ``wall_s`` under a wall-clock limit of ``limit_s``: if it

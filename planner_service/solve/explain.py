@@ -26,6 +26,7 @@ from planner_service.plan.codec import parse_request
 from planner_service.plan.types import (
     ComputeDevice,
     ComputeKernel,
+    ExplainCheck,
     Infeasibility,
     InfeasibilityCode,
     InfeasibilityReason,
@@ -46,6 +47,20 @@ VERIFY_ATTEMPTS = 4  # confirmations of the LP's least size, each ~10% larger
 VERIFY_GROWTH = 1.1
 
 
+# The explanation's own time, kept from the search while it has no plan (``pipeline.py``),
+# per table: the memory totals (each table's least bytes over its options, summed over all
+# ranks and each pinned rank set), measured on the loaded 2-core machine at 21 us per table
+# for 5,384 tables of distinct shapes and under 1 us for 10,000 of shared ones; about twice
+# the first.
+EXPLAIN_S_PER_TABLE = 40e-6
+
+
+def explanation_time_s(tables: int) -> float:
+    """What explaining a request of ``tables`` tables needs before its answer is due: its
+    memory totals (the fix searches take what is left, if anything)."""
+    return tables * EXPLAIN_S_PER_TABLE
+
+
 def explain(
     request: PlanRequest,
     table_problems: list[TableProblem],
@@ -53,31 +68,38 @@ def explain(
     deadline: Deadline | None = None,
     fitted: FitResult | None = None,
 ) -> Infeasibility:
-    """The reasons, then the smallest fixes found before the deadline (a fix search cut
-    short says how far it got: ``min_world_size_searched_up_to``; one cut short while it
-    was still preparing its request claims nothing). Past the deadline's finishing slack
-    the memory totals are skipped too (``Deadline.overrun``): on 100,000 distinct tables
-    they take seconds, and the answer is due."""
+    """The reasons, then the smallest fixes found before the deadline. The memory totals
+    stop once the deadline is passed by its finishing slack (``Deadline.overrun``: on
+    100,000 distinct tables they take seconds); the fix searches are optional and stop at
+    the deadline itself (``Deadline.strict``): a search cut short claims nothing beyond
+    what it ruled out (``min_world_size_searched_up_to``). Whatever was cut is named in
+    ``not_checked``, so that the answer comes on time and says what it did not check."""
     deadline = deadline or Deadline.never()
+    not_checked: list[ExplainCheck] = []
     reasons = [_table_reason(p) for p in table_problems]
-    if not deadline.overrun():
-        reasons += memory_reasons(request, fitted)
+    try:
+        reasons += memory_reasons(request, fitted, deadline)
+    except OutOfTime:
+        not_checked.append(ExplainCheck.MEMORY_TOTALS)
     if not reasons:
         reasons.append(_fallback_reason(request, status))
+    fixes_deadline = deadline.strict()
+    sizes = _world_size_fix(request, fixes_deadline)
+    if not sizes.complete:
+        not_checked.append(ExplainCheck.LARGER_WORLD_SIZES)
     try:
-        sizes = _world_size_fix(request, deadline)
-    except OutOfTime:
-        sizes = WorldSizeSearch(None)
-    try:
-        caching = _caching_fix(request, deadline)
+        caching = _caching_fix(request, fixes_deadline)
     except OutOfTime:
         caching = {}
+        not_checked.append(ExplainCheck.UVM_CACHING)
     fixes = SmallestFixes(
         min_world_size=sizes.min_world_size,
         min_world_size_searched_up_to=sizes.searched_up_to,
         **caching,
     )
-    return Infeasibility(status=status, reasons=reasons, fixes=fixes)
+    return Infeasibility(
+        status=status, reasons=reasons, fixes=fixes, not_checked=not_checked or None
+    )
 
 
 def _table_reason(problem: TableProblem) -> InfeasibilityReason:
@@ -125,19 +147,25 @@ def _fallback_reason(request: PlanRequest, status: SolverStatus) -> Infeasibilit
 
 
 def memory_reasons(
-    request: PlanRequest, fitted: FitResult | None = None
+    request: PlanRequest, fitted: FitResult | None = None, deadline: Deadline | None = None
 ) -> list[InfeasibilityReason]:
     """Totals that cannot fit whatever the placement: all ranks, and each pinned rank set.
     Exact integer sums, so any reason here proves that no plan exists. ``fitted``: the
-    request's fitted options, when the caller has them already."""
-    fitted = fitted or fit_options(request, enumerate_options(request))
+    request's fitted options, when the caller has them already. Raises ``OutOfTime`` once
+    ``deadline`` is passed by its finishing slack (``Deadline.preparation_check``)."""
+    check = (deadline or Deadline.never()).preparation_check()
+    fitted = fitted or fit_options(
+        request, enumerate_options(request, on_table=check), on_table=check
+    )
+    least = _LeastBytes(check)
     reasons = []
     everyone = list(range(request.topology.world_size))
-    reason = _total_reason(fitted, fitted.tables, everyone, "all ranks")
+    reason = _total_reason(fitted, fitted.tables, everyone, "all ranks", least)
     if reason is not None:
         reasons.append(reason)
     for ranks, entries in _pinned_sets(request, fitted.tables).items():
-        reason = _total_reason(fitted, entries, list(ranks), f"pinned ranks {list(ranks)}")
+        where = f"pinned ranks {list(ranks)}"
+        reason = _total_reason(fitted, entries, list(ranks), where, least)
         if reason is not None:
             reasons.append(
                 reason.model_copy(
@@ -166,14 +194,17 @@ def _pinned_sets(
 
 
 def _total_reason(
-    fitted: FitResult, entries: Iterable[TableOptions], ranks: list[int], where: str
+    fitted: FitResult,
+    entries: Iterable[TableOptions],
+    ranks: list[int],
+    where: str,
+    least: _LeastBytes,
 ) -> InfeasibilityReason | None:
     entries = [entry for entry in entries if entry.options]
     if not entries:
         return None
     hbm_cap = sum(fitted.capacities[r].hbm_bytes for r in ranks)
     ddr_cap = sum(fitted.capacities[r].ddr_bytes for r in ranks)
-    least = _LeastBytes()
     least_total = sum(least.total(entry) for entry in entries)
     least_hbm = sum(least.hbm(entry) for entry in entries)
     names = [entry.table.name for entry in entries]
@@ -206,9 +237,11 @@ def _total_reason(
 
 class _LeastBytes:
     """Each table's least bytes over its options, in total and in HBM. Tables of one shape
-    share option objects, so each option's bytes are summed once."""
+    share option objects, so each option's bytes are summed once. ``check`` is called
+    once per table (the deadline's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, check: Callable[[], None]) -> None:
+        self._check = check
         self._bytes: dict[int, tuple[int, int]] = {}
         self._least: dict[int, tuple[int, int]] = {}
 
@@ -219,6 +252,7 @@ class _LeastBytes:
         return self._least_of(entry)[0]
 
     def _least_of(self, entry: TableOptions) -> tuple[int, int]:
+        self._check()
         known = self._least.get(id(entry.options))
         if known is None:
             each = [self._of(option) for option in entry.options]
@@ -239,20 +273,27 @@ class _LeastBytes:
 
 
 def plannable(request: PlanRequest, deadline: Deadline | None = None) -> bool:
-    """Whether the warm start finds a plan for ``request`` (before the deadline)."""
+    """Whether the warm start finds a plan for ``request``; ``OutOfTime`` when the
+    deadline cut it before it could tell."""
+    deadline = deadline or Deadline.never()
     prepared = prepare(request, deadline)
     if prepared.problem is None:
         return False
-    return warm_start(prepared, deadline) is not None
+    if warm_start(prepared, deadline) is not None:
+        return True
+    deadline.check()
+    return False
 
 
 @dataclass(frozen=True)
 class WorldSizeSearch:
     """The least world size at which the warm start found a plan; or none, and then the
-    largest size ruled out when the search ended (at its limit, or at the deadline)."""
+    largest size ruled out when the search ended (at its limit, or at the deadline).
+    ``complete``: the search was not cut short by the deadline."""
 
     min_world_size: int | None
     searched_up_to: int | None = None
+    complete: bool = True
 
 
 def least_world_size(
@@ -263,9 +304,12 @@ def least_world_size(
     do), else the sizes above it (the infeasibility fix). A world size below
     ``local_world_size`` is one host with that many ranks; above it, whole hosts."""
     deadline = deadline or Deadline.never()
-    if fits:
+    if not fits:
+        return _world_size_fix(request, deadline)
+    try:
         return _fewest_ranks(request, deadline)
-    return _world_size_fix(request, deadline)
+    except OutOfTime:  # cut short: none smaller confirmed
+        return WorldSizeSearch(request.topology.world_size, complete=False)
 
 
 def _world_size_fix(request: PlanRequest, deadline: Deadline) -> WorldSizeSearch:
@@ -279,17 +323,24 @@ def _world_size_fix(request: PlanRequest, deadline: Deadline) -> WorldSizeSearch
 
     probes = _Probes(deadline)
     feasible = _relaxation_probe(request, deadline, probes)
-    necessary, ruled_out = _least_size(topology.world_size, limit, local, feasible, probes)
+    try:
+        necessary, ruled_out = _least_size(topology.world_size, limit, local, feasible, probes)
+    except OutOfTime:
+        return WorldSizeSearch(None, probes.ruled_out or topology.world_size, complete=False)
     if necessary is None:
-        return WorldSizeSearch(None, ruled_out)
+        return WorldSizeSearch(None, ruled_out, complete=ruled_out >= limit)
     size = necessary
     for _ in range(VERIFY_ATTEMPTS):
-        if not probes.affordable():
-            break
-        with probes.timed():
-            fits = plannable(resized(request, size), deadline)
+        try:
+            if not probes.affordable():
+                return WorldSizeSearch(None, ruled_out, complete=False)
+            with probes.timed():
+                fits = plannable(resized(request, size), deadline)
+        except OutOfTime:
+            return WorldSizeSearch(None, ruled_out, complete=False)
         if fits:
             return WorldSizeSearch(size)
+        ruled_out = size
         size = min(limit, _round_up(int(size * VERIFY_GROWTH) + 1, local))
     return WorldSizeSearch(None, size)
 
@@ -342,7 +393,12 @@ def _relaxation_probe(
     def feasible(size: int) -> bool:
         with probes.timed():
             prepared = prepare(resized(request, size), deadline)
-        return prepared.problem is not None and not prepared.relaxation_infeasible
+        if prepared.problem is not None and prepared.relaxation is None:
+            deadline.check()  # the LP had no time: no answer, rather than a guess
+        if prepared.problem is None or prepared.relaxation_infeasible:
+            probes.ruled_out = max(probes.ruled_out or 0, size)
+            return False
+        return True
 
     return feasible
 
@@ -387,6 +443,7 @@ class _Probes:
     def __init__(self, deadline: Deadline) -> None:
         self.deadline = deadline
         self.last_s = 0.0
+        self.ruled_out: int | None = None  # the largest size probed without a plan
 
     def affordable(self) -> bool:
         return self.deadline.allows(2 * self.last_s)
@@ -403,9 +460,11 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
-    """Tables whose kernel constraints exclude fused_uvm_caching and that would fit with it."""
-    if request.topology.compute_device is ComputeDevice.CPU or deadline.expired():
+    """Tables whose kernel constraints exclude fused_uvm_caching and that would fit with it;
+    ``OutOfTime`` when there are such tables and the deadline cut the search."""
+    if request.topology.compute_device is ComputeDevice.CPU or not _excluding_caching(request):
         return {}
+    deadline.check()
     data = json.loads(request.model_dump_json())
     relaxed_names = []
     for name, constraint in data["constraints"]["tables"].items():
@@ -415,6 +474,7 @@ def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
             relaxed_names.append(name)
     if not relaxed_names:
         return {}
+    deadline.check()
     relaxed = parse_request(canonical_bytes(data))
     enumerated = enumerate_options(request, on_table=deadline.check)
     before = {p.table for p in fit_options(request, enumerated, on_table=deadline.check).problems}
@@ -422,8 +482,8 @@ def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
     choices = None
     if prepared.problem is not None:
         choices = warm_start(prepared, deadline)
-    if choices is None and deadline.expired():
-        return {}  # cut short: neither a fix nor proof that it does not fit
+    if choices is None:
+        deadline.check()  # cut short: neither a fix nor proof that it does not fit
     if choices is not None and prepared.problem is not None:
         problem = prepared.problem
         chosen = [
@@ -438,3 +498,12 @@ def _caching_fix(request: PlanRequest, deadline: Deadline) -> dict[str, object]:
     after = {p.table for p in fit_options(relaxed, enumerated, on_table=deadline.check).problems}
     helped = sorted((before - after) & set(relaxed_names))
     return {"tables_fit_with_uvm_caching": helped, "uvm_caching_makes_it_fit": False}
+
+
+def _excluding_caching(request: PlanRequest) -> bool:
+    """Whether some table's kernel constraints leave out fused_uvm_caching."""
+    caching = ComputeKernel.FUSED_UVM_CACHING
+    return any(
+        c.compute_kernels and caching not in c.compute_kernels
+        for c in request.constraints.tables.values()
+    )

@@ -18,7 +18,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 from planner_service.costs.calibrated import fixed_perf
 from planner_service.plan.errors import FieldProblem, InputError
@@ -46,7 +45,7 @@ from planner_service.solve.cpsat.search import (
 )
 from planner_service.solve.deadline import AfterSolve, Deadline, OutOfTime
 from planner_service.solve.emit import build_plan, rank_io
-from planner_service.solve.explain import explain, memory_reasons
+from planner_service.solve.explain import explain, explanation_time_s, memory_reasons
 from planner_service.solve.fixed_costs import (
     Variant,
     bound_with_fixed_costs,
@@ -101,18 +100,20 @@ def solve(
     given, replaces that clock: tests and relaxed re-solves pass ``Deadline.never()``)."""
     start = time.perf_counter()
     deadline = deadline or Deadline.for_time_limit(request.options.time_limit_s)
+    # The answer's deadline, for explaining a request without a plan; the search keeps the
+    # explanation's time before it until a plan exists (then it keeps the seal's instead).
+    answer = copy.copy(deadline)
+    explaining_s = explanation_time_s(len(request.tables))
+    deadline.reserve(explaining_s)
     report = on_progress or (lambda stage, best, bound: None)
     report("enumerate", None, None)
     try:
         prepared = prepare(request, deadline)
     except OutOfTime:
         return SolveOutcome(None, _unprepared(request), time.perf_counter() - start)
-    # The LP is solved in floating point: its "infeasible" is no proof, exact byte totals are.
-    if prepared.problem is None or (
-        prepared.relaxation_infeasible and memory_reasons(request, prepared.fitted)
-    ):
+    if prepared.problem is None or _proven_infeasible(request, prepared, deadline):
         infeasibility = explain(
-            request, prepared.table_problems, SolverStatus.INFEASIBLE, deadline, prepared.fitted
+            request, prepared.table_problems, SolverStatus.INFEASIBLE, answer, prepared.fitted
         )
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
     assert prepared.problem is not None
@@ -124,7 +125,9 @@ def solve(
     options = request.options
     if len(exclusions) > 1:
         options = options.model_copy(update={"time_limit_s": options.time_limit_s * share})
-    search = _Search(prepared, options, deadline.share(share) if share < 1 else deadline)
+    search = _Search(
+        prepared, options, deadline.share(share) if share < 1 else deadline, explaining_s
+    )
     incremental = incremental_plan(search.problem, moves, deadline) if moves else None
     after_search = copy.copy(deadline)  # the reverting stage's, past the search's
     if moves is not None:
@@ -136,7 +139,7 @@ def solve(
             if search.proven_infeasible
             else SolverStatus.NO_SOLUTION_IN_TIME
         )
-        infeasibility = explain(request, [], status, deadline, prepared.fitted)
+        infeasibility = explain(request, [], status, answer, prepared.fitted)
         return SolveOutcome(None, infeasibility, time.perf_counter() - start, search.details)
     migration = None
     problem = search.problem
@@ -185,6 +188,17 @@ def solve(
     )
     io = rank_io(problem, choices)
     return SolveOutcome(plan, None, time.perf_counter() - start, search.details, io)
+
+
+def _proven_infeasible(request: PlanRequest, prepared: Prepared, deadline: Deadline) -> bool:
+    """Whether exact byte totals prove what the LP found: it is solved in floating point,
+    so its "infeasible" is no proof. Totals cut by the deadline prove nothing."""
+    if not prepared.relaxation_infeasible:
+        return False
+    try:
+        return bool(memory_reasons(request, prepared.fitted, deadline))
+    except OutOfTime:
+        return False
 
 
 def _unprepared(request: PlanRequest) -> Infeasibility:
@@ -239,7 +253,13 @@ class _Search:
     """The stages after preparing, sharing the request's bounds (each stage adds the bound
     it proves), its deadline and the details reported beside the plan."""
 
-    def __init__(self, prepared: Prepared, options: PlanOptions, deadline: Deadline) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        options: PlanOptions,
+        deadline: Deadline,
+        explaining_s: float = 0.0,
+    ) -> None:
         assert prepared.problem is not None and prepared.groups is not None
         assert prepared.bounds is not None
         self.prepared = prepared
@@ -252,13 +272,19 @@ class _Search:
         }
         self.search_time_s = options.time_limit_s
         self.proven_infeasible = False
+        self.explaining_s = explaining_s  # kept before the deadline while no plan exists
 
     def run(self, report: ProgressCallback) -> list[list[Choice]]:
         """Every plan the stages find: the warm start (construct, improve), the packing
         relaxation's, and CP-SAT's."""
         report("warm start", None, best_bound(self.bounds).value)
-        # Sealing the plan takes time that grows with its shards: kept once a plan exists.
-        seal = partial(_seal_time_s, self.problem, self.deadline.after)
+
+        # Sealing the plan takes time that grows with its shards: kept once a plan exists,
+        # beyond what is kept already for explaining why there is none.
+        def seal(choices: list[Choice]) -> float:
+            sealing_s = _seal_time_s(self.problem, self.deadline.after, choices)
+            return max(0.0, sealing_s - self.explaining_s)
+
         warm = warm_start(self.prepared, self.deadline, seal)
         if self.prepared.relaxation_infeasible:  # a bug in the LP, not a proof: search on
             self.details["lp_relaxation"] = "infeasible"

@@ -8,11 +8,17 @@ wall-clock figures on real workloads, idle and under load, are a benchmark
 
 from __future__ import annotations
 
+import copy
 import math
 
 from ortools.sat.python import cp_model
 
-from planner_service.plan.types import SolverStatus, StopReason
+from planner_service.plan.types import (
+    ExplainCheck,
+    InfeasibilityCode,
+    SolverStatus,
+    StopReason,
+)
 from planner_service.solve import prepare as prepare_module
 from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.packing import packing_bound
@@ -25,7 +31,7 @@ from planner_service.solve.cpsat_runner import (
     solve_within,
 )
 from planner_service.solve.deadline import Deadline, finish_slack_s
-from planner_service.solve.explain import explain
+from planner_service.solve.explain import explain, explanation_time_s
 from planner_service.solve.improve import improve
 from planner_service.solve.pipeline import solve
 from planner_service.solve.prepare import prepare, warm_start
@@ -237,15 +243,79 @@ def test_cpsat_gets_what_is_left_of_the_deadline_as_its_wall_limit():
     assert solver.parameters.max_time_in_seconds == MIN_WALL_SAFETY_S
 
 
-def test_the_fix_search_stops_at_the_deadline_and_says_how_far_it_got():
+def _too_big_for_two_ranks():
     tables = [table(f"t{i}", rows=4_000_000, dim=128) for i in range(12)]
-    req = request(tables, world_size=2, topology={"hbm_bytes": 2**30, "ddr_bytes": 2**30})
+    return request(tables, world_size=2, topology={"hbm_bytes": 2**30, "ddr_bytes": 2**30})
+
+
+def test_the_fix_search_stops_at_the_deadline_and_says_what_it_did_not_try():
+    req = _too_big_for_two_ranks()
     searched = explain(req, [], SolverStatus.INFEASIBLE)
-    assert searched.fixes.min_world_size is not None
+    assert searched.fixes.min_world_size is not None and searched.not_checked is None
     cut = explain(req, [], SolverStatus.INFEASIBLE, _expired())
     assert cut.fixes.min_world_size is None
     assert cut.fixes.min_world_size_searched_up_to == 2  # nothing beyond the request itself
     assert cut.reasons == searched.reasons  # the reasons need no search
+    assert cut.not_checked == [ExplainCheck.LARGER_WORLD_SIZES]
+    text = cut.render()
+    assert "world sizes above 2 were not tried within time_limit_s" in text
+    assert "fits either" not in text  # nothing was ruled out beyond the request
+
+
+def test_a_probe_of_the_fix_search_stops_at_the_deadline_itself():
+    req = _too_big_for_two_ranks()
+    clock = _Ticking(0.001)
+    deadline = Deadline(0.05, clock=clock)  # 50 reads; the whole search takes about 100
+    cut = explain(req, [], SolverStatus.INFEASIBLE, deadline)
+    assert cut.not_checked == [ExplainCheck.LARGER_WORLD_SIZES]
+    assert cut.fixes.min_world_size is None  # 14 when the search ends
+    searched = cut.fixes.min_world_size_searched_up_to
+    assert searched is not None and 2 < searched < 14  # what it ruled out before the cut
+    # Optional work gets no grace and no finishing slack: stopped within a few reads.
+    assert clock.now < 0.05 + 0.005, clock.now
+
+
+def test_memory_totals_stop_past_the_slack_and_say_so():
+    tables = [table(f"t{i}", rows=10**7, dim=64) for i in range(600)]
+    req = request(tables, world_size=2, topology={"hbm_bytes": 4 * 2**30})
+    full = explain(req, [], SolverStatus.INFEASIBLE, Deadline(0.0, clock=_Ticking(0.0)))
+    assert [r.code for r in full.reasons] == [InfeasibilityCode.TOTAL_MEMORY]
+    # Each look at the clock a second later: past the slack at the 512th table.
+    cut = explain(req, [], SolverStatus.NO_SOLUTION_IN_TIME, Deadline(0.0, clock=_Ticking(1.0)))
+    assert cut.not_checked == [ExplainCheck.MEMORY_TOTALS, ExplainCheck.LARGER_WORLD_SIZES]
+    assert [r.code for r in cut.reasons] == [InfeasibilityCode.TIMED_OUT]
+    assert "memory totals over all ranks were not checked within time_limit_s" in cut.render()
+
+
+def test_the_caching_fix_cut_short_says_it_was_not_tried():
+    constraints = {
+        "tables": {"users": {"compute_kernels": ["fused"], "sharding_types": ["table_wise"]}}
+    }
+    req = request(
+        [table("users", rows=3 * 10**7, dim=64)],
+        world_size=2,
+        topology={"hbm_bytes": 4 * 2**30},
+        constraints=constraints,
+    )
+    found = explain(req, [], SolverStatus.INFEASIBLE)
+    assert found.fixes.tables_fit_with_uvm_caching == ["users"] and found.not_checked is None
+    assert "not_checked" not in found.model_dump_json()  # absent when all was checked
+    cut = explain(req, [], SolverStatus.INFEASIBLE, _expired())
+    assert ExplainCheck.UVM_CACHING in (cut.not_checked or [])
+    assert cut.fixes.tables_fit_with_uvm_caching == []
+    assert "allowing fused_uvm_caching was not tried within time_limit_s" in cut.render()
+
+
+def test_a_request_without_a_plan_keeps_time_to_explain_it():
+    # 60 tables, nothing left for the search: the explanation still has its reserve.
+    req = _request(num_tables=60, world_size=16)
+    clock = _Ticking(0.0)
+    deadline = Deadline(explanation_time_s(60), clock=clock)
+    kept = copy.copy(deadline)
+    outcome = solve(req, deadline=deadline)
+    assert outcome.infeasibility is not None
+    assert deadline.remaining_s() == 0.0  # the search stopped at once
+    assert kept.remaining_s() > 0.0  # what the explanation had
 
 
 # --------------------------------------------------------------------------- stop reasons

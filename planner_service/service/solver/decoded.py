@@ -40,6 +40,7 @@ class DecodedRequest:
     received_at: float  # time.monotonic() when the body was whole (or the job resumed)
     previous_plan_id: str | None = None
     device_profile_id: str | None = None
+    wait_counts: bool = True  # waiting for a solver process counts against the limit
 
     @classmethod
     def stored(cls, document: bytes, key: str, time_limit_s: float) -> DecodedRequest:
@@ -48,8 +49,9 @@ class DecodedRequest:
 
     def restarted(self) -> DecodedRequest:
         """The request with its clock started now: an async job's time limit bounds its
-        solve from when the job starts, not the 202 that accepted it."""
-        return replace(self, received_at=time.monotonic())
+        solve from when the job starts, not the 202 that accepted it (nor its wait for a
+        solver process)."""
+        return replace(self, received_at=time.monotonic(), wait_counts=False)
 
     @property
     def spent_s(self) -> float:
@@ -96,7 +98,8 @@ def inline(
     if profile is not None:
         stored = parse_profile(profile, source=f"stored profile {options.device_profile_id}")
         request = _with_profile(request, stored)
-    return _decoded(request, decoded.request_hash, decoded.received_at)
+    inlined = _decoded(request, decoded.request_hash, decoded.received_at)
+    return replace(inlined, wait_counts=decoded.wait_counts)
 
 
 def _with_profile(request: PlanRequest, profile: DeviceProfile) -> PlanRequest:

@@ -9,6 +9,9 @@ one job at a time over its own pipe; the event loop only awaits them.
   (503) with a Retry-After estimated from the time limits of what runs and waits. A caller
   that must await something before it asks for its solve (a job) ``reserve``s its place
   first, so that no other solve is admitted into it meanwhile.
+- Time limit: waiting here for a solver process counts against a request's
+  ``time_limit_s`` (not an async job's, nor the wait for a process still starting); a
+  solve that waits its whole limit is answered then with ``WaitedOutError``.
 - Identical requests in flight share one solve. A solve continues when its caller goes
   away, so its plan is still stored for the retry.
 - Watchdog: a solve still running ``grace_s`` past its ``options.time_limit_s`` has its
@@ -164,6 +167,17 @@ class ShuttingDownError(SolveUnavailableError):
         )
 
 
+class WaitedOutError(RuntimeError):
+    """A solve waited its whole time limit for a free solver process: there is no time left
+    to solve it, so it is answered at once (422 ``timed_out``, ``run.py``)."""
+
+    def __init__(self, waited_s: float, time_limit_s: float, workers: int) -> None:
+        super().__init__(f"waited {waited_s:.2f} s of a {time_limit_s:g} s time limit")
+        self.waited_s = waited_s
+        self.time_limit_s = time_limit_s
+        self.workers = workers
+
+
 class SolverError(RuntimeError):
     """The solver raised: a bug, answered as an internal error with its traceback logged."""
 
@@ -272,7 +286,10 @@ class _Job:
     time_limit_s: float
     spent_s: float  # of the time limit, before the pool had it (see ``SolvePool.solve``)
     done: asyncio.Future[SolveResult]
+    queued: float  # event-loop time when it began to wait for a solver process
+    wait_counts: bool  # whether that wait counts against its time limit
     started: float = 0.0  # event-loop time when a solver process took it
+    waited_out: asyncio.TimerHandle | None = None  # answers it once its limit is spent
     deadline: float = math.inf  # started + time limit + grace: killed past this
     progress: SolveProgress | None = None  # the last its solver process reported
 
@@ -375,14 +392,16 @@ class SolvePool:
         finish: Callable[[SolveResult], T],
         *,
         spent_s: float = 0.0,
+        wait_counts: bool = True,
     ) -> tuple[T, bool]:
         """Solve ``request_document`` (whose ``options.time_limit_s`` is ``time_limit_s``)
         in a solver process, then run ``finish`` (blocking, e.g. storing the plan) in a
         thread. Identical keys in flight share one solve. Returns ``finish``'s result and
         whether this call joined another caller's solve. ``spent_s``: how much of the time
         limit the caller has used already (decoding the request); the solver gets what is
-        left. Time waiting here for a solver process is not taken off: the queue is the
-        pool's admission, which ``Retry-After`` accounts for.
+        left. Waiting here for a solver process counts too (``wait_counts``; not for an
+        async job, whose clock starts when it starts solving): a solve that waits its
+        whole limit raises ``WaitedOutError`` then, without taking a process.
 
         The solve runs as its own task: a caller that goes away (client disconnect) does
         not cancel it, so its plan is still stored for the retry."""
@@ -395,7 +414,8 @@ class SolvePool:
         else:
             self.admit(key)
         self.start()
-        task = asyncio.create_task(self._run(key, request_document, time_limit_s, spent_s, finish))
+        job = self._job(key, request_document, time_limit_s, spent_s, wait_counts)
+        task = asyncio.create_task(self._run(job, finish))
         self._in_flight[key] = task
         self._on_depth(self.depth)
         task.add_done_callback(lambda done: self._finished(key, done))
@@ -446,23 +466,41 @@ class SolvePool:
         if not task.cancelled():
             task.exception()  # retrieved, even when every caller has gone away
 
-    async def _run(
-        self,
-        key: str,
-        request_document: bytes,
-        time_limit_s: float,
-        spent_s: float,
-        finish: Callable[[SolveResult], T],
-    ) -> T:
+    def _job(
+        self, key: str, document: bytes, time_limit_s: float, spent_s: float, wait_counts: bool
+    ) -> _Job:
+        assert self._loop is not None
+        now = self._loop.time()
+        return _Job(
+            key, document, time_limit_s, spent_s, self._loop.create_future(), now, wait_counts
+        )
+
+    async def _run(self, job: _Job, finish: Callable[[SolveResult], T]) -> T:
         if self._closed:
             raise ShuttingDownError()
         assert self._loop is not None
-        job = _Job(key, request_document, time_limit_s, spent_s, self._loop.create_future())
-        self._jobs[key] = job
+        self._jobs[job.key] = job
         self._waiting.append(job)
+        if job.wait_counts:
+            left_s = max(0.0, job.time_limit_s - job.spent_s)
+            job.waited_out = self._loop.call_later(left_s, self._wait_over, job)
         self._dispatch()
         result = await job.done
         return await asyncio.to_thread(finish, result)
+
+    def _wait_over(self, job: _Job) -> None:
+        """A waiting solve has spent its whole time limit: answer it, without a process;
+        unless a solver process is still starting (a fresh service, a replacement), which
+        is the service's wait, not the request's: then it gets that process when ready."""
+        assert self._loop is not None
+        if job not in self._waiting or job.done.done():
+            return
+        starting = [s for s in self._solvers if not s.ready]
+        if starting or len(self._solvers) < self.workers:
+            return
+        self._waiting.remove(job)
+        waited_s = self._loop.time() - job.queued
+        job.done.set_exception(WaitedOutError(waited_s, job.time_limit_s, self.workers))
 
     def retry_after_s(self) -> int:
         """Seconds until a solve asked for now would start, erring long. A running solve
@@ -659,10 +697,13 @@ class SolvePool:
         assert self._loop is not None
         job.started = self._loop.time()
         job.deadline = job.started + job.time_limit_s + self.grace_s
+        if job.waited_out is not None:
+            job.waited_out.cancel()
+        spent_s = job.spent_s + (job.started - job.queued if job.wait_counts else 0.0)
         solver.job = job
         solver.watchdog = self._loop.call_at(job.deadline, self._overran, solver)
         with contextlib.suppress(OSError):  # the process is gone: its exit answers the job
-            solver.connection.send((job.document, job.spent_s))
+            solver.connection.send((job.document, spent_s))
         self._on_progress(job.key)
 
     def _unassign(self, solver: _Solver) -> _Job | None:

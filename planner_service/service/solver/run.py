@@ -12,7 +12,12 @@ from dataclasses import replace
 
 from planner_service import PLANNER_VERSION
 from planner_service.plan.api import PlanSummary
-from planner_service.plan.types import Infeasibility, SolverStatus
+from planner_service.plan.types import (
+    Infeasibility,
+    InfeasibilityCode,
+    InfeasibilityReason,
+    SolverStatus,
+)
 from planner_service.service.http import metrics
 from planner_service.service.http.metrics import CacheLookup
 from planner_service.service.http.problems import ProblemError
@@ -24,6 +29,7 @@ from planner_service.service.solver.pool import (
     SolveResult,
     SolveUnavailableError,
     T,
+    WaitedOutError,
 )
 from planner_service.service.solver.references import with_stored_references
 from planner_service.service.state import ServiceState
@@ -101,8 +107,15 @@ async def _solve(
 
     try:
         return await state.pool.solve(
-            key, request.document, request.time_limit_s, timed, spent_s=request.spent_s
+            key,
+            request.document,
+            request.time_limit_s,
+            timed,
+            spent_s=request.spent_s,
+            wait_counts=request.wait_counts,
         )
+    except WaitedOutError as error:
+        return finish(waited_out(error)), False
     except SolveUnavailableError as error:
         if isinstance(error, PoolFullError):
             metrics.REJECTED.inc()
@@ -111,6 +124,24 @@ async def _solve(
         # uvicorn cancels the requests still running when its graceful shutdown period
         # ends, and the pool kills their solves next: say so, rather than uvicorn's bare 500.
         raise unavailable(ShuttingDownError()) from None
+
+
+def waited_out(error: WaitedOutError) -> SolveResult:
+    """The answer to a request that waited its whole time limit for a solver process: no
+    plan was searched for, and it says why and what to change (``no_plan`` makes it 422)."""
+    reason = InfeasibilityReason(
+        code=InfeasibilityCode.TIMED_OUT,
+        message=(
+            f"this request waited {error.waited_s:.2f} s for a free solver process (all "
+            f"{error.workers} were busy), its whole options.time_limit_s = "
+            f"{error.time_limit_s:g} s, which counts from the request's arrival, so no plan "
+            "was searched for; ask again when the service is less busy, give a longer "
+            "time_limit_s, or submit it as an async job (Prefer: respond-async), whose "
+            "time limit counts from when it starts solving"
+        ),
+    )
+    infeasibility = Infeasibility(status=SolverStatus.NO_SOLUTION_IN_TIME, reasons=[reason])
+    return SolveResult(None, None, infeasibility.model_dump_json().encode(), 0.0)
 
 
 def unavailable(error: SolveUnavailableError) -> ProblemError:
