@@ -220,7 +220,6 @@ def unknown_previous_import() -> tuple[str, Hostile]:
     req_doc, plan = valid_pair()
     unknown = "e" * 64
     req_doc["options"]["previous_plan_id"] = unknown
-    plan["schema_version"] = "1.2"
     plan["solver"]["stop_reason"] = "optimal"
     migration = {
         "previous_plan_id": unknown,

@@ -49,8 +49,9 @@ def counted(http: httpx.Client, status: int) -> dict[str, float]:
 
 def body_route_templates() -> dict[str, str]:
     """Every operation of the app whose method carries a body, from its OpenAPI document
-    ("METHOD template"), by the ``hostile.ROUTES`` key whose path the template matches:
-    each must have one."""
+    ("METHOD template"), by each ``hostile.ROUTES`` key whose path the template matches
+    (one route may have several keys, one for each kind of path it is sent to): each
+    operation must have one."""
     paths = create_app(Settings(database_url="unused")).openapi()["paths"]
     found: dict[str, str] = {}
     for template, operations in paths.items():
@@ -62,7 +63,7 @@ def body_route_templates() -> dict[str, str]:
                 if key.split(" ")[0] == method and pattern.fullmatch(key.split(" ")[1])
             ]
             assert concrete, f"{method} {template} reads a body and has no hostile cases"
-            found[concrete[0]] = template
+            found.update(dict.fromkeys(concrete, template))
     return found
 
 
