@@ -28,6 +28,7 @@ import numpy as np
 
 from planner_service.costs.calibrated import fixed_perf
 from planner_service.plan.codec import parse_request, seal_plan_data
+from planner_service.plan.compact import compact_sharding
 from planner_service.plan.json_data import JsonObject
 from planner_service.plan.shards import column_wise_shards, row_wise_shards
 from planner_service.plan.types import (
@@ -183,9 +184,8 @@ def _sharding(kind: str, rank: int, rows: int, dim: int, world: int) -> JsonObje
 
 def sealed(request: PlanRequest, tables: dict[str, JsonObject]) -> ShardingPlan:
     """The plan of ``tables`` with the rank stats its request's model gives it."""
-    usage = rank_usage(
-        request, {name: ParameterSharding.model_validate(data) for name, data in tables.items()}
-    )
+    shardings = {name: ParameterSharding.model_validate(data) for name, data in tables.items()}
+    usage = rank_usage(request, shardings)
     stats = [
         {
             "rank": rank,
@@ -198,7 +198,11 @@ def sealed(request: PlanRequest, tables: dict[str, JsonObject]) -> ShardingPlan:
     return seal_plan_data(
         request=request,
         planner_version="calibrate",
-        tables=tables,
+        # Written as runs (schema 2.0), as the planner writes them.
+        tables={
+            name: compact_sharding(sharding).model_dump(mode="json")
+            for name, sharding in shardings.items()
+        },
         rank_stats=stats,
         solver=SolverReport(
             status=SolverStatus.FEASIBLE,
