@@ -25,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    GetJsonSchemaHandler,
     SerializerFunctionWrapHandler,
     Strict,
     Tag,
@@ -34,7 +35,8 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
 
 from planner_service.plan.canonical import canonical_bytes, plan_id_of, sha256_hex
 from planner_service.plan.errors import RUNS_TAG, SHARD_LIST_TAG
@@ -1332,6 +1334,48 @@ class RankStats(_Value):
 _STATS_FIELDS = ("rank", "hbm_bytes", "ddr_bytes")
 
 
+class PerfColumns(_Value):
+    """Schema 2.0's ``rank_stats.perf``: each component's milliseconds, one entry per rank."""
+
+    fwd_compute: list[NonNegativeFloat]
+    fwd_comms: list[NonNegativeFloat]
+    bwd_compute: list[NonNegativeFloat]
+    bwd_comms: list[NonNegativeFloat]
+    prefetch: list[NonNegativeFloat]
+    input_dist: list[NonNegativeFloat]
+    total: list[NonNegativeFloat]
+
+
+class RankStatsColumns(_Value):
+    """Schema 2.0's ``rank_stats``: lists of one length, the n-th entries one rank's stats.
+    Only the JSON edge has this form (its JSON Schema, for OpenAPI); in memory a plan
+    holds a list of ``RankStats``."""
+
+    rank: list[Rank]
+    hbm_bytes: list[PlanBytes]
+    ddr_bytes: list[PlanBytes]
+    perf: PerfColumns
+
+
+assert tuple(PerfColumns.model_fields) == PERF_FIELDS
+assert tuple(RankStatsColumns.model_fields) == (*_STATS_FIELDS, "perf")
+
+
+class _RankStatsEitherForm:
+    """The JSON Schema of ``ShardingPlan.rank_stats``: one object per rank (schema 1.x) or
+    columns (2.0); which one the plan's ``schema_version`` says."""
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        rows = handler(core_schema)
+        columns = handler(RankStatsColumns.__pydantic_core_schema__)
+        return {
+            "anyOf": [rows, columns],
+            "description": "one object per rank (schema 1.x) or columns (schema 2.0)",
+        }
+
+
 def rank_stats_columns(rows: list[JsonObject]) -> JsonObject:
     """``rank_stats`` JSON data, one object per rank, as columns (schema 2.0's form)."""
     columns: JsonObject = {field: [row[field] for row in rows] for field in _STATS_FIELDS}
@@ -1422,7 +1466,7 @@ class ShardingPlan(_Value):
     planner_version: Name
     world_size: WorldSize
     tables: dict[Name, TableSharding] = Field(min_length=1)
-    rank_stats: list[RankStats]
+    rank_stats: Annotated[list[RankStats], _RankStatsEitherForm()]
     solver: SolverReport
     migration: Migration | None = None
 
