@@ -44,15 +44,17 @@ def finish_slack_s(time_limit_s: float) -> float:
 @dataclass(frozen=True)
 class AfterSolve:
     """What the caller of ``solve`` does with the plan before its user has the answer
-    (writing it to a file, storing and sending it), in seconds per shard and per table of
-    the plan: the search stops that much earlier, as it does for sealing the plan, so the
-    answer is out within the time limit. Figures are the callers' measured estimates."""
+    (writing it to a file, storing and sending it), in seconds per shard, per table and per
+    rank of the plan: the search stops that much earlier, as it does for sealing the plan,
+    so the answer is out within the time limit. Figures are the callers' measured
+    estimates. A plan's bytes (schema 2.0) follow its tables and ranks, not its shards."""
 
     s_per_shard: float = 0.0
     s_per_table: float = 0.0
+    s_per_rank: float = 0.0
 
-    def time_s(self, shards: int, tables: int) -> float:
-        return shards * self.s_per_shard + tables * self.s_per_table
+    def time_s(self, shards: int, tables: int, ranks: int = 0) -> float:
+        return shards * self.s_per_shard + tables * self.s_per_table + ranks * self.s_per_rank
 
 
 NOTHING_AFTER = AfterSolve()

@@ -69,12 +69,14 @@ MIN_CPSAT_TIME_S = 0.05  # below this, the warm start is the answer
 # Re-planning from a previous plan: the share of the time limit kept from the search for
 # putting the fastest plan's tables back where they were (``incremental.py``).
 REVERT_SHARE = 0.1
-# Sealing a plan (building, hashing and validating its JSON, and its per-rank buffers) after
-# the search, measured on a 2-core machine under load: 2.2 s for 315,524 shards of 5,384
-# tables on 1,024 ranks, 0.28 to 0.34 s for 14,565 shards of the same tables; rounded up
-# to a time per shard and per table. The search stops this much before the deadline (a
-# plan's shard count barely varies).
-SEAL_S_PER_SHARD = 12e-6
+# Sealing a plan (its per-rank loads, then building, hashing and validating its JSON) after
+# the search. Schema 2.0 writes tables as runs, so only the per-rank loads still visit
+# every shard: measured on the idle 2-core machine, 0.16 s for 290,060 shards of 5,384
+# tables on 1,024 ranks and 0.53 s for 2,079,165 shards of 10,000 tables on 4,096 ranks
+# (shard lists took 2.2 s for 315,524 shards under load). About three times the per-shard
+# share and twice the per-table share, for a loaded machine. The search stops this much
+# before the deadline (a plan's shard count barely varies).
+SEAL_S_PER_SHARD = 0.5e-6
 SEAL_S_PER_TABLE = 40e-6
 
 
@@ -426,4 +428,4 @@ def _seal_time_s(problem: Problem, after: AfterSolve, choices: list[Choice]) -> 
         for entry, c in zip(problem.tables, choices, strict=True)
     )
     sealing_s = shards * SEAL_S_PER_SHARD + len(choices) * SEAL_S_PER_TABLE
-    return sealing_s + after.time_s(shards, len(choices))
+    return sealing_s + after.time_s(shards, len(choices), problem.world_size)
