@@ -15,6 +15,12 @@ batches drawn to the request's shapes). Each plan is priced under every model
 - regret: the model's own plan's measured step over the fastest measured step;
 - the median per-rank relative error |predicted − measured| / measured.
 
+Every plan is measured ``--rounds`` times (default 3), the plans taken in a new seeded order
+each round, so a slow minute of a shared machine falls on different plans each time; a
+plan's step is the median of its rounds. The report gives the noise beside the scores: the
+median spread of a plan's rounds, and ρ between two rounds' measurements of the same plans
+(the most any model could score on plans measured once).
+
 A world size of 4 is two hosts of two ranks; on a 2-core machine its 4 ranks share 2
 cores, which the report says.
 """
@@ -147,6 +153,9 @@ class Candidate:
     predicted_ranks_ms: dict[CostModel, list[float]] = field(default_factory=dict)
     measured_ms: float = 0.0
     measured_ranks_ms: list[float] = field(default_factory=list)
+    rounds_ms: list[float] = field(default_factory=list)  # the job's step, each round
+    rounds_ranks_ms: list[list[float]] = field(default_factory=list)  # each rank, each round
+    rounds_parts: list[list[dict[str, float]]] = field(default_factory=list)  # [round][rank]
     calls_ms: float = 0.0  # the kernels and collectives alone (``bare_profile``)
 
 
@@ -240,9 +249,23 @@ def candidate_plans(
 
 
 def _key(plan: ShardingPlan) -> str:
-    return json.dumps(
-        {n: t.model_dump(mode="json") for n, t in plan.tables.items()}, sort_keys=True
-    )
+    """Plans the runtime executes alike have one key: a column-wise table left whole (one
+    shard of every column) runs as the same table table-wise does, so "all column_wise"
+    with no table split is not a plan of its own."""
+    return json.dumps({n: _executed(t) for n, t in plan.tables.items()}, sort_keys=True)
+
+
+def _executed(table: Any) -> dict[str, Any]:
+    data: dict[str, Any] = table.model_dump(mode="json")
+    widths = data.get("column_widths") or []
+    if (
+        data["sharding_type"] in ("column_wise", "table_column_wise")
+        and widths
+        and all(width == data["shape"][1] for width, _count in widths)
+    ):
+        data["sharding_type"] = "table_wise"
+        data.pop("column_widths", None)
+    return data
 
 
 def price(candidate: Candidate, document: dict[str, Any], profile: dict[str, Any]) -> None:
@@ -296,6 +319,35 @@ def spearman(x: list[float], y: list[float]) -> float:
     return cov / (sx * sy) if sx and sy else 0.0
 
 
+def settle(candidate: Candidate) -> None:
+    """A plan's measured step and per-rank steps: the median of its rounds."""
+    candidate.measured_ms = statistics.median(candidate.rounds_ms)
+    candidate.measured_ranks_ms = [
+        statistics.median(ranks) for ranks in zip(*candidate.rounds_ranks_ms, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How much the same plans measure apart: the median over plans of (slowest − fastest
+    round) / median round, and Spearman's ρ between the first two rounds' steps."""
+
+    spread: float
+    rho_between_rounds: float | None
+
+
+def noise(candidates: list[Candidate]) -> Noise:
+    spread = statistics.median(
+        (max(c.rounds_ms) - min(c.rounds_ms)) / c.measured_ms for c in candidates
+    )
+    if min(len(c.rounds_ms) for c in candidates) < 2:
+        return Noise(spread, None)
+    return Noise(
+        spread,
+        spearman([c.rounds_ms[0] for c in candidates], [c.rounds_ms[1] for c in candidates]),
+    )
+
+
 @dataclass(frozen=True)
 class ModelScore:
     model: CostModel
@@ -339,10 +391,13 @@ def main() -> None:
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--workloads", default="many-small,few-huge,sequence,mixed-14")
     parser.add_argument(
-        "--mixes", type=int, default=4, help="random mixes of sharding types per workload"
+        "--mixes", type=int, default=6, help="random mixes of sharding types per workload"
     )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="times each plan is measured, interleaved"
+    )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--time-limit-s", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -364,12 +419,18 @@ def main() -> None:
             document = base_request(WORKLOADS[name](rng), world, args.batch_size, args.time_limit_s)
             started = time.perf_counter()
             candidates = candidate_plans(document, profile, args.mixes, args.seed)
+            request = with_model(document, CostModel.SHARDPLAN, profile)
             for c in candidates:
-                request = with_model(document, CostModel.SHARDPLAN, profile)
                 price(c, document, profile)
-                report = measure_plan(request, c.plan, settings)
-                c.measured_ms = report.job_step_ms
-                c.measured_ranks_ms = [r.step_median_ms for r in report.ranks]
+            order = random.Random(f"rounds-{name}-{world}-{args.seed}")
+            for _ in range(max(1, args.rounds)):
+                for c in order.sample(candidates, len(candidates)):
+                    report = measure_plan(request, c.plan, settings)
+                    c.rounds_ms.append(report.job_step_ms)
+                    c.rounds_ranks_ms.append([r.step_median_ms for r in report.ranks])
+                    c.rounds_parts.append([r.iqm.model_dump() for r in report.ranks])
+            for c in candidates:
+                settle(c)
             _print(name, world, candidates)
             if args.json:
                 with args.json.open("a") as f:
@@ -394,6 +455,13 @@ def _print(name: str, world: int, candidates: list[Candidate]) -> None:
         if c.label.startswith("all ") or c.label == "data_parallel small":
             overhead = c.measured_ms / c.calls_ms if c.calls_ms else float("nan")
             print(f"| {c.label} | {c.measured_ms:.2f} | {c.calls_ms:.2f} | {overhead:.2f}× |")
+    measured_noise = noise(candidates)
+    between = measured_noise.rho_between_rounds
+    print(
+        f"\nnoise: a plan's rounds spread {measured_noise.spread:.1%} (median over plans); "
+        f"ρ between two rounds of the same plans "
+        f"{'—' if between is None else f'{between:.3f}'}"
+    )
     print("\n| model | Spearman ρ | regret of its plan | median per-rank error |")
     print("| --- | --- | --- | --- |")
     for s in scores(candidates):
@@ -411,11 +479,19 @@ def _record(name: str, world: int, candidates: list[Candidate], wall_s: float) -
                 "label": c.label,
                 "own_plan_of": [m.value for m in c.models],
                 "measured_ms": c.measured_ms,
+                "rounds_ms": c.rounds_ms,
+                "rounds_parts": c.rounds_parts,
                 "kernels_and_collectives_ms": c.calls_ms,
                 "predicted_ms": {m.value: c.predicted_ms[m] for m in MODELS},
+                "predicted_ranks_ms": {m.value: c.predicted_ranks_ms[m] for m in MODELS},
+                "plan": json.loads(c.plan.model_dump_json()),
             }
             for c in candidates
         ],
+        "noise": {
+            "spread": noise(candidates).spread,
+            "rho_between_rounds": noise(candidates).rho_between_rounds,
+        },
         "scores": [
             {
                 "model": s.model.value,

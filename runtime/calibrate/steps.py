@@ -1,21 +1,29 @@
 """The last stage: whole training steps of plans, measured by ``runtime.measure`` at a world
 size, against what the profile's other stages predict for them.
 
-A step is more than its kernels and collectives timed alone: ranks wait for each other at
-every exchange, a kernel finds its rows colder or warmer than in a microbenchmark, two
-ranks share cores with gloo's threads, and the runtime's exchanges of row-wise and
-data-parallel tables do more than their collectives. So this stage runs diverse plans of a
+A step is more than its kernels and collectives timed alone: a kernel finds its rows colder
+or warmer than in a microbenchmark, two ranks share cores with gloo's threads, the
+runtime's exchanges of row-wise and data-parallel tables do more than their collectives,
+and ranks wait for each other at every exchange. So this stage runs diverse plans of a
 synthetic model (every table table-wise, row-wise, column-wise, data-parallel for the small
-ones, random mixes) and fits every rank's measured step, by non-negative least squares over
-the ranks of all plans, on what the profile predicts for it:
+ones, random mixes) and fits each part of the step on what the profile predicts for it, by
+non-negative least squares:
 
-    step = own time + scale · (compute + output exchange + input distribution of its shards)
-           + a fixed cost for each of row-wise, table-row-wise and data-parallel the plan uses
+    lookups (forward and backward)  = own + compute_scale · the rank's kernels     each rank
+    input distribution              = own + input_scale · its ids' all-to-all      each plan
+    output exchange (both ways)     = own + comms_scale · its outputs' exchange    each plan
+                                      + a fixed cost for each of row-wise,
+                                        table-row-wise and data-parallel it uses
 
-One scale, pulled towards 1 by a prior: the microbenchmarks' relative costs stand, the
-steps set their level. The scale then multiplies every part of every shard's cost
-(``costs.calibrated``), the fixed costs go into ``runtime.sharding_type_ms`` and the own
-time, less the collectives' latencies the profile already charges, into ``runtime.step_ms``.
+A rank's lookups wait for nobody, so they are fit rank by rank. The exchanges hold every
+rank until the last one arrives, so a rank's measured exchange is its own cost plus however
+long it waited; the rank that waited least (the plan's smallest measurement of the part)
+is the one that arrived last, and its time is the exchange's own, fit against the plan's
+largest predicted part (a collective ends when its largest transfer does). Each scale is
+pulled towards 1 by a prior and kept within ``SCALE_RANGE``: the microbenchmarks' relative
+costs stand, the steps set their level. The own times, with what is left of a rank's step
+(the loss, the hand-over between parts), less the collectives' latencies the profile already
+charges, become ``runtime.step_ms``; the fixed costs ``runtime.sharding_type_ms``.
 """
 
 from __future__ import annotations
@@ -75,16 +83,17 @@ PRIOR_WEIGHT = 0.3  # of one measurement: a pseudo-measurement pulling the scale
 SCALE_RANGE = (0.5, 2.0)  # the steps' scale of the microbenchmarked parts, at most
 MIN_PLANS = 5  # plans measured for a fit of the steps; fewer, and the stage fits nothing
 PLAN_ESTIMATE_S = 6.0  # a plan's measurement before one was timed: spawning 2 ranks, steps
-TERMS = ("extra_step_ms", "compute_scale", "comms_scale", "input_scale")
 COMPUTE = ("fwd_compute", "bwd_compute")
 COMMS = ("fwd_comms", "bwd_comms")
 
 
 @dataclass(frozen=True)
 class RankPart:
-    """One rank of one measured plan: what the profile predicts for its parts (shards
-    only), the sharding types the plan uses, and what each part measured (ms)."""
+    """One rank of one measured plan (``plan``: the plan's index): what the profile
+    predicts for its parts (shards only), the sharding types the plan uses, and what each
+    part measured (ms)."""
 
+    plan: int
     compute_ms: float
     comms_ms: float
     input_ms: float
@@ -261,6 +270,7 @@ def measure_steps(
             parts = rank.iqm
             samples.append(
                 RankPart(
+                    plans,
                     compute,
                     comms,
                     inputs,
@@ -281,68 +291,128 @@ def enough(samples: list[RankPart], world: int) -> bool:
 
 
 def fit_steps(profile: DeviceProfile, world: int, samples: list[RankPart]) -> RuntimeCoefficients:
-    """The runtime coefficients with the steps' scale, the sharding types' fixed costs and
+    """The runtime coefficients with each part's scale, the sharding types' fixed costs and
     the step's own time fitted (module docstring). What the profile's collectives already
     charge every step (their latencies) stays theirs: ``step_ms`` and ``sharding_type_ms``
     get the rest."""
     runtime = profile.runtime
-    steps = np.array([s.measured_step_ms for s in samples])
+    plans = _by_plan(samples)
+    compute = _scaled_fit(
+        "compute",
+        np.array([s.compute_ms for s in samples]),
+        np.array([s.measured_compute_ms for s in samples]),
+        np.zeros((len(samples), 0)),
+    )
+    inputs = _scaled_fit(
+        "input",
+        np.array([max(s.input_ms for s in plan) for plan in plans]),
+        np.array([min(s.measured_input_ms for s in plan) for plan in plans]),
+        np.zeros((len(plans), 0)),
+    )
     kinds = sorted(
         {k for s in samples for k in s.kinds if k in OWN_EXCHANGES}
         - {k for k in OWN_EXCHANGES if all(k in s.kinds for s in samples)}
     )
-    rows = np.array(
-        [
-            [1.0, s.compute_ms + s.comms_ms + s.input_ms, *(float(k in s.kinds) for k in kinds)]
-            for s in samples
-        ]
+    comms = _scaled_fit(
+        "comms",
+        np.array([max(s.comms_ms for s in plan) for plan in plans]),
+        np.array([min(s.measured_comms_ms for s in plan) for plan in plans]),
+        np.array([[float(k in plan[0].kinds) for k in kinds] for plan in plans]).reshape(
+            len(plans), len(kinds)
+        ),
     )
-    # One scale for every part: fit per part, a handful of plans whose parts vary little
-    # argued a part away (a scale of 0) from one calibration to the next.
-    mean = float(rows[:, 1].mean())
-    prior = np.zeros((1, rows.shape[1]))
-    prior[0, 1] = PRIOR_WEIGHT * mean
-    fit = fit_linear(
-        ("step_ms", "scale", *(f"{k.value}_ms" for k in kinds)),
-        np.vstack([rows, prior]),
-        np.concatenate([steps, [PRIOR_WEIGHT * mean]]),
-        relative_to_ms=np.concatenate([steps, [float(steps.mean())]]),
-    )
-    intercept, scale = fit.coefficients[0], fit.coefficients[1]
-    coefficients = list(fit.coefficients)
-    if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
-        # Steps whose predictions vary little next to their noise can trade the scale for
-        # the own time without losing fit (0 happened): keep the microbenchmarks' level
-        # within a factor of two, and refit the rest with the scale held there.
-        scale = min(max(scale, SCALE_RANGE[0]), SCALE_RANGE[1])
-        rest = fit_linear(
-            ("step_ms", *(f"{k.value}_ms" for k in kinds)),
-            rows[:, [0, *range(2, rows.shape[1])]],
-            steps - scale * rows[:, 1],
-            relative_to_ms=steps,
+    # the rest of a rank's step: the loss and its gradient, the hand-over between parts
+    rest = float(
+        np.median(
+            [
+                s.measured_step_ms
+                - s.measured_compute_ms
+                - s.measured_comms_ms
+                - s.measured_input_ms
+                for s in samples
+            ]
         )
-        intercept = rest.coefficients[0]
-        coefficients = [intercept, scale, *rest.coefficients[1:]]
+    )
     request = step_request(world, profile.compute_device, profile)
     base = fixed_perf(request, ()).total
     own = base - runtime.step_ms  # the collectives' latencies every step pays
     sharding_type_ms = dict(runtime.sharding_type_ms)
-    for kind, ms in zip(kinds, coefficients[2:], strict=True):
+    for kind, ms in zip(kinds, comms.fixed, strict=True):
         latencies = (
             fixed_perf(request, (kind,)).total - base - runtime.sharding_type_ms.get(kind, 0.0)
         )
-        sharding_type_ms[kind] = min(MAX_FIXED_MS, max(0.0, float(ms) - latencies))
+        sharding_type_ms[kind] = min(MAX_FIXED_MS, max(0.0, ms - latencies))
+    intercept = compute.own + inputs.own + comms.own + max(0.0, rest)
     fitted = runtime.model_copy(
         update={
             "step_ms": min(MAX_FIXED_MS, max(0.0, intercept - own)),
             "sharding_type_ms": sharding_type_ms,
-            "compute_scale": scale,
-            "comms_scale": scale,
-            "input_scale": scale,
+            "compute_scale": compute.scale,
+            "comms_scale": comms.scale,
+            "input_scale": inputs.scale,
         }
     )
-    predicted_steps = np.array([_step_ms(fitted, own, s) for s in samples])
-    return fitted.model_copy(update={"fit_steps": quality_of(predicted_steps, steps)})
+    # quality on what a plan is judged by: its slowest rank's step
+    predicted_steps = np.array([max(_step_ms(fitted, own, s) for s in plan) for plan in plans])
+    measured_steps = np.array([max(s.measured_step_ms for s in plan) for plan in plans])
+    return fitted.model_copy(update={"fit_steps": quality_of(predicted_steps, measured_steps)})
+
+
+@dataclass(frozen=True)
+class ScaledFit:
+    """One part's fit: its own time, the scale of the profile's prediction, and the fixed
+    cost of each indicator column (ms)."""
+
+    own: float
+    scale: float
+    fixed: tuple[float, ...]
+
+
+def _scaled_fit(
+    part: str, predicted: np.ndarray, measured: np.ndarray, indicators: np.ndarray
+) -> ScaledFit:
+    """``measured ≈ own + scale · predicted + indicators · fixed``, non-negative, the scale
+    pulled towards 1 by a pseudo-measurement worth ``PRIOR_WEIGHT`` of one and kept within
+    ``SCALE_RANGE`` (the rest refit with it held at the bound): parts whose predictions vary
+    little next to their noise can trade the scale for the own time without losing fit (0
+    happened)."""
+    ones = np.ones((len(predicted), 1))
+    rows = np.hstack([ones, predicted[:, None], indicators])
+    names = (
+        f"{part}_own_ms",
+        f"{part}_scale",
+        *(f"{part}_fixed_{i}" for i in range(indicators.shape[1])),
+    )
+    mean = float(predicted.mean()) if len(predicted) else 0.0
+    if mean <= 0.0:  # nothing of this part predicted: its time is the own time
+        return ScaledFit(max(0.0, float(np.median(measured))), 1.0, (0.0,) * indicators.shape[1])
+    prior = np.zeros((1, rows.shape[1]))
+    prior[0, 1] = PRIOR_WEIGHT * mean
+    reference = np.maximum(measured, 1e-9)
+    fit = fit_linear(
+        names,
+        np.vstack([rows, prior]),
+        np.concatenate([measured, [PRIOR_WEIGHT * mean]]),
+        relative_to_ms=np.concatenate([reference, [float(reference.mean())]]),
+    )
+    own, scale, *fixed = fit.coefficients
+    if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
+        scale = min(max(scale, SCALE_RANGE[0]), SCALE_RANGE[1])
+        held = fit_linear(
+            (names[0], *names[2:]),
+            np.hstack([ones, indicators]),
+            measured - scale * predicted,
+            relative_to_ms=reference,
+        )
+        own, *fixed = held.coefficients
+    return ScaledFit(float(own), float(scale), tuple(float(f) for f in fixed))
+
+
+def _by_plan(samples: list[RankPart]) -> list[list[RankPart]]:
+    plans: dict[int, list[RankPart]] = {}
+    for sample in samples:
+        plans.setdefault(sample.plan, []).append(sample)
+    return list(plans.values())
 
 
 def _step_ms(runtime: RuntimeCoefficients, own_ms: float, sample: RankPart) -> float:

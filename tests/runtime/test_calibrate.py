@@ -102,60 +102,88 @@ def test_collective_fit_recovers_latency_and_bandwidth() -> None:
     assert entry.fit.samples == 16
 
 
-def test_the_steps_fit_recovers_the_scale_the_own_time_and_row_wise_fixed_cost() -> None:
-    """Rank steps made of a known own time, scale and row-wise cost on top of the parts
-    the profile predicts: the fit recovers them, and a type the steps do not charge gets 0."""
+def test_the_steps_fit_recovers_each_parts_scale_the_own_time_and_row_wise_fixed_cost() -> None:
+    """Plans of two ranks whose parts are made of known scales, own times and a row-wise
+    cost on top of what the profile predicts, with one rank of each plan waiting for the
+    other at its exchanges: the fit recovers them from the rank that did not wait, and a
+    type the steps do not charge gets 0."""
     profile = DeviceProfile.model_validate(device_profile())
     request = steps.step_request(2, profile.compute_device, profile)
     base = fixed_perf(request, ()).total
     own = base - profile.runtime.step_ms
     rows_latency = fixed_perf(request, (ShardingType.ROW_WISE,)).total - base
     rows_latency -= profile.runtime.sharding_type_ms.get(ShardingType.ROW_WISE, 0.0)
-    step_ms, scale, rows_ms = 6.0, 1.3, 2.0
+    compute_scale, input_scale, comms_scale = 1.3, 1.8, 0.7
+    compute_own, input_own, comms_own, rest, rows_ms = 1.0, 2.0, 1.5, 0.5, 2.0
     rng = np.random.default_rng(5)
     samples = []
-    for i in range(24):
-        compute, comms, inputs = rng.uniform(1.0, 8.0, 3)
+    for plan in range(12):
         kinds = {ShardingType.TABLE_WISE}
-        kinds |= {ShardingType.ROW_WISE} if i % 2 else set()
-        kinds |= {ShardingType.DATA_PARALLEL} if i % 3 == 0 else set()
-        measured = own + step_ms + scale * (compute + comms + inputs)
-        measured += rows_latency + rows_ms if ShardingType.ROW_WISE in kinds else 0.0
-        measured *= rng.normal(1.0, NOISE / 2)
-        samples.append(
-            steps.RankPart(compute, comms, inputs, frozenset(kinds), 0.0, 0.0, 0.0, measured)
-        )
+        kinds |= {ShardingType.ROW_WISE} if plan % 2 else set()
+        kinds |= {ShardingType.DATA_PARALLEL} if plan % 3 == 0 else set()
+        comms, inputs = rng.uniform(1.0, 8.0, 2)
+        ranks = []
+        for _rank in range(2):
+            compute = rng.uniform(1.0, 8.0)
+            noisy = lambda ms: ms * rng.normal(1.0, NOISE / 2)  # noqa: E731
+            measured_compute = noisy(compute_own + compute_scale * compute)
+            measured_input = noisy(input_own + input_scale * inputs)
+            measured_comms = noisy(comms_own + comms_scale * comms)
+            if ShardingType.ROW_WISE in kinds:
+                measured_comms += rows_latency + rows_ms
+            ranks.append([compute, measured_compute, measured_input, measured_comms])
+        # the faster rank waits at the exchanges for the slower one: both end together
+        step = max(sum(r[1:]) for r in ranks) + rest
+        for compute, measured_compute, measured_input, measured_comms in ranks:
+            wait = step - rest - measured_compute - measured_input - measured_comms
+            samples.append(
+                steps.RankPart(
+                    plan,
+                    compute,
+                    comms,
+                    inputs,
+                    frozenset(kinds),
+                    measured_compute,
+                    measured_comms + wait / 2,
+                    measured_input + wait / 2,
+                    step,
+                )
+            )
     fitted = steps.fit_steps(profile, 2, samples)
-    # the prior pulls the scale a little towards 1
-    assert fitted.compute_scale == pytest.approx(scale, rel=0.08)
-    assert fitted.comms_scale == fitted.input_scale == fitted.compute_scale
-    assert fitted.step_ms == pytest.approx(step_ms, rel=0.25)
+    # the prior pulls each scale a little towards 1
+    assert fitted.compute_scale == pytest.approx(compute_scale, rel=0.1)
+    assert fitted.input_scale == pytest.approx(input_scale, rel=0.15)
+    assert fitted.comms_scale == pytest.approx(comms_scale, rel=0.15)
+    own_times = compute_own + input_own + comms_own + rest
+    assert fitted.step_ms + own == pytest.approx(own_times, rel=0.35)
     assert fitted.sharding_type_ms[ShardingType.ROW_WISE] == pytest.approx(rows_ms, abs=0.6)
     assert fitted.sharding_type_ms[ShardingType.DATA_PARALLEL] == pytest.approx(0.0, abs=0.6)
-    assert fitted.fit_steps is not None and fitted.fit_steps.samples == 24
-    assert fitted.fit_steps.median_relative_error < 0.05
+    assert fitted.fit_steps is not None and fitted.fit_steps.samples == 12  # one per plan
+    assert fitted.fit_steps.median_relative_error < 0.08
 
 
-def test_steps_that_barely_vary_keep_the_scale_within_a_factor_of_two() -> None:
-    """Predictions nearly equal next to the noise: the fit could trade the scale for the
-    own time (0 and a large own time fit as well); the scale stays in ``SCALE_RANGE``."""
+def test_steps_that_barely_vary_keep_each_scale_within_a_factor_of_two() -> None:
+    """Predictions nearly equal next to the noise: a fit could trade a scale for the own
+    time (0 and a large own time fit as well); every scale stays in ``SCALE_RANGE``."""
     profile = DeviceProfile.model_validate(device_profile())
     rng = np.random.default_rng(7)
     samples = [
         steps.RankPart(
+            i // 2,
             5.0 + rng.normal(0, 0.01),
-            1.0,
-            0.5,
+            1.0 + rng.normal(0, 0.01),
+            0.5 + rng.normal(0, 0.01),
             frozenset({ShardingType.TABLE_WISE}),
-            0.0,
-            0.0,
-            0.0,
+            12.0 * rng.normal(1.0, 0.1),
+            5.0 * rng.normal(1.0, 0.1),
+            3.0 * rng.normal(1.0, 0.1),
             20.0 * rng.normal(1.0, 0.1),
         )
-        for _ in range(20)
+        for i in range(20)
     ]
     fitted = steps.fit_steps(profile, 2, samples)
-    assert steps.SCALE_RANGE[0] <= fitted.compute_scale <= steps.SCALE_RANGE[1]
+    for scale in (fitted.compute_scale, fitted.comms_scale, fitted.input_scale):
+        assert steps.SCALE_RANGE[0] <= scale <= steps.SCALE_RANGE[1]
     assert fitted.step_ms > 0
 
 
