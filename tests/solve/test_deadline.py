@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 
+import pytest
 from ortools.sat.python import cp_model
 
 from planner_service.plan.types import (
@@ -23,6 +24,12 @@ from planner_service.solve import prepare as prepare_module
 from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.construct import greedy_plan
+from planner_service.solve.cpsat.model import (
+    BUILD_S_PER_TERM,
+    REST_OF_BUILD_FACTOR,
+    PlacementModel,
+    build_s,
+)
 from planner_service.solve.cpsat.search import solve_cpsat
 from planner_service.solve.cpsat_runner import (
     MIN_WALL_SAFETY_S,
@@ -30,7 +37,7 @@ from planner_service.solve.cpsat_runner import (
     deterministic_solver,
     solve_within,
 )
-from planner_service.solve.deadline import Deadline, finish_slack_s
+from planner_service.solve.deadline import Deadline, OutOfTime, finish_slack_s
 from planner_service.solve.explain import explain, explanation_time_s
 from planner_service.solve.improve import improve
 from planner_service.solve.pipeline import solve
@@ -221,6 +228,97 @@ def test_relaxation_and_search_run_nothing_without_time():
     assert packing.deterministic_time_s == 0.0
     result = solve_cpsat(problem, groups, warm, time_limit_s=10, seed=0, deadline=_expired())
     assert result.runs == 0 and result.choices is None and result.bound is None
+
+
+def test_the_placement_model_stops_building_at_its_first_look_past_the_deadline():
+    """Every loop that builds the CP-SAT model (the groups' variables, the capacities, the
+    makespan and peak HBM over the ranks) looks at the clock: whenever the deadline falls,
+    the build ends at the next look, never a whole phase later (at 1,024 ranks a phase took
+    10 s and ran a 60 s limit 30 s over)."""
+    prepared = _prepared(_request())
+    problem, groups = prepared.problem, prepared.groups
+    assert problem is not None and groups is not None
+    warm = warm_start(prepared)
+    assert warm is not None
+    # every look of a whole build: the deadline's start, one before the groups, one per
+    # group, one after them, two to judge the rest, then one per rank in each of the three
+    # phases over the ranks
+    looks = len(groups) + 5 + 3 * problem.world_size
+    outcomes = set()
+    for seconds in range(1, looks + 40):
+        clock = _Ticking(1.0)
+        deadline = Deadline(float(seconds), clock=clock)
+        end = 1.0 + seconds  # the constructor read the clock once
+        try:
+            built = PlacementModel(problem, groups, warm, 1.0, False, deadline)
+            built.makespan(0, 10**9)
+            built.peak_hbm()
+            outcomes.add("built")
+            assert clock.reads == looks, "a phase of the build did not look at the clock"
+        except OutOfTime:
+            assert deadline.reached
+            outcomes.add("out of time")
+        assert clock.now <= end + 1.0, f"{seconds} s: read the clock at {clock.now}"
+    assert outcomes == {"built", "out of time"}
+
+
+def test_a_model_that_cannot_be_built_by_the_deadline_is_not_finished():
+    """After the groups' variables, the rest of the build takes about
+    ``REST_OF_BUILD_FACTOR`` times as long: when that cannot end by the deadline, the build
+    stops there, before its constraints over the ranks, and the search runs nothing."""
+    prepared = _prepared(_request())
+    problem, groups = prepared.problem, prepared.groups
+    assert problem is not None and groups is not None
+    # the clock: 1 at the deadline's start, 2 before the groups, one look per group, one
+    # after them, one to time them, one to judge the rest
+    n = len(groups)
+    groups_s = n + 2
+    seconds = 4.0 + n + REST_OF_BUILD_FACTOR * groups_s - 0.5  # a little short
+    clock = _Ticking(1.0)
+    with pytest.raises(OutOfTime):
+        PlacementModel(problem, groups, None, 1.0, False, Deadline(seconds, clock=clock))
+    assert clock.reads == n + 5
+    clock = _Ticking(1.0)
+    built = PlacementModel(problem, groups, None, 1.0, False, Deadline(seconds + 1e6, clock=clock))
+    assert built.model.proto.constraints
+
+
+def test_the_build_estimate_counts_the_models_load_terms():
+    """``build_s`` counts, without building, the load terms the model will have: exactly
+    for the whole model, at most as many for a neighbourhood of the warm start."""
+    prepared = _prepared(_request(num_tables=40, world_size=32))
+    problem, groups = prepared.problem, prepared.groups
+    assert problem is not None and groups is not None
+    warm = warm_start(prepared)
+    assert warm is not None
+    for restrict in (False, True):
+        built = PlacementModel(problem, groups, warm, 1.0, restrict, Deadline.never())
+        terms = sum(len(rank_terms) for rank_terms in built.perf_terms)
+        counted = build_s(problem, groups, warm, restrict) / BUILD_S_PER_TERM
+        if restrict:
+            assert (
+                terms <= round(counted) < build_s(problem, groups, warm, False) / BUILD_S_PER_TERM
+            )
+        else:
+            assert round(counted) == terms
+
+
+def test_a_model_expected_to_outlast_the_deadline_is_not_built():
+    """The search does not start a model whose build the deadline cannot hold: it returns
+    at once with nothing, and says the deadline cut it."""
+    prepared = _prepared(_request())
+    problem, groups = prepared.problem, prepared.groups
+    assert problem is not None and groups is not None
+    warm = warm_start(prepared)
+    assert warm is not None
+    expected = build_s(problem, groups, warm, False)
+    deadline = Deadline(0.9 * expected, clock=_Ticking(0.0))
+    result = solve_cpsat(problem, groups, warm, time_limit_s=10, seed=0, deadline=deadline)
+    assert result.runs == 0 and result.choices is None and result.num_variables == 0
+    assert deadline.reached
+    deadline = Deadline(2 * expected + 60.0)
+    result = solve_cpsat(problem, groups, warm, time_limit_s=1, seed=0, deadline=deadline)
+    assert result.runs >= 1 and result.num_variables > 0
 
 
 def test_cpsat_gets_what_is_left_of_the_deadline_as_its_wall_limit():

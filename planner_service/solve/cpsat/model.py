@@ -23,10 +23,22 @@ from ortools.sat.python import cp_model
 
 from planner_service.costs.options import Placement, ShardingOption
 from planner_service.plan.types import ShardingType
-from planner_service.solve.deadline import Deadline
+from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.problem import Choice, Group, Problem, loads_of
 
 HBM_STEPS = 1000  # resolution of the peak-HBM tie-break
+# What the model's constraints over ranks (capacities, makespan, peak HBM) take to build,
+# relative to the groups' variables before them: at 5,384 distinct tables on 1,024 ranks
+# (738,741 variables) the groups took 21.7 s, then 9.0, 10.2 and 13.2 s. A build that
+# cannot finish by the deadline at this rate is not continued: it would end past the
+# time limit with nothing to search (it did: 30 s past a 60 s limit).
+REST_OF_BUILD_FACTOR = 1.5
+# The whole build, per load term (a placement variable on a rank, or a rank of a fixed
+# option): 738,741 variables took 54 s on the 2-core EPYC, 73 us each. A model expected to
+# take longer than the deadline leaves is not started (``build_s``).
+BUILD_S_PER_TERM = 75e-6
+LIGHTEST_KEPT = 8  # ranks a restricted model keeps per option besides the warm start's
+CHEAPEST_KEPT = 3  # options a restricted model keeps per group besides the warm start's
 
 
 @dataclass
@@ -51,8 +63,11 @@ class PlacementModel:
         deadline: Deadline,
     ) -> None:
         """Every group's variables and loads, capacities and links; ``OutOfTime`` if the
-        deadline passes while they are built."""
+        deadline passes while they are built, or if what is left to build cannot end by it
+        (``REST_OF_BUILD_FACTOR``). ``makespan`` and ``peak_hbm`` look at the same
+        deadline."""
         self.problem = problem
+        self.deadline = deadline
         self.groups = groups
         self.scale = scale
         self.model = cp_model.CpModel()
@@ -65,14 +80,20 @@ class PlacementModel:
         self.hint = hint
         self.hint_loads = loads_of(problem, hint) if hint is not None else None
         self.restrict = restrict
+        self._lightest_of: dict[int, list[int]] = {}
         self.num_placement_vars = 0
         self.linked = _linked_groups(problem, groups)
         for g in self.linked.values():
             self.usage_terms[g] = [[] for _ in range(world)]
+        started = deadline.remaining_s()
         for g, group in enumerate(groups):
             deadline.check()
             self._add_group(g, group)
         deadline.check()
+        if not math.isinf(started):
+            groups_s = started - deadline.remaining_s()
+            if not deadline.allows(REST_OF_BUILD_FACTOR * groups_s):
+                raise OutOfTime
         self._add_capacities()
         self._add_links()
 
@@ -163,27 +184,32 @@ class PlacementModel:
     # ---- restriction to a neighbourhood of the warm start
 
     def _kept_options(self, group: Group) -> list[int]:
-        everything = list(range(len(group.options)))
-        if not self.restrict or self.hint is None:
-            return everything
-        used = {self.hint[t].option for t in group.members}
-        by_work = sorted(everything, key=lambda o: (self.problem.costs(group.options[o]).work, o))
-        return sorted(used | set(by_work[:3]))
+        return kept_options(self.problem, group, self.hint if self.restrict else None)
 
     def _kept_ranks(self, g: int, o: int, allowed: tuple[int, ...]) -> list[int]:
         if not self.restrict or self.hint is None or self.hint_loads is None:
             return list(allowed)
         group = self.groups[g]
         used = {r for t in group.members if self.hint[t].option == o for r in self.hint[t].ranks}
-        loads = self.hint_loads.perf
-        lightest = sorted(allowed, key=lambda r: (loads[r], r))[:8]
-        return sorted(used | set(lightest))
+        return sorted(used | set(self._lightest(allowed)))
+
+    def _lightest(self, allowed: tuple[int, ...]) -> list[int]:
+        """The ``LIGHTEST_KEPT`` least loaded of ``allowed`` under the warm start, once per
+        rank set (groups share their allowed tuples)."""
+        found = self._lightest_of.get(id(allowed))
+        if found is None:
+            assert self.hint_loads is not None
+            loads = self.hint_loads.perf
+            found = sorted(allowed, key=lambda r: (loads[r], r))[:LIGHTEST_KEPT]
+            self._lightest_of[id(allowed)] = found
+        return found
 
     # ---- constraints
 
     def _add_capacities(self) -> None:
         problem = self.problem
         for rank in range(problem.world_size):
+            self.deadline.check()
             for terms, cap in (
                 (self.hbm_terms[rank], problem.hbm_cap[rank]),
                 (self.ddr_terms[rank], problem.ddr_cap[rank]),
@@ -231,6 +257,7 @@ class PlacementModel:
     def makespan(self, lower: int, upper: int) -> cp_model.IntVar:
         makespan = self.model.new_int_var(min(lower, upper), upper, "T")
         for terms in self.perf_terms:
+            self.deadline.check()
             if terms:
                 self.model.add(_weighted(terms) <= makespan)
         return makespan
@@ -240,6 +267,7 @@ class PlacementModel:
         step = max(1, math.ceil(int(self.problem.hbm_cap.max(initial=0)) / (HBM_STEPS - 1)))
         peak = self.model.new_int_var(0, HBM_STEPS - 1, "peak_hbm")
         for terms in self.hbm_terms:
+            self.deadline.check()
             if terms:
                 self.model.add(_weighted(terms) <= peak * step)
         return peak
@@ -304,6 +332,44 @@ class PlacementModel:
             return result
         pool = _expand({r: int(solver.value(v)) for r, v in entry.per_rank.items()})
         return [tuple(pool[i * k : (i + 1) * k]) for i in range(count)]
+
+
+def kept_options(problem: Problem, group: Group, hint: list[Choice] | None) -> list[int]:
+    """The options of ``group`` a model keeps: all of them, or with a warm start to restrict
+    to (``hint``), those it uses and the ``CHEAPEST_KEPT`` of least work."""
+    everything = list(range(len(group.options)))
+    if hint is None:
+        return everything
+    used = {hint[t].option for t in group.members}
+    by_work = sorted(everything, key=lambda o: (problem.costs(group.options[o]).work, o))
+    return sorted(used | set(by_work[:CHEAPEST_KEPT]))
+
+
+def build_s(
+    problem: Problem, groups: list[Group], hint: list[Choice] | None, restrict: bool
+) -> float:
+    """What building the model of ``groups`` will take (``BUILD_S_PER_TERM``), from the
+    load terms it will have: a rank of every fixed option, every rank a per-host option
+    may use, and every rank a free option may use (restricted: its warm-start ranks and
+    ``LIGHTEST_KEPT`` more), for every option kept. Counted without building anything."""
+    world = problem.world_size
+    restricted = hint if restrict else None
+    used: dict[tuple[int, int], set[int]] = {}
+    if restricted is not None:
+        for g, group in enumerate(groups):
+            for t in group.members:
+                used.setdefault((g, restricted[t].option), set()).update(restricted[t].ranks)
+    terms = 0
+    for g, group in enumerate(groups):
+        for o in kept_options(problem, group, restricted):
+            placement = group.options[o].placement
+            if placement is Placement.FIXED:
+                terms += world
+            elif restricted is None or placement is Placement.PER_HOST:
+                terms += len(group.allowed)  # a host's ranks are never restricted
+            else:
+                terms += min(len(group.allowed), len(used.get((g, o), ())) + LIGHTEST_KEPT)
+    return terms * BUILD_S_PER_TERM
 
 
 def _has_free_shards(option: ShardingOption) -> bool:

@@ -20,7 +20,7 @@ from ortools.sat.python import cp_model
 from planner_service.costs.options import Placement
 from planner_service.plan.types import gap
 from planner_service.solve.bounds.simple import proven_within
-from planner_service.solve.cpsat.model import HBM_STEPS, PlacementModel
+from planner_service.solve.cpsat.model import HBM_STEPS, PlacementModel, build_s
 from planner_service.solve.cpsat_runner import (
     COST_RESOLUTION,
     RELATIVE_GAP_LIMIT,
@@ -112,13 +112,18 @@ def solve_cpsat(
         if option.placement is not Placement.FIXED
     )
     restrict = hint is not None and size > MAX_PLACEMENT_VARS
+    if not deadline.allows(build_s(problem, groups, hint, restrict)):
+        wall = time.perf_counter() - start
+        return CpSatResult(None, CpSatStatus.UNKNOWN, None, not restrict, 0, wall, 0, 0.0)
     try:
         built = PlacementModel(problem, groups, hint, scale, restrict, deadline)
+        makespan = built.makespan(
+            math.floor(lower_bound * scale), makespan_upper(problem, hint, scale)
+        )
+        peak = built.peak_hbm()
     except OutOfTime:
         wall = time.perf_counter() - start
         return CpSatResult(None, CpSatStatus.UNKNOWN, None, not restrict, 0, wall, 0, 0.0)
-    makespan = built.makespan(math.floor(lower_bound * scale), makespan_upper(problem, hint, scale))
-    peak = built.peak_hbm()
     built.model.minimize(makespan * HBM_STEPS + peak)
     callback = _Progress(makespan, scale, on_progress) if on_progress else None
     budget = time_limit_s * SEARCH_SHARE
