@@ -174,7 +174,7 @@ def calibrate(
         budget,
         settings.seed,
         partial(_measured, settings),
-        lambda n: report("steps", f"{n} plans at world size {world}"),
+        lambda n: report("steps", f"{n} plan measurements at world size {world}"),
     )
     if not steps.enough(step_samples, world):  # a short budget: the runtime stage's fit
         return profile_of(runtime)

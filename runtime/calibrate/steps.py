@@ -82,6 +82,7 @@ OWN_EXCHANGES = frozenset(
 PRIOR_WEIGHT = 0.3  # of one measurement: a pseudo-measurement pulling the scale to 1
 SCALE_RANGE = (0.5, 2.0)  # the steps' scale of the microbenchmarked parts, at most
 MIN_PLANS = 5  # plans measured for a fit of the steps; fewer, and the stage fits nothing
+ROUNDS = 3  # times each plan is measured at most, while time is left
 PLAN_ESTIMATE_S = 6.0  # a plan's measurement before one was timed: spawning 2 ranks, steps
 COMPUTE = ("fwd_compute", "bwd_compute")
 COMMS = ("fwd_comms", "bwd_comms")
@@ -252,36 +253,46 @@ def measure_steps(
 ) -> list[RankPart]:
     """Each plan measured (``measure``), every rank's parts, while the next one can end by
     ``deadline`` (judged by the slowest so far, ``PLAN_ESTIMATE_S`` before the first);
-    ``fit_steps`` needs ``MIN_PLANS`` of them, so a short budget measures none."""
+    ``fit_steps`` needs ``MIN_PLANS`` of them, so a short budget measures none. With time
+    left after every plan, the plans are measured again, in another order, up to
+    ``ROUNDS`` times in all: a machine's speed drifts from one minute to the next, and
+    each measurement is a sample of its own (``RankPart.plan`` counts measurements)."""
     request = step_request(world, profile.compute_device, profile)
+    plans = [sealed(request, tables) for tables in step_plans(request, seed)]
+    predictions = [predicted(request, plan) for plan in plans]
+    rng = random.Random(seed)
     samples: list[RankPart] = []
     longest_s = PLAN_ESTIMATE_S
-    for plans, tables in enumerate(step_plans(request, seed)):
-        if budget.now() + longest_s > deadline:
-            break
-        started = budget.now()
-        plan = sealed(request, tables)
-        kinds = frozenset(t.sharding_type for t in plan.tables.values())
-        report = measure(request, plan)
-        longest_s = max(longest_s if plans else 0.0, budget.now() - started)
-        for (compute, comms, inputs), rank in zip(
-            predicted(request, plan), report.ranks, strict=True
-        ):
-            parts = rank.iqm
-            samples.append(
-                RankPart(
-                    plans,
-                    compute,
-                    comms,
-                    inputs,
-                    kinds,
-                    parts.lookup_fwd_ms + parts.lookup_bwd_ms,
-                    parts.output_dist_fwd_ms + parts.output_dist_bwd_ms,
-                    parts.input_dist_ms,
-                    parts.step_ms,
+    measured = 0
+    for round_ in range(ROUNDS):
+        order = list(range(len(plans)))
+        if round_:
+            rng.shuffle(order)
+        for i in order:
+            if budget.now() + longest_s > deadline:
+                return samples
+            started = budget.now()
+            plan = plans[i]
+            kinds = frozenset(t.sharding_type for t in plan.tables.values())
+            report = measure(request, plan)
+            longest_s = max(longest_s if measured else 0.0, budget.now() - started)
+            for (compute, comms, inputs), rank in zip(predictions[i], report.ranks, strict=True):
+                parts = rank.iqm
+                samples.append(
+                    RankPart(
+                        measured,
+                        compute,
+                        comms,
+                        inputs,
+                        kinds,
+                        parts.lookup_fwd_ms + parts.lookup_bwd_ms,
+                        parts.output_dist_fwd_ms + parts.output_dist_bwd_ms,
+                        parts.input_dist_ms,
+                        parts.step_ms,
+                    )
                 )
-            )
-        on_plan(plans + 1)
+            measured += 1
+            on_plan(measured)
     return samples
 
 
