@@ -8,7 +8,8 @@ Its structure follows what the runtime does in a step, not TorchRec's bandwidth 
   the global batch; a row block's share of it by rows for row-wise shards), at a cost per
   call, per id, per byte read and per byte written;
 - backward with the fused optimizer costs per id and per byte of gradient, plus per byte
-  of every distinct row it updates (rows touched, expected under uniform ids);
+  of every distinct row it updates (rows touched, expected under uniform ids); a weighted
+  table's backward reads its rows again (the weights' gradient): per id and byte read;
 - the collectives cost a latency per call plus a time per byte a rank sends;
 - the runtime's own work: a fixed time per step, per id received and per output byte;
 - **fixed costs** of a plan, paid by every rank whatever it holds: the step's own
@@ -91,6 +92,9 @@ _KERNEL_COEFFICIENTS = (
     "bwd_us_per_id",
     "bwd_ns_per_byte",
     "bwd_ns_per_row_byte",
+    "weighted_bwd_us_per_id",
+    "weighted_bwd_ns_per_byte",
+    "weighted_bwd_ns_per_miss_byte",
 )
 
 
@@ -209,7 +213,12 @@ def shard_perf(
     )
     if weighted:
         fwd_compute *= kernel.weighted_fwd_factor
-        bwd_compute *= kernel.weighted_bwd_factor
+        bwd_compute = (
+            bwd_compute * kernel.weighted_bwd_factor
+            + kernel.weighted_bwd_us_per_id * ids / US_PER_MS
+            + kernel.weighted_bwd_ns_per_byte * ids * row_bytes / NS_PER_MS
+            + kernel.weighted_bwd_ns_per_miss_byte * missed / NS_PER_MS
+        )
     fwd_comms, bwd_comms = _output_exchange_ms(profile, topology, sharding_type, pooled, out_bytes)
     stitch = profile.runtime.output_ns_per_byte * out_bytes / NS_PER_MS
     id_bytes = ids * INDEX_BYTES * (2 if weighted else 1) * (world - 1) / world

@@ -562,8 +562,8 @@ _NO_CONSTRAINTS = ParameterConstraints()
 # number has a bound: a profile can make the model slow or fast, never NaN, negative or
 # large enough to overflow the solver's arithmetic.
 
-PROFILE_SCHEMA_VERSION = "1.0"
-PROFILE_SCHEMA_VERSIONS = (PROFILE_SCHEMA_VERSION,)
+PROFILE_SCHEMA_VERSION = "1.1"  # 1.1: the weighted backward's own terms (weighted_bwd_*)
+PROFILE_SCHEMA_VERSIONS = ("1.0", PROFILE_SCHEMA_VERSION)
 MAX_US_PER_ID = 1e3  # a millisecond per id looked up: slower than any kernel measured
 MAX_NS_PER_BYTE = 1e3  # a microsecond per byte (1 MB/s)
 MAX_FIXED_MS = 1e4  # ten seconds of fixed cost per call, collective or step
@@ -621,8 +621,13 @@ class KernelCoefficients(_Value):
     backward (``resident_bytes``: the last-level cache on cpu, L2 on cuda).
 
     A weighted table (per-sample weights) costs ``weighted_fwd_factor`` and
-    ``weighted_bwd_factor`` times as much. On cpu every table has its own kernel (so the call
-    costs are per shard); on cuda one kernel batches a rank's tables of one key.
+    ``weighted_bwd_factor`` times as much, and its backward another ``weighted_bwd_us_per_id
+    · ids + weighted_bwd_ns_per_byte · ids · row bytes + weighted_bwd_ns_per_miss_byte · ids ·
+    row bytes · miss``: the gradient of the weights reads every id's row again, so what it
+    adds grows with the bytes read (and missed), not with the rest of the backward (profiles
+    of schema 1.1 fit these terms and leave ``weighted_bwd_factor`` at 1; 1.0 profiles have
+    the factor only). On cpu every table has its own kernel (so the call costs are per
+    shard); on cuda one kernel batches a rank's tables of one key.
 
     ``cache_hit_rate``: set on ``fused_uvm_caching`` entries only, the share of ids that hit
     the cache when they were measured. ``pooled: false``: FBGEMM's unpooled kernel, which
@@ -637,6 +642,9 @@ class KernelCoefficients(_Value):
     bwd_ns_per_miss_byte: NsPerByte = 0.0
     weighted_fwd_factor: WeightedFactor = 1.0
     weighted_bwd_factor: WeightedFactor = 1.0
+    weighted_bwd_us_per_id: UsPerId = 0.0
+    weighted_bwd_ns_per_byte: NsPerByte = 0.0
+    weighted_bwd_ns_per_miss_byte: NsPerByte = 0.0
     call_fwd_ms: FixedMs
     call_bwd_ms: FixedMs
     fwd_us_per_id: UsPerId

@@ -318,6 +318,26 @@ def test_a_weighted_table_costs_its_factors_and_every_cpu_shard_its_calls():
     weighted = _table_wise_perf(profile, is_weighted=True, **shape)
     assert weighted.fwd_compute == pytest.approx(1.5 * plain.fwd_compute)
     assert weighted.bwd_compute == pytest.approx(3.0 * plain.bwd_compute)
+    for kernel in profile["kernels"]:  # a 1.1 profile's backward extra: per id, byte, miss
+        kernel.update(
+            weighted_bwd_factor=1.0,
+            weighted_bwd_us_per_id=0.5,
+            weighted_bwd_ns_per_byte=2.0,
+            weighted_bwd_ns_per_miss_byte=3.0,
+            resident_bytes=2**20,
+        )
+    additive = _table_wise_perf(profile, is_weighted=True, **shape)
+    ids = 8.0 * 512 * 2  # the pooling factor over the global batch
+    assert additive.bwd_compute == pytest.approx(
+        plain.bwd_compute + ids * 0.5 / 1e3 + ids * 32 * 4 * 2.0 / 1e6
+    )  # 640 KB of rows: in the cache, no miss
+    big = dict(rows=1_000_000, dim=32, pooling_factors=[8.0])
+    unweighted = _table_wise_perf(profile, **big)
+    missed = _table_wise_perf(profile, is_weighted=True, **big)
+    miss = 1 - 2**20 / (1_000_000 * 32 * 4)
+    assert missed.bwd_compute - unweighted.bwd_compute == pytest.approx(
+        ids * 0.5 / 1e3 + ids * 128 * (2.0 + 3.0 * miss) / 1e6
+    )
     empty = _table_wise_perf(profile, rows=5_000, dim=32, pooling_factors=[0.0])
     assert empty.fwd_compute == pytest.approx(0.05)  # the kernel call alone (cpu)
     assert empty.bwd_compute == pytest.approx(0.08)

@@ -38,7 +38,14 @@ KERNEL_TRUTH = {
 }
 UNITS = (1.0, US_PER_MS, NS_PER_MS, NS_PER_MS, NS_PER_MS)
 RESIDENT_BYTES = 2**20  # a 1 MiB cache: the grid's larger tables miss it
-WEIGHTED_TRUTH = {"weighted_fwd_factor": 1.3, "weighted_bwd_factor": 3.0}
+WEIGHTED_TRUTH = {
+    "weighted_fwd_factor": 1.3,
+    "weighted_bwd_factor": 1.0,  # a 1.1 profile's backward extra is in its own terms
+    "weighted_bwd_us_per_id": 0.01,
+    "weighted_bwd_ns_per_byte": 0.3,
+    "weighted_bwd_ns_per_miss_byte": 0.4,
+}
+WEIGHTED_BWD_PER_MS = np.array([0.01 / US_PER_MS, 0.3 / NS_PER_MS, 0.4 / NS_PER_MS])
 NOISE = 0.02  # multiplicative, as a quiet machine's medians
 
 
@@ -56,7 +63,9 @@ def _synthetic_kernel_samples(seed: int, count: int) -> list[kernels.KernelSampl
         bwd_ms = float(np.dot(case.bwd_terms(RESIDENT_BYTES), bwd)) * noise[1]
         if case.weighted:
             fwd_ms *= WEIGHTED_TRUTH["weighted_fwd_factor"]
-            bwd_ms *= WEIGHTED_TRUTH["weighted_bwd_factor"]
+            read = case.ids * case.row_bytes
+            extra = (case.ids, read, case.missed_bytes(RESIDENT_BYTES))
+            bwd_ms += float(np.dot(extra, WEIGHTED_BWD_PER_MS)) * noise[1]
         samples.append(kernels.KernelSample(case, fwd_ms, bwd_ms))
     return samples
 
@@ -69,10 +78,23 @@ def test_kernel_fit_recovers_known_coefficients(seed: int) -> None:
     for name, truth in {**KERNEL_TRUTH, **WEIGHTED_TRUTH}.items():
         assert getattr(fitted, name) == pytest.approx(truth, rel=0.15), name
     plain = sum(not s.case.weighted for s in samples)
-    assert 0 < plain < 120  # the weighted cases give the factors, not the linear terms
+    assert 0 < plain < 120  # the weighted cases give the weighted terms, not the others
     assert fitted.fit_fwd.samples == fitted.fit_bwd.samples == plain
     assert fitted.fit_fwd.median_relative_error < 2 * NOISE
     assert fitted.fit_bwd.r2 > 0.95
+
+
+def test_too_few_weighted_cases_give_the_backward_a_median_factor_instead() -> None:
+    """Two weighted cases cannot fit the weighted backward's terms with a residual: the
+    profile then says how much slower they were as one factor, never less than 1."""
+    samples = _synthetic_kernel_samples(0, 120)
+    weighted = [s for s in samples if s.case.weighted]
+    keep = [s for s in samples if not s.case.weighted] + weighted[:2]
+    fitted = kernels.fit_kernel(kernels.KernelTarget(ComputeKernel.FUSED), keep, RESIDENT_BYTES)
+    assert fitted.weighted_bwd_us_per_id == fitted.weighted_bwd_ns_per_byte == 0.0
+    ratios = [s.bwd_ms / kernels.case_bwd_ms(fitted, s.case) for s in weighted[:2]]
+    assert fitted.weighted_bwd_factor == pytest.approx(max(1.0, float(np.median(ratios))))
+    assert fitted.weighted_bwd_factor > 1.2
 
 
 def test_the_grids_first_cases_alone_determine_every_kernel_term() -> None:
