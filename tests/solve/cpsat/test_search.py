@@ -124,10 +124,13 @@ def _lpt_trap(**options) -> tuple[PlanRequest, float]:
     return req, two
 
 
-@pytest.mark.parametrize("kept", ["_swap_once", "_repartition_once"])
+MOVES_OUT_OF_THE_TRAP = ("_swap_once", "_repartition_once", "recreate_once")
+
+
+@pytest.mark.parametrize("kept", MOVES_OUT_OF_THE_TRAP)
 def test_warm_start_moves_out_of_the_lpt_trap(monkeypatch, kept):
-    """Swaps and two-rank repartitions each get out of the trap alone; without both the
-    warm start stays in it."""
+    """Swaps, two-rank repartitions and recreating a few ranks each get out of the trap
+    alone; without all three the warm start stays in it."""
     import planner_service.solve.improve as local_search
 
     req, unit = _lpt_trap(time_limit_s=0.01)
@@ -135,8 +138,9 @@ def test_warm_start_moves_out_of_the_lpt_trap(monkeypatch, kept):
         3 * unit, rel=1e-4
     )  # {3,3} {2,2,2}
 
-    other = {"_swap_once", "_repartition_once"} - {kept}
-    monkeypatch.setattr(local_search, other.pop(), lambda *args: None)
+    for other in set(MOVES_OUT_OF_THE_TRAP) - {kept}:
+        monkeypatch.setattr(local_search, other, lambda *args: None)
+    monkeypatch.setattr(local_search, "TIGHT_HBM_SHARE", 0.0)  # recreate on any plan
     assert solve(req, deadline=Deadline.never()).plan.solver.objective == pytest.approx(
         3 * unit, rel=1e-4
     )
@@ -174,13 +178,13 @@ def test_warm_start_repartitions_table_row_wise_tables_between_hosts(monkeypatch
 
 
 def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
-    """Without swaps and repartitions the warm start is 3.5 units against a bound of 3
+    """Without swaps, repartitions and recreating the warm start is 3.5 units against a bound of 3
     (work / world size), a gap of 1/7: a 20% limit accepts it without searching; a 10%
     limit searches on to the optimum."""
     import planner_service.solve.improve as local_search
 
-    monkeypatch.setattr(local_search, "_swap_once", lambda *args: None)
-    monkeypatch.setattr(local_search, "_repartition_once", lambda *args: None)
+    for move in MOVES_OUT_OF_THE_TRAP:
+        monkeypatch.setattr(local_search, move, lambda *args: None)
     req, unit = _lpt_trap(time_limit_s=5, gap_limit=0.2)
     outcome = solve(req)
     report = outcome.plan.solver
@@ -195,14 +199,14 @@ def test_gap_limit_stops_at_a_plan_proven_within_it(monkeypatch):
 
 
 def test_default_gap_limit_accepts_a_plan_proven_within_two_percent(monkeypatch):
-    """The trap above on top of two 50-unit tables: the warm start (without swaps and
-    repartitions) is 57 units, {50, 3, 2, 2} and {50, 3, 2}, against the bound and optimum
+    """The trap above on top of two 50-unit tables: the warm start (without swaps,
+    repartitions and recreating) is 57 units, {50, 3, 2, 2} and {50, 3, 2}, against the bound and optimum
     56, a gap of 1/57. The default gap limit (2%) accepts it without searching; 0 searches
     on to the optimum."""
     import planner_service.solve.improve as local_search
 
-    monkeypatch.setattr(local_search, "_swap_once", lambda *args: None)
-    monkeypatch.setattr(local_search, "_repartition_once", lambda *args: None)
+    for move in MOVES_OUT_OF_THE_TRAP:
+        monkeypatch.setattr(local_search, move, lambda *args: None)
     tables, unit = costing([50, 50, 3, 3, 2, 2, 2], [100] * 7)
     only_tw = {
         t["name"]: {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]} for t in tables
