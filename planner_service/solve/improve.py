@@ -20,9 +20,10 @@ from planner_service.solve.problem import Choice, Loads, Problem, add_choice, lo
 from planner_service.solve.recreate import RankIndex, recreate_once
 
 MAX_IMPROVEMENT_ROUNDS = 200  # and one per rank: a move fixes one rank of many at the peak
-# Plans using this share of all HBM try recreating a few ranks (``recreate.py``) before the
-# one-table moves: where memory binds, those rarely find room, and on 5,384 tables over
-# 1,024 ranks each of their rounds costs a tenth of a second to the recreate's few ms.
+# Plans using this share of all HBM (of all DDR on cpu, where tables live) try recreating a
+# few ranks (``recreate.py``) before the one-table moves: where memory binds, those rarely
+# find room, and on 5,384 tables over 1,024 ranks each of their rounds costs a tenth of a
+# second to the recreate's few ms.
 TIGHT_HBM_SHARE = 0.8
 MAX_REPARTITION_ITEMS = 12  # 2^12 splits of two bins' tables, checked at once
 # Loads within this relative distance of the peak count as at the peak: sums of the same
@@ -50,9 +51,12 @@ def improve(
     for _ in range(MAX_IMPROVEMENT_ROUNDS + problem.world_size):
         if deadline.expired():
             break
-        tight = int(loads.hbm.sum()) >= TIGHT_HBM_SHARE * problem.hbm_total
         moved = (
-            (recreate_once(problem, index, current, loads) if tight else None)
+            (
+                recreate_once(problem, index, current, loads)
+                if _memory_binds(problem, loads)
+                else None
+            )
             or _improve_once(problem, groups, current, loads)
             or _swap_once(problem, groups, current, loads)
             or _repartition_ranks(problem, groups, current, loads)
@@ -62,6 +66,14 @@ def improve(
             break
         current, loads = moved
     return current
+
+
+def _memory_binds(problem: Problem, loads: Loads) -> bool:
+    """Whether the plan uses ``TIGHT_HBM_SHARE`` of the memory tables live in: all HBM,
+    or all DDR where ranks have no HBM (cpu)."""
+    if problem.hbm_total > 0:
+        return int(loads.hbm.sum()) >= TIGHT_HBM_SHARE * problem.hbm_total
+    return problem.ddr_total > 0 and int(loads.ddr.sum()) >= TIGHT_HBM_SHARE * problem.ddr_total
 
 
 def _improve_once(

@@ -16,6 +16,7 @@ from planner_service.solve.placement import GroupIndex
 from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import Choice, loads_of
 from planner_service.solve.recreate import RankIndex, recreate_once
+from tests.support.builders import request, table
 
 
 def _prepared(count, world, fill, seed, **extra):
@@ -119,3 +120,26 @@ def test_recreating_is_deterministic():
     first = warm_start(prepared, Deadline.never())
     again = warm_start(_prepared(96, 16, 0.95, 2), Deadline.never())
     assert first == again
+
+
+def _loads_of_warm_start(req):
+    prepared = prepare(req, Deadline.never())
+    return prepared.problem, loads_of(prepared.problem, warm_start(prepared, Deadline.never()))
+
+
+def test_memory_binds_where_tables_live_hbm_on_cuda_ddr_on_cpu():
+    """A cpu topology has no HBM: its tables live in DDR, and it is DDR that must be full
+    for recreating to run (an empty HBM is not a full one)."""
+    tables = [table(f"t{i}", rows=100_000, dim=64) for i in range(8)]  # 24.4 MiB each
+    roomy_cpu = request(tables, 2, topology={"compute_device": "cpu"})
+    problem, loads = _loads_of_warm_start(roomy_cpu)
+    assert problem.hbm_total == 0
+    assert not local_search._memory_binds(problem, loads)
+    full_cpu = request(
+        tables, 2, topology={"compute_device": "cpu", "ddr_bytes": 130 * 2**20}
+    )  # 8 x 24.4 MiB of weights (and their buffers) in 2 x 130 MiB, less the headroom
+    problem, loads = _loads_of_warm_start(full_cpu)
+    assert local_search._memory_binds(problem, loads)
+    roomy_cuda = request(tables, 2)
+    problem, loads = _loads_of_warm_start(roomy_cuda)
+    assert problem.hbm_total > 0 and not local_search._memory_binds(problem, loads)
