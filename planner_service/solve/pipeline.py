@@ -287,7 +287,8 @@ class _Search:
             sealing_s = _seal_time_s(self.problem, self.deadline.after, choices)
             return max(0.0, sealing_s - self.explaining_s)
 
-        warm = warm_start(self.prepared, self.deadline, seal)
+        bounds_s = OPTION_MIX_SHARE * self.options.time_limit_s  # its share, after
+        warm = warm_start(self.prepared, self.deadline, seal, bounds_s)
         if self.prepared.relaxation_infeasible:  # a bug in the LP, not a proof: search on
             self.details["lp_relaxation"] = "infeasible"
             log.warning("the LP relaxation found no solution, but the byte totals fit; searching")

@@ -22,6 +22,7 @@ from planner_service.plan.types import (
 )
 from planner_service.solve import prepare as prepare_module
 from planner_service.solve.bounds.lp import LinearRelaxation
+from planner_service.solve.bounds.option_mix import OPTION_MIX_S_PER_OPTION, option_mix_bound
 from planner_service.solve.bounds.packing import packing_bound
 from planner_service.solve.construct import greedy_plan
 from planner_service.solve.cpsat.model import (
@@ -514,3 +515,36 @@ def test_work_that_cannot_finish_in_time_is_not_started():
     deadline = Deadline(1.0, clock=clock)
     assert deadline.allows(0.5) and not deadline.reached
     assert not deadline.allows(1.5) and deadline.reached
+
+
+def test_an_option_mix_expected_to_outlast_the_deadline_is_not_built():
+    """Its build does not look at the clock, so a build the deadline cannot hold (by the
+    options' count) is not started: nothing, and the deadline says it cut it."""
+    prepared = _prepared(_request())
+    problem, groups = prepared.problem, prepared.groups
+    warm = warm_start(prepared)
+    upper = loads_of(problem, warm).objective
+    expected = OPTION_MIX_S_PER_OPTION * sum(len(g.options) for g in groups)
+    deadline = Deadline(0.9 * expected, clock=_Ticking(0.0))
+    assert (
+        option_mix_bound(problem, groups, upper, time_limit_s=1, seed=0, deadline=deadline) is None
+    )
+    assert deadline.reached
+    deadline = Deadline(2 * expected + 60.0)
+    bound = option_mix_bound(problem, groups, upper, time_limit_s=1, seed=0, deadline=deadline)
+    assert bound is not None and bound.value > 0
+
+
+def test_the_warm_starts_local_search_leaves_the_bounds_their_time():
+    """The local search stops ``bounds_s`` before the deadline (on a clock that only the
+    test moves: at the reserve, it has already stopped), and says it was cut."""
+    prepared = _prepared(_request())
+    clock = _Ticking(0.0)
+    deadline = Deadline(5.0, clock=clock)
+    clock.now = 4.5  # half a second left, and the bounds keep 1 s of it
+    cut = warm_start(prepared, deadline, bounds_s=1.0)
+    assert cut is not None and deadline.reached
+    # The same state with no reserve: the search runs (with time left), so it can improve.
+    full = warm_start(prepared, Deadline(5.0, clock=_Ticking(0.0)))
+    problem = prepared.problem
+    assert loads_of(problem, full).objective <= loads_of(problem, cut).objective
