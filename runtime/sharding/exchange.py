@@ -269,6 +269,7 @@ class SequenceExchange:
     block_column: tuple[int, ...]  # where the block's columns start in the feature's embedding
     block_feature: tuple[int, ...]
     block_ghost: tuple[bool, ...]  # another rank's data-parallel replica: gradient only
+    block_row_split: tuple[bool, ...]  # a row block's rows: some of the segment's ids only
     dims: tuple[int, ...]  # each feature's embedding_dim
 
     @cached_property
@@ -285,16 +286,23 @@ def sequence_exchange(
     me = layouts[rank]
     widths = [me.shards[i].cols for group in me.groups for _, i in group.features]
     sent_from = list(accumulate((len(layout.routes) for layout in layouts), initial=0))
-    blocks: list[tuple[int, int, int, int, bool]] = []
+    blocks: list[tuple[int, int, int, int, bool, bool]] = []
     blocks_from = []
     for d, layout in enumerate(layouts):
         mine = [
-            (sent_from[d] + r, shard.cols, shard.col_offset, layout.routes[r], shard.replicated)
+            (
+                sent_from[d] + r,
+                shard.cols,
+                shard.col_offset,
+                layout.routes[r],
+                shard.replicated and d != rank,
+                shard.row_split,
+            )
             for group in layout.groups
             for r, i in group.features
             for shard in [layout.shards[i]]
         ]
-        blocks.extend((s, w, c, f, ghost and d != rank) for s, w, c, f, ghost in mine)
+        blocks.extend(mine)
         blocks_from.append(len(mine))
     features = features_of(tables)
     return SequenceExchange(
@@ -309,5 +317,6 @@ def sequence_exchange(
         block_column=tuple(b[2] for b in blocks),
         block_feature=tuple(b[3] for b in blocks),
         block_ghost=tuple(b[4] for b in blocks),
+        block_row_split=tuple(b[5] for b in blocks),
         dims=tuple(tables[feature.table].embedding_dim for feature in features),
     )

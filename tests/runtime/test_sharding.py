@@ -4,6 +4,8 @@ group, no kernels)."""
 
 from __future__ import annotations
 
+import torch
+
 from planner_service.plan.types import ComputeKernel, DataType, PoolingType
 from runtime import (
     EmbeddingBagConfig,
@@ -16,6 +18,7 @@ from runtime import (
     table_row_wise,
     table_wise,
 )
+from runtime.comm import Group
 from runtime.kernel_key import KernelKey, Memory
 from runtime.sharding.exchange import input_exchange, output_exchange, sequence_exchange
 from runtime.sharding.layout import (
@@ -28,6 +31,7 @@ from runtime.sharding.layout import (
     hosts_of,
     subgroup_families,
 )
+from runtime.sharding.sequence import SequenceOutputDistribution
 
 HOST = KernelKey(Memory.HOST, DataType.FP32, 0.0)
 
@@ -310,3 +314,19 @@ def test_sequence_rows_come_back_to_their_columns_from_every_holder():
     assert zero.block_width == (4, 4, 4, 4, 4, 4, 4, 4, 8)
     assert zero.block_feature == (0, 1, 0, 1, 2, 0, 1, 2, 3)
     assert not any(zero.block_ghost) and zero.dims == (12, 12, 4, 8)
+    # Only b's row blocks hold some of a segment's ids; a's column blocks and c hold all.
+    assert zero.block_row_split == (False, False, False, False, True, False, False, True, False)
+
+
+def test_sequence_features_whose_blocks_hold_all_their_ids_are_handed_over_not_gathered():
+    layouts = build_layouts(SEQUENCE_PLAN, SEQUENCE, sequence=True)
+    outputs = SequenceOutputDistribution(
+        sequence_exchange(SEQUENCE, layouts, 0), SEQUENCE, Group(None), torch.device("cpu")
+    )
+    # a1, a2 (a's column blocks at columns 0, 4, 8) and c come back whole; b, row-wise, from
+    # its row blocks by a gather of its chunks alone (4 wide, where the module's unit is 4).
+    assert outputs.whole == {0: [0, 5, 2], 1: [1, 6, 3], 3: [8]}
+    assert outputs.placement is not None and outputs.placement.blocks.tolist() == [4, 7]
+    assert outputs.placement.unit == 4
+    # The received buffer is cut at whole blocks; b's two blocks are two runs here.
+    assert outputs.runs == [(0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
