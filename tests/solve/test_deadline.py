@@ -24,7 +24,7 @@ from planner_service.solve import prepare as prepare_module
 from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.option_mix import OPTION_MIX_S_PER_OPTION, option_mix_bound
 from planner_service.solve.bounds.packing import packing_bound
-from planner_service.solve.construct import greedy_plan
+from planner_service.solve.construct import SEARCH_SHARE, greedy_plan
 from planner_service.solve.cpsat.model import (
     BUILD_S_PER_TERM,
     REST_OF_BUILD_FACTOR,
@@ -191,6 +191,31 @@ def test_greedy_stops_at_the_deadline_but_keeps_a_finished_pass():
     assert plan is not None and deadline.reached
     assert plan == greedy_plan(problem, 0.0, [], Deadline(0.035, clock=_Ticking(0.01)))
     assert len(plan) == len(problem.tables)
+
+
+def test_passes_after_the_first_plan_leave_the_local_search_its_share():
+    prepared = _prepared(_request())
+    problem = prepared.problem
+    assert problem is not None
+    clock = _Ticking(0.1)
+    deadline = Deadline(1.0, clock=clock)  # ends at 1.1
+    first_at: list[float] = []
+
+    def reserve(plan: object) -> float:
+        first_at.append(clock.now)
+        return 0.0
+
+    plan = greedy_plan(problem, 0.0, [], deadline, reserve)
+    assert plan is not None and deadline.reached
+    [first] = first_at
+    # The passes' share is taken at the next look at the clock; further passes stopped
+    # within two looks of its end, and the rest of the time is left for the local search.
+    shared_at = first + clock.step
+    share_end = shared_at + (1 - SEARCH_SHARE) * (1.1 - shared_at)
+    assert clock.now <= share_end + 2 * clock.step + 1e-9
+    assert 1.1 - clock.now >= clock.step - 1e-9  # before the deadline, which old passes ran to
+    # Passes cut short are dropped: the plan is the first pass's.
+    assert plan == greedy_plan(problem, 0.0, [], Deadline(0.35, clock=_Ticking(0.1)))
 
 
 def test_the_first_plan_may_use_the_grace_but_no_more():
