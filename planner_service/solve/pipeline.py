@@ -61,7 +61,7 @@ from planner_service.solve.incremental import (
     over_cap,
     revert_towards_previous,
 )
-from planner_service.solve.prepare import Prepared, prepare, warm_start
+from planner_service.solve.prepare import Prepared, prepare, raise_bound, warm_start
 from planner_service.solve.problem import Choice, Loads, Problem, loads_of
 
 log = logging.getLogger("shardplan.solver")
@@ -118,6 +118,7 @@ def solve(
             request, prepared.table_problems, SolverStatus.INFEASIBLE, answer, prepared.fitted
         )
         return SolveOutcome(None, infeasibility, time.perf_counter() - start)
+    raise_bound(prepared, deadline)
     assert prepared.problem is not None
     moves = _moves(prepared.problem, request)
     exclusions = [frozenset()] if moves is not None else fixed_cost_exclusions(prepared.problem)
@@ -241,6 +242,7 @@ def _restricted_variants(
         if prepared.problem is None:  # some table has only excluded types
             variants.append(Variant(excluded, None, None))
             continue
+        raise_bound(prepared, own)
         search = _Search(prepared, options, own)
         candidates = search.run(lambda stage, best, bound: None)
         variant = Variant(excluded, search.problem, best_bound(search.bounds))

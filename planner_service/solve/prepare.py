@@ -19,7 +19,7 @@ from planner_service.solve.collector import paused_collector
 from planner_service.solve.construct import greedy_plans
 from planner_service.solve.deadline import Deadline, OutOfTime
 from planner_service.solve.improve import improve
-from planner_service.solve.pricing import priced_guides, priced_work_bound
+from planner_service.solve.pricing import priced_guides, priced_work_bound, shard_excluded_bound
 from planner_service.solve.problem import (
     Choice,
     Group,
@@ -73,6 +73,19 @@ def prepare(
     """``_prepare`` with the cyclic garbage collector paused (``collector.py``)."""
     with paused_collector():
         return _prepare(request, deadline, exclude)
+
+
+def raise_bound(prepared: Prepared, deadline: Deadline | None = None) -> None:
+    """Add ``pricing.shard_excluded_bound`` to the bounds of a problem to search, where it
+    proves more than they do (the search's targets and its gap start from the best)."""
+    if prepared.problem is None or not prepared.groups or not prepared.bounds:
+        return
+    with paused_collector():
+        excluded = shard_excluded_bound(
+            prepared.problem, prepared.groups, prepared.lower_bound.value, deadline
+        )
+    if excluded is not None:
+        prepared.bounds.append(excluded)
 
 
 def _prepare(

@@ -8,6 +8,7 @@ solver's answer is scored the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -140,10 +141,17 @@ class OptionCosts:
     @cached_property
     def largest_shard(self) -> float:
         """Cost of its most expensive shard, at best; no plan can beat this for the table."""
+        return self._shard_cost(max)
+
+    @cached_property
+    def smallest_shard(self) -> float:
+        """Cost of its cheapest shard, at best."""
+        return self._shard_cost(min)
+
+    def _shard_cost(self, pick: Callable[..., float]) -> float:
         runs = self._least_per_run()
-        if runs is None:
-            return float(self.min_cost.max())
-        return max((cost for cost, count in runs if count), default=0.0)
+        costs = self.min_cost.tolist() if runs is None else [cost for cost, count in runs if count]
+        return float(pick(costs, default=0.0))
 
     def _least_per_run(self) -> list[tuple[float, int]] | None:
         """Each run's least cost per shard with its count, or None when that depends on
