@@ -237,7 +237,7 @@ def _after_making_room(
     # Room on one rank is what a shard placed freely needs; an option fixed on every
     # rank needs room on all of them, which demoting one table does not make.
     needs = [
-        int(problem.costs(option).hbm.max())
+        problem.costs(option).hbm_largest
         for option in options
         if option.placement is not Placement.FIXED
     ]
@@ -330,7 +330,7 @@ def _order(problem: Problem, target: float, preferred: list[list[int]] | None) -
             for i in indices
         )
         memory_share = min(
-            max(float(c.hbm.max()) / hbm_cap, float(c.ddr.max()) / ddr_cap) for c in costs
+            max(float(c.hbm_largest) / hbm_cap, float(c.ddr_largest) / ddr_cap) for c in costs
         )
         return spread, min(c.work for c in costs), memory_share
 

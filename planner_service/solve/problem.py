@@ -46,6 +46,10 @@ class OptionCosts:
         self._on_hosts: np.ndarray | None = None
         self._local_on_hosts: np.ndarray | None = None
         self._local_work_on_hosts: np.ndarray | None = None
+        # On one device class a shard costs the same on every rank: the per-rank views of
+        # its costs are broadcasts, not copies (at 10,000 x 4,096 the copies of every
+        # option tried held gigabytes; issue 37).
+        self._one_class = len(classes.specs) == 1
 
     @cached_property
     def cost(self) -> np.ndarray:
@@ -71,6 +75,8 @@ class OptionCosts:
         """A fixed option's cost per shard on its own rank (shard ``i`` on rank ``i``)."""
         if self.option.placement is not Placement.FIXED:
             return None
+        if self._one_class:
+            return self.cost[:, 0]
         class_of_rank = np.asarray(self.classes.class_of_rank)
         return self.cost[np.arange(self.option.num_shards), class_of_rank]
 
@@ -81,14 +87,24 @@ class OptionCosts:
     def on_ranks(self, problem: Problem) -> np.ndarray:
         """``cost`` per shard on every rank (shard x rank), worked out once per option."""
         if self._on_ranks is None:
-            self._on_ranks = self.cost[:, problem.class_of_rank]
+            if self._one_class:
+                self._on_ranks = np.broadcast_to(
+                    self.cost[:, :1], (self.num_shards, len(problem.class_of_rank))
+                )
+            else:
+                self._on_ranks = self.cost[:, problem.class_of_rank]
         return self._on_ranks
 
     def on_hosts(self, problem: Problem) -> np.ndarray:
         """``cost`` per shard on every rank of the host grid (shard x host x local rank),
         worked out once per option."""
         if self._on_hosts is None:
-            self._on_hosts = self.cost[:, problem.class_of_rank[problem.host_grid]]
+            if self._one_class:
+                self._on_hosts = np.broadcast_to(
+                    self.cost[:, :1, None], (self.num_shards, *problem.host_grid.shape)
+                )
+            else:
+                self._on_hosts = self.cost[:, problem.class_of_rank[problem.host_grid]]
         return self._on_hosts
 
     def local_on_hosts(self, problem: Problem) -> np.ndarray:
@@ -96,13 +112,21 @@ class OptionCosts:
         table-row-wise option's shards on each host, worked out once per option."""
         if self._local_on_hosts is None:
             local = np.arange(problem.local_world_size)
-            self._local_on_hosts = self.on_hosts(problem)[local, :, local].T
+            on_hosts = self.cost[:, problem.class_of_rank[problem.host_grid]]
+            local_on_hosts = on_hosts[local, :, local].T
+            # Summed as built (this layout's order of additions), then, on one device
+            # class, kept as a view of one host's costs: every host's are the same.
+            self._local_work_on_hosts = local_on_hosts.sum(axis=1)
+            if self._one_class:
+                local_on_hosts = np.broadcast_to(self.cost[local, 0], local_on_hosts.shape)
+            self._local_on_hosts = local_on_hosts
         return self._local_on_hosts
 
     def local_work_on_hosts(self, problem: Problem) -> np.ndarray:
         """Per host, the work of the option's shard ``i`` on each local rank ``i``."""
         if self._local_work_on_hosts is None:
-            self._local_work_on_hosts = self.local_on_hosts(problem).sum(axis=1)
+            self.local_on_hosts(problem)
+        assert self._local_work_on_hosts is not None
         return self._local_work_on_hosts
 
     @cached_property

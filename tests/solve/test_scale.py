@@ -96,15 +96,64 @@ def test_an_option_lists_its_shards_as_runs_of_equal_ones():
 
 
 def test_distinct_rank_rows_are_found_as_numpy_finds_them():
-    from planner_service.solve.bounds.lp import _distinct_rows
+    from planner_service.solve.bounds.lp import _first_of_each
 
     rng = np.random.default_rng(0)
     matrix = rng.integers(0, 3, size=(200, 5)).astype(float)
+    weights = rng.random((5, 2))
     _, first = np.unique(matrix, axis=0, return_index=True)
-    assert _distinct_rows(matrix).tolist() == sorted(first.tolist())
+    assert _first_of_each(matrix @ weights) == sorted(first.tolist())
     column = rng.integers(0, 2, size=200).astype(float)
     _, first = np.unique(np.column_stack([column, matrix]), axis=0, return_index=True)
-    assert _distinct_rows(matrix, column).tolist() == sorted(first.tolist())
+    assert _first_of_each(np.column_stack([matrix @ weights, column])) == sorted(first.tolist())
+
+
+@pytest.mark.parametrize("overrides", [False, True], ids=["one device class", "two classes"])
+def test_rank_shares_built_in_blocks_are_those_built_whole(monkeypatch, overrides):
+    """Beyond ``DENSE_SHARE_ENTRIES`` the fixed options' per-rank shares are built a block
+    of options at a time (1.2 GB a matrix at 10,000 x 4,096): the same distinct heaviest
+    ranks, the same rows and least shares as the whole matrix gives."""
+    from planner_service.solve.bounds import lp
+
+    tables = [
+        table(f"t{i}", rows=100_003 * (i + 1) + 7 * i, dim=32 * (1 + i % 3), pooling_factors=[4.0])
+        for i in range(12)
+    ]
+    topology = {"rank_overrides": [{"rank": 3, "hbm_bw_bytes_per_s": 2**38}]} if overrides else {}
+    problem, _ = problem_of(request(tables, world_size=16, topology=topology))
+    assert (len(problem.classes.specs) == 2) is overrides
+    fixed = [
+        problem.costs(o)
+        for entry in problem.tables
+        for o in entry.options
+        if o.placement is Placement.FIXED
+    ]
+    assert len(fixed) >= 12
+    capacity = np.linspace(1.0, 2.0, problem.world_size)
+
+    def shares(**kwargs):
+        return (
+            lp._RankShares(fixed, problem, lambda e, c: e.perf[c].total, by_class=True),
+            lp._RankShares(
+                fixed, problem, lambda e, _: float(e.storage.hbm_bytes), capacity=capacity
+            ),
+        )
+
+    whole = shares()
+    monkeypatch.setattr(lp, "DENSE_SHARE_ENTRIES", 5 * problem.world_size)  # blocks of 5
+    blocks = shares()
+    for dense, blocked in zip(whole, blocks, strict=True):
+        assert dense.dense is not None and blocked.dense is None
+        assert blocked.least.tolist() == dense.least.tolist()
+        for most in (1, 3, 100):
+            ranks = dense.heaviest(most)
+            assert blocked.heaviest(most) == ranks
+            for r in ranks:
+                assert blocked.row(r).tolist() == dense.row(r).tolist()
+    # The perf rows are the shares the options' own arrays give on each rank.
+    perf = whole[0]
+    for i, costs in enumerate(fixed):
+        assert perf.dense[:, i].tolist() == costs.fixed_cost.tolist()
 
 
 def test_an_lp_with_fewer_rank_rows_is_looser_and_still_a_bound(monkeypatch):

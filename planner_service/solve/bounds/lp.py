@@ -37,6 +37,9 @@ MEMORY_RESOLUTION = 2.0**-24  # the LP's memory coefficients, in units (see _Mem
 # coefficients only the heaviest ranks' rows are kept. Dropping rows only relaxes the LP:
 # its optimum stays a lower bound.
 MAX_RANK_ROW_COEFFICIENTS = 150_000
+# The fixed options' per-rank shares are built whole up to this many entries (64 MB), and
+# a block of options at a time beyond (``_RankShares``).
+DENSE_SHARE_ENTRIES = 1 << 23
 BUILD_CHECK_EVERY = 256  # groups added between looks at the deadline
 
 
@@ -110,28 +113,35 @@ class LinearRelaxation:
         fixed_costs = [c for _, _, c in fixed]
         hbm_scale, ddr_scale = scales
         shares = [
-            _fixed_perf(fixed_costs, problem),
-            _per_rank(fixed_costs, problem, lambda e: hbm_scale.down_one(e.storage.hbm_bytes)),
-            _per_rank(fixed_costs, problem, lambda e: ddr_scale.down_one(e.storage.ddr_bytes)),
+            _RankShares(fixed_costs, problem, lambda e, c: e.perf[c].total, by_class=True),
+            _RankShares(
+                fixed_costs,
+                problem,
+                lambda e, _: hbm_scale.down_one(e.storage.hbm_bytes),
+                capacity=capacities[0],
+            ),
+            _RankShares(
+                fixed_costs,
+                problem,
+                lambda e, _: ddr_scale.down_one(e.storage.ddr_bytes),
+                capacity=capacities[1],
+            ),
         ]
         # Every row bounded by memory, with its bound at full memory (``solve`` scales them).
         self.capacity_rows: list[tuple[pywraplp.Constraint, float]] = []
         # Per-rank rows (perf, HBM, DDR): (constraint, that rank's shares of the fixed options).
         rows: list[list[tuple[pywraplp.Constraint, np.ndarray]]] = [[], [], []]
         most_rows = max(1, MAX_RANK_ROW_COEFFICIENTS // max(1, 3 * len(fixed)))  # 3 tiers
-        first = _distinct_rows(shares[0])
-        for r in _heaviest(first, shares[0], most_rows):
+        for r in shares[0].heaviest(most_rows):
             row = solver.Constraint(-inf, 0.0)
             row.SetCoefficient(makespan, -1.0)
-            rows[0].append((row, shares[0][r]))
+            rows[0].append((row, shares[0].row(r)))
         for tier in (0, 1):
-            first = _distinct_rows(shares[tier + 1], capacities[tier])
             # The fullest ranks: the most of the fixed options in units of their capacity.
-            fullness = shares[tier + 1] / np.maximum(capacities[tier], 1e-300)[:, None]
-            for r in _heaviest(first, fullness, most_rows):
+            for r in shares[tier + 1].heaviest(most_rows):
                 row = solver.Constraint(-inf, capacities[tier][r])
                 self.capacity_rows.append((row, capacities[tier][r]))
-                rows[tier + 1].append((row, shares[tier + 1][r]))
+                rows[tier + 1].append((row, shares[tier + 1].row(r)))
         work = solver.Constraint(-inf, 0.0)
         work.SetCoefficient(makespan, -float(problem.world_size))
         totals = [solver.Constraint(-inf, float(c.sum())) for c in capacities]
@@ -141,7 +151,7 @@ class LinearRelaxation:
         for floor, definition in zip(floors, floor_rows, strict=True):
             definition.SetCoefficient(floor, 1.0)
         fixed_index = {(g, o): i for i, (g, o, _) in enumerate(fixed)}
-        least_shares = [tier_shares.min(axis=0, initial=math.inf) for tier_shares in shares]
+        least_shares = [tier_shares.least for tier_shares in shares]
         self.variables: list[list[pywraplp.Variable]] = []
         for g, group in enumerate(groups):
             if g % BUILD_CHECK_EVERY == 0:
@@ -207,57 +217,120 @@ class LinearRelaxation:
         return Relaxation(bound, counts)
 
 
-def _fixed_perf(fixed: list[OptionCosts], problem: Problem) -> np.ndarray:
-    """Per rank (rows), each fixed option's (columns) cost there: its shard ``i`` on rank
-    ``i``, at that rank's device class."""
-    if len(problem.classes.specs) == 1:
-        return _per_rank(fixed, problem, lambda e: e.perf[0].total)
-    rows = [c.fixed_cost for c in fixed]
-    return np.array(rows, dtype=float).reshape(len(fixed), problem.world_size).T
+class _RankShares:
+    """The fixed options' shares on every rank (ranks x options) as the LP reads them: the
+    distinct ranks (told apart by two fingerprints each), the heaviest of those, a chosen
+    rank's row, and each option's least share. ``value(estimate, device_class)`` is one
+    shard's share; ``capacity``, when given, is each rank's capacity in the same units: it
+    tells ranks apart too, and "heaviest" is then the most in units of it.
+
+    Up to ``DENSE_SHARE_ENTRIES`` entries the matrix is built whole and kept. Beyond, it is
+    built a block of options at a time and only per-rank sums are kept; a chosen rank's
+    row is then read off the options' runs. 37,000 row-wise options on 4,096 ranks made
+    three matrices of 1.2 GB each (and as much again for the fullness), most of the
+    plan's peak memory at 10,000 x 4,096, to keep one row of each (issue 37)."""
+
+    def __init__(
+        self,
+        fixed: list[OptionCosts],
+        problem: Problem,
+        value: Callable[[ShardEstimate, int], float],
+        *,
+        by_class: bool = False,
+        capacity: np.ndarray | None = None,
+    ) -> None:
+        self._fixed, self._value, self._capacity = fixed, value, capacity
+        world_size = problem.world_size
+        # One device class: every rank's shares are the class-0 values, as before classes.
+        self._class_of_rank = problem.class_of_rank if by_class else None
+        if by_class and len(problem.classes.specs) == 1:
+            self._class_of_rank = None
+        block = max(1, DENSE_SHARE_ENTRIES // max(1, world_size))
+        weights = np.random.default_rng(0).random((len(fixed), 2))
+        self.dense: np.ndarray | None = None
+        if len(fixed) <= block:
+            self.dense = self._block(fixed, world_size).T
+            self._fingerprints = self.dense @ weights if fixed else np.zeros((world_size, 2))
+            self.least = self.dense.min(axis=0, initial=math.inf)
+            return
+        self._fingerprints = np.zeros((world_size, 2))
+        self._sums = np.zeros(world_size)
+        self.least = np.empty(len(fixed))
+        for start in range(0, len(fixed), block):
+            part = fixed[start : start + block]
+            matrix = self._block(part, world_size)
+            self.least[start : start + len(part)] = matrix.min(axis=1)
+            shares = matrix.T
+            self._fingerprints += shares @ weights[start : start + len(part)]
+            if capacity is not None:
+                shares = shares / np.maximum(capacity, 1e-300)[:, None]
+            self._sums += shares.sum(axis=1)
+
+    def _block(self, fixed: list[OptionCosts], world_size: int) -> np.ndarray:
+        """Options (rows) by ranks (columns), filled run by run: through the options' own
+        per-shard arrays, 40,000 row-wise options on 4,096 ranks held gigabytes beside the
+        matrix (issue 37: 12.5 GiB at 10,000 x 4,096)."""
+        matrix = np.empty((len(fixed), world_size))
+        classes = self._class_of_rank
+        for row, costs in zip(matrix, fixed, strict=True):
+            start = 0
+            for estimate, count in costs.option.runs:
+                if classes is None:
+                    row[start : start + count] = self._value(estimate, 0)
+                else:
+                    per_class = [self._value(estimate, c) for c in range(len(estimate.perf))]
+                    row[start : start + count] = np.array(per_class)[
+                        classes[start : start + count]
+                    ]
+                start += count
+        return matrix
+
+    def heaviest(self, most: int) -> list[int]:
+        """Of the distinct ranks, at most ``most``: those whose shares (in units of their
+        capacity, when given) sum highest, ties to the lower rank; in rank order."""
+        fingerprints = self._fingerprints
+        if self._capacity is not None:
+            fingerprints = np.column_stack([fingerprints, self._capacity])
+        chosen = _first_of_each(fingerprints)
+        if len(chosen) <= most:
+            return chosen
+        if self.dense is None:
+            weight = self._sums[chosen]
+        else:
+            shares = self.dense
+            if self._capacity is not None:
+                shares = shares / np.maximum(self._capacity, 1e-300)[:, None]
+            weight = shares[chosen].sum(axis=1)
+        order = sorted(range(len(chosen)), key=lambda i: (-weight[i], chosen[i]))
+        return sorted(chosen[i] for i in order[:most])
+
+    def row(self, rank: int) -> np.ndarray:
+        """Rank ``rank``'s share of each option."""
+        if self.dense is not None:
+            return self.dense[rank]
+        device_class = 0 if self._class_of_rank is None else int(self._class_of_rank[rank])
+        row = np.empty(len(self._fixed))
+        for i, costs in enumerate(self._fixed):
+            start = 0
+            for estimate, count in costs.option.runs:
+                if start <= rank < start + count:
+                    row[i] = self._value(estimate, device_class)
+                    break
+                start += count
+        return row
 
 
-def _per_rank(
-    fixed: list[OptionCosts], problem: Problem, per_shard: Callable[[ShardEstimate], float]
-) -> np.ndarray:
-    """Per rank (rows), ``per_shard`` of each fixed option's (columns) shard there, filled
-    run by run: through the options' own per-shard arrays, 40,000 row-wise options on
-    4,096 ranks held gigabytes beside this matrix (issue 37: 12.5 GiB at 10,000 x 4,096)."""
-    matrix = np.empty((len(fixed), problem.world_size))
-    for row, costs in zip(matrix, fixed, strict=True):
-        start = 0
-        for estimate, count in costs.option.runs:
-            row[start : start + count] = per_shard(estimate)
-            start += count
-    return matrix.T
-
-
-def _distinct_rows(matrix: np.ndarray, column: np.ndarray | None = None) -> np.ndarray:
-    """The first row index of each distinct row of ``matrix`` (with ``column`` beside it,
-    when given), telling rows apart by two
-    fingerprints (dot products with fixed pseudo-random weights: equal rows give equal
-    fingerprints). Sorting thousands of rows of thousands of columns (``np.unique``) took
-    seconds. Two different rows with the same fingerprints (in practice never) would share
-    one row of the LP, which drops a constraint: the LP only gets looser, its optimum is
-    still a lower bound."""
-    weights = np.random.default_rng(0).random((matrix.shape[1], 2))
-    fingerprints = matrix @ weights if matrix.shape[1] else np.zeros((len(matrix), 2))
-    if column is not None:
-        fingerprints = np.column_stack([fingerprints, column])
+def _first_of_each(fingerprints: np.ndarray) -> list[int]:
+    """The first row index of each distinct row of ``fingerprints`` (dot products of the
+    rows of a matrix with fixed pseudo-random weights, and perhaps a column beside them:
+    equal rows give equal fingerprints), in order. Sorting thousands of rows of thousands
+    of columns (``np.unique``) took seconds. Two different rows with the same fingerprints
+    (in practice never) would share one row of the LP, which drops a constraint: the LP
+    only gets looser, its optimum is still a lower bound."""
     first: dict[tuple[float, ...], int] = {}
     for r, fingerprint in enumerate(map(tuple, fingerprints.tolist())):
         first.setdefault(fingerprint, r)
-    return np.array(sorted(first.values()), dtype=np.int64)
-
-
-def _heaviest(ranks: np.ndarray, shares: np.ndarray, most: int) -> list[int]:
-    """Of the distinct ``ranks``, at most ``most``: those whose shares sum highest (ties to
-    the lower rank), in rank order."""
-    chosen = sorted(int(r) for r in ranks)
-    if len(chosen) <= most:
-        return chosen
-    weight = shares[chosen].sum(axis=1)
-    order = sorted(range(len(chosen)), key=lambda i: (-weight[i], chosen[i]))
-    return sorted(chosen[i] for i in order[:most])
+    return sorted(first.values())
 
 
 @dataclass(frozen=True)

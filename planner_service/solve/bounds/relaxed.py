@@ -94,9 +94,9 @@ def relaxed_options(
             if costs.largest_shard > upper:
                 continue
             if option.placement is Placement.FIXED:
-                result.append(RelaxedOption(g, o, perf_units(costs.min_cost.min(), scale), 0, {}))
+                result.append(RelaxedOption(g, o, perf_units(costs.smallest_shard, scale), 0, {}))
             elif option.sharding_type is ShardingType.TABLE_ROW_WISE:
-                result.append(RelaxedOption(g, o, 0, perf_units(costs.min_cost.min(), scale), {}))
+                result.append(RelaxedOption(g, o, 0, perf_units(costs.smallest_shard, scale), {}))
             else:
                 items: dict[Item, int] = {}
                 for shard in range(costs.num_shards):
