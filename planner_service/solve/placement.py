@@ -227,7 +227,7 @@ def _best_host_columns(
         fits = (hbm + costs.hbm[s] <= hbm_cap) & (ddr + costs.ddr[s] <= ddr_cap)
         usable &= fits.any(axis=1)
         new_load = np.where(fits, perf + shard_costs[s], np.inf)
-        pick = np.argmin(new_load, axis=1)
+        pick = new_load.argmin(axis=1)
         picks[:, s] = pick
         work += shard_costs[s][hosts, pick]
         perf[hosts, pick] = new_load[hosts, pick]
@@ -296,7 +296,7 @@ def _place_free(
         if not fits.any():
             return None
         new_load = np.where(fits, perf + shard_costs[s], np.inf)
-        pick = int(np.argmin(new_load))
+        pick = int(new_load.argmin())
         ranks.append(int(candidates[pick]))
         if s + 1 < costs.num_shards:  # the next shard sees this one
             perf[pick] = new_load[pick]

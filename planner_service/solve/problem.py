@@ -42,6 +42,8 @@ class OptionCosts:
     def __init__(self, option: ShardingOption, classes: DeviceClasses) -> None:
         self.option = option
         self.classes = classes
+        # Summed over the runs once: the local search asks it some 40,000 times a second.
+        self.num_shards = option.num_shards
         self._on_ranks: np.ndarray | None = None
         self._on_hosts: np.ndarray | None = None
         self._local_on_hosts: np.ndarray | None = None
@@ -183,10 +185,6 @@ class OptionCosts:
         if self.option.placement is Placement.FIXED and len(self.classes.specs) > 1:
             return None
         return [(min(p.total for p in e.perf), count) for e, count in self.option.runs]
-
-    @property
-    def num_shards(self) -> int:
-        return self.option.num_shards
 
 
 @dataclass

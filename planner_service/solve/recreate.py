@@ -61,11 +61,9 @@ class RankIndex:
         self.on_rank: dict[int, set[int]] = {}
 
     def sync(self, choices: list[Choice]) -> None:
-        for t in self.candidates:
-            choice = choices[t]
-            old = self.choices[t]
-            if old is choice:
-                continue
+        mine = self.choices
+        for t in [t for t in self.candidates if choices[t] is not mine[t]]:
+            choice, old = choices[t], mine[t]
             if old is not None and self._movable(t, old):
                 for r in old.ranks:
                     self.on_rank[r].discard(t)
