@@ -279,9 +279,7 @@ class _RankShares:
                     row[start : start + count] = self._value(estimate, 0)
                 else:
                     per_class = [self._value(estimate, c) for c in range(len(estimate.perf))]
-                    row[start : start + count] = np.array(per_class)[
-                        classes[start : start + count]
-                    ]
+                    row[start : start + count] = np.array(per_class)[classes[start : start + count]]
                 start += count
         return matrix
 
