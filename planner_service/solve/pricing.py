@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from planner_service.costs.options import Placement
+from planner_service.costs.options import Placement, ShardEstimate
 from planner_service.plan.types import BoundSource
 from planner_service.solve.bounds.simple import LowerBound
 from planner_service.solve.deadline import Deadline
@@ -118,26 +118,62 @@ def shard_excluded_bound(
         return None
     work, hbm, sizes = _option_arrays(problem, groups)
     largest = np.full(work.shape, np.inf)
+    shard_hbm = np.zeros(work.shape)  # the most HBM of one shard
+    density = np.zeros(work.shape)  # the most HBM per ms of time of one shard
     own = np.zeros(len(groups))
+    everywhere = np.zeros(len(groups), dtype=bool)
     for g, group in enumerate(groups):
         shares = []
         for o, option in enumerate(group.options):
             costs = problem.costs(option)
             largest[g, o] = costs.largest_shard
+            shard_hbm[g, o] = costs.hbm_largest
+            density[g, o] = _hbm_per_ms(costs.option.runs)
             if option.placement is Placement.FIXED and costs.num_shards == problem.world_size:
                 shares.append(costs.smallest_shard)
         if len(shares) == len(group.options):  # on every rank whatever its option
-            own[g] = min(shares)
+            own[g], everywhere[g] = min(shares), True
     every_rank = float((own * sizes).sum())
     # An option is left out only when it exceeds M by more than rounding.
     need = largest + (every_rank - own)[:, None] * (1 - PRICED_BOUND_SAFETY)
+    smallest_rank = float(problem.hbm_cap.min()) if problem.world_size else 0.0
+
+    def locked_hbm(makespan: float, allowed: np.ndarray) -> np.ndarray:
+        """Per option, the HBM it leaves no plan of makespan ``makespan`` able to use.
+
+        An option with a shard dearer than half the makespan has that shard on a rank no
+        other such shard shares. The rank has ``M - need`` of time left for the tables
+        not on every rank (``need``: the shard and every rank's shares), so it holds at
+        most the table's own bytes, the every-rank tables' most on one rank, and
+        ``rate * (M - need)`` of the rest, ``rate`` being the most HBM per ms any of their
+        shards has. What that leaves of the smallest rank's HBM unused counts as the
+        option's own: a 48.8 ms table of 0.2 GiB with 6 ms to spare beside it cannot fill
+        its 68 GiB with 32 GiB tables of 10 ms (``tight-95`` on 16 ranks, where the LP
+        pools that memory and bounds the plan 13% below it)."""
+        locked = np.zeros(work.shape)
+        if smallest_rank <= 0:
+            return locked
+        rate = float(density[allowed & ~everywhere[:, None]].max(initial=0.0))
+        if math.isinf(rate):
+            return locked
+        every = float((sizes * np.where(allowed, shard_hbm, 0.0).max(axis=1))[everywhere].sum())
+        heavy = (
+            allowed & ~everywhere[:, None] & (largest * (1 - PRICED_BOUND_SAFETY) > makespan / 2)
+        )
+        time_left = np.maximum(0.0, makespan - np.where(heavy, need, makespan))
+        held = np.where(heavy, hbm, 0.0) + every + rate * time_left
+        locked[heavy] = np.maximum(0.0, smallest_rank - held[heavy]) * (1 - PRICED_BOUND_SAFETY)
+        return locked
 
     def bound_at(makespan: float) -> float:
         allowed = need <= makespan
         if not allowed.any(axis=1).all():
             return math.inf  # a table has no option within M: every plan is slower
         return _priced_total(
-            np.where(allowed, work, np.inf), np.where(allowed, hbm, np.inf), sizes, problem
+            np.where(allowed, work, np.inf),
+            np.where(allowed, hbm + locked_hbm(makespan, allowed), np.inf),
+            sizes,
+            problem,
         )
 
     low = floor
@@ -177,6 +213,19 @@ def _priced_total(work: np.ndarray, hbm: np.ndarray, sizes: np.ndarray, problem:
         total = float((sizes * (work[rows, picks] + price * hbm[rows, picks])).sum())
         total -= price * budget
     return total / problem.world_size * (1 - PRICED_BOUND_SAFETY)
+
+
+def _hbm_per_ms(runs: tuple[tuple[ShardEstimate, int], ...]) -> float:
+    """The most HBM per ms of its time of any shard of the runs (at its fastest device
+    class); infinite for a shard that takes HBM and no time."""
+    most = 0.0
+    for estimate, count in runs:
+        size = float(estimate.storage.hbm_bytes)
+        if not count or size <= 0:
+            continue
+        time_ms = min(p.total for p in estimate.perf)
+        most = max(most, size / time_ms if time_ms > 0 else math.inf)
+    return most
 
 
 def _option_arrays(
