@@ -452,12 +452,14 @@ def test_a_plan_proven_optimal_says_optimal():
 
 
 def test_a_plan_proven_within_the_gap_limit_says_gap_limit():
-    # Three equal tables on two ranks: the work bound is 1.5 tables, the best plan 2.
-    tables = [table(f"t{i}", rows=1000, dim=64) for i in range(3)]
+    # Five equal tables on two ranks: the work bound is 2.5 tables, the best plan 3. (Of
+    # three, each is over half of any makespan under 2 tables, so they would need three
+    # ranks: the bound of shards beside their rank's HBM proves the plan's 2.)
+    tables = [table(f"t{i}", rows=1000, dim=64) for i in range(5)]
     req = request(
         tables,
         world_size=2,
-        constraints={"tables": {f"t{i}": {"sharding_types": ["table_wise"]} for i in range(3)}},
+        constraints={"tables": {f"t{i}": {"sharding_types": ["table_wise"]} for i in range(5)}},
         options={"gap_limit": 0.5, "time_limit_s": 1},
     )
     plan = solve(req, deadline=Deadline.never()).plan
