@@ -247,6 +247,7 @@ class BoundSource(StrEnum):
     LP_RELAXATION = "lp_relaxation"  # options chosen fractionally (GLOP)
     OPTION_MIX = "option_mix"  # whole options, load spread fractionally (CP-SAT)
     PACKING = "packing"  # whole shards packed into ranks, constraints dropped (CP-SAT)
+    CONFIGURATION = "configuration"  # what one rank holds in time and memory (LP, columns)
     CP_SAT = "cp-sat"  # the CP-SAT search on the complete model
 
 

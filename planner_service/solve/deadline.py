@@ -121,6 +121,16 @@ class Deadline:
             return True
         return False
 
+    def end_now(self) -> None:
+        """Pass the deadline at once: a stage running in another thread that is no longer
+        wanted stops at its next look at the clock."""
+        self._end = -math.inf
+
+    def end_with(self, other: Deadline, before_s: float = 0.0) -> None:
+        """End ``before_s`` before ``other`` ends now (for a stage in another thread, whose
+        deadline was copied before ``other`` kept time for what comes after it)."""
+        self._end = min(self._end, other._end - max(0.0, before_s))
+
     def reserve(self, seconds: float) -> None:
         """Keep ``seconds`` before the deadline for work after the search (sealing the
         plan): the search stages now stop that much earlier."""

@@ -15,6 +15,7 @@ import pytest
 from ortools.sat.python import cp_model
 
 from planner_service.plan.types import (
+    BoundSource,
     ExplainCheck,
     InfeasibilityCode,
     SolverStatus,
@@ -24,6 +25,7 @@ from planner_service.solve import prepare as prepare_module
 from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.option_mix import OPTION_MIX_S_PER_OPTION, option_mix_bound
 from planner_service.solve.bounds.packing import packing_bound
+from planner_service.solve.bounds.simple import LowerBound
 from planner_service.solve.construct import SEARCH_SHARE, greedy_plan
 from planner_service.solve.cpsat.model import (
     BUILD_S_PER_TERM,
@@ -41,7 +43,7 @@ from planner_service.solve.cpsat_runner import (
 from planner_service.solve.deadline import Deadline, OutOfTime, finish_slack_s
 from planner_service.solve.explain import explain, explanation_time_s
 from planner_service.solve.improve import improve
-from planner_service.solve.pipeline import solve
+from planner_service.solve.pipeline import Background, solve
 from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import loads_of
 from planner_service.validate.validator import validate_plan
@@ -116,6 +118,40 @@ def test_slack_is_five_percent_or_a_quarter_second():
     assert finish_slack_s(1.0) == 0.25
     assert finish_slack_s(10.0) == 0.5
     assert finish_slack_s(60.0) == 3.0
+
+
+def test_a_deadline_ends_now_or_with_another_less_what_that_one_keeps():
+    clock = _Ticking(0.0)
+    other = Deadline(10.0, clock=clock)
+    own = copy.copy(other)
+    other.reserve(3.0)  # the other keeps time for what comes after it, after the copy
+    own.end_with(other, before_s=1.0)
+    assert own.remaining_s() == 6.0
+    own.end_with(Deadline(20.0, clock=clock))  # never later than it was
+    assert own.remaining_s() == 6.0
+    own.end_now()
+    assert own.expired() and own.reached and own.remaining_s() == 0.0
+
+
+def test_a_bound_in_the_background_gives_its_result_or_its_error_to_who_waits():
+    found = LowerBound(1.0, BoundSource.CONFIGURATION)
+    assert Background(lambda: found, Deadline.never()).result() is found
+
+    def broken() -> LowerBound | None:
+        raise ValueError("a bug in the bound")
+
+    with pytest.raises(ValueError, match="a bug in the bound"):
+        Background(broken, Deadline.never()).result()
+
+    def until_stopped(deadline: Deadline) -> LowerBound | None:
+        while not deadline.expired():
+            pass
+        return None
+
+    stage = Deadline.never()
+    waiting = Background(lambda: until_stopped(stage), stage)
+    waiting.abandon()
+    assert waiting.result() is None and stage.reached
 
 
 # --------------------------------------------------------------------------- every stage
