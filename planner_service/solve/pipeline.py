@@ -347,10 +347,14 @@ class _Search:
             )
             if mix is not None:
                 self.bounds.append(mix)
-        if background is not None and self.worth_it(warm):
-            self.configuration_bound(background, warm_objective, report)
-        elif background is not None:  # the plan is proven within the gap limit already
-            background.abandon()
+        if background is not None:
+            # Its deadline is the local search's: what it proved by then counts even when
+            # no time is left for more; it is abandoned only once the plan needs no bound.
+            bound = best_bound(self.bounds).value
+            if proven_within(warm_objective, bound, options.gap_limit):
+                background.abandon()
+            else:
+                self.configuration_bound(background, warm_objective, report)
         if not self.worth_it(warm):
             return []
         report("packing bound", warm_objective, best_bound(self.bounds).value)

@@ -89,7 +89,7 @@ SCIP_SAFETY = 1e-5
 # last one's columns prove costs a round or two), then by half as much again each time,
 # until one is not proven out of reach; then by bisection until within PRECISION.
 FINE_STEP = 0.005
-FINE_STEPS = 8
+FINE_STEPS = 16
 PRECISION = 0.005
 MOST_RAISED = 100.0  # times the best bound, where the steps end
 SAFETY = 1e-6  # Farley's bound must exceed the ranks by this fraction to count

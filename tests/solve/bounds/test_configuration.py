@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from planner_service.plan.types import BoundSource
 from planner_service.solve.bounds import configuration
 from planner_service.solve.bounds.configuration import (
     MAX_FLOORS,
@@ -16,9 +17,10 @@ from planner_service.solve.bounds.configuration import (
     memory_tight,
 )
 from planner_service.solve.bounds.lp import LinearRelaxation
-from planner_service.solve.bounds.simple import simple_bounds
+from planner_service.solve.bounds.simple import LowerBound, best_bound, simple_bounds
 from planner_service.solve.deadline import Deadline
-from planner_service.solve.pipeline import solve
+from planner_service.solve.pipeline import Background, _Search, solve
+from planner_service.solve.prepare import prepare, warm_start
 from planner_service.solve.problem import Choice, loads_of
 from tests.solve.oracles import GIB, brute_force_optimum, problem_of
 from tests.support.builders import request, table
@@ -197,3 +199,18 @@ def test_the_pipeline_reports_the_bound_and_stays_below_the_optimum(seed):
     assert outcome.details["configuration"] == "ran"
     assert outcome.plan.solver.lower_bound <= optimum * (1 + 1e-9)
     assert outcome.plan.solver.gap <= 0.02  # the LP alone left these at 55-60%
+
+
+def test_what_the_thread_proved_counts_when_the_local_search_used_all_the_time():
+    """The bound's thread ends with the local search; a plan not yet proven takes its bound
+    even though no time is left for another stage."""
+    req = _draw(33)
+    prepared = prepare(req, Deadline.never())
+    warm = warm_start(prepared, Deadline.never())
+    assert warm is not None and prepared.problem is not None
+    objective = loads_of(prepared.problem, warm).objective
+    search = _Search(prepared, req.options, Deadline(0.0))
+    assert search.deadline.expired()
+    proven = LowerBound(0.99 * objective, BoundSource.CONFIGURATION)
+    search.relaxations(warm, lambda *_: None, Background(lambda: proven, Deadline.never()))
+    assert best_bound(search.bounds) == proven
