@@ -37,6 +37,7 @@ from planner_service.plan.types import (
 )
 from planner_service.solve.bounds.configuration import (
     Instance,
+    Progress,
     configuration_bound,
     instance_of,
     memory_tight,
@@ -302,18 +303,20 @@ class _Search:
 
         bounds_s = OPTION_MIX_SHARE * self.options.time_limit_s  # its share, after
         background = self.configuration_in_background(bounds_s)
-        warm = warm_start(self.prepared, self.deadline, seal, bounds_s)
-        if background is not None:  # it ends where the local search had to (sealing kept)
-            background.deadline.end_with(self.deadline, bounds_s)
+        try:
+            warm = warm_start(self.prepared, self.deadline, seal, bounds_s)
+            if background is not None:  # it ends where the local search had to (sealing kept)
+                background.deadline.end_with(self.deadline, bounds_s)
+            candidates = [warm] if warm is not None else []
+            if warm is not None:
+                self.details["warm_start_objective"] = loads_of(self.problem, warm).objective
+                candidates += self.relaxations(warm, report, background)
+        finally:  # done, not wanted, or the solve failed: it never outlives the solve
+            if background is not None:
+                background.abandon()
         if self.prepared.relaxation_infeasible:  # a bug in the LP, not a proof: search on
             self.details["lp_relaxation"] = "infeasible"
             log.warning("the LP relaxation found no solution, but the byte totals fit; searching")
-        candidates = [warm] if warm is not None else []
-        if warm is not None:
-            self.details["warm_start_objective"] = loads_of(self.problem, warm).objective
-            candidates += self.relaxations(warm, report, background)
-        elif background is not None:
-            background.abandon()
         hint = _best(self.problem, candidates)[0] if candidates else None
         if self.worth_it(hint):
             result = self.cpsat(hint, report)
@@ -397,11 +400,13 @@ class _Search:
         stage.reached = False
         stage.reserve(bounds_s)
         instance, lower = self.configuration, best_bound(self.bounds).value
+        progress = Progress()
         return Background(
             lambda: configuration_bound(
-                self.problem, self.groups, lower, math.inf, stage, instance
+                self.problem, self.groups, lower, math.inf, stage, instance, progress=progress
             ),
             stage,
+            progress.cancel,
         )
 
     def configuration_bound(
@@ -463,10 +468,17 @@ class _Search:
 
 
 class Background:
-    """A bound computed in a thread beside the search, until ``deadline``."""
+    """A bound computed in a thread beside the search, until ``deadline`` (or ``cancel``,
+    which stops it at once)."""
 
-    def __init__(self, work: Callable[[], LowerBound | None], deadline: Deadline) -> None:
+    def __init__(
+        self,
+        work: Callable[[], LowerBound | None],
+        deadline: Deadline,
+        cancel: Callable[[], None] | None = None,
+    ) -> None:
         self.deadline = deadline
+        self._cancel = cancel
         self._found: LowerBound | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(work,), daemon=True)
@@ -485,9 +497,18 @@ class Background:
             raise self._error
         return self._found
 
+    @property
+    def alive(self) -> bool:
+        """Whether its thread still runs."""
+        return self._thread.is_alive()
+
     def abandon(self) -> None:
-        """Stop the thread at its next look at the clock, and leave it."""
+        """Stop the thread and wait for it: nothing of it may outlive the solve (a solver
+        still running in a thread when the interpreter exits aborts the process)."""
         self.deadline.end_now()
+        if self._cancel is not None:
+            self._cancel()
+        self._thread.join()
 
 
 def _moves(problem: Problem, request: PlanRequest) -> Moves | None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -230,6 +231,34 @@ def _floors(forced: list[list[Floor]]) -> list[Floor]:
     return sorted(choices, key=lambda f: (f.time, f.hbm, f.ddr))
 
 
+class Progress:
+    """What the probes of one bound share: the rounds left (``MAX_TOTAL_ROUNDS``), and the
+    solver running now, so that another thread can cancel the bound at once: a solve left
+    running in a thread when the interpreter exits aborts the process."""
+
+    def __init__(self) -> None:
+        self.rounds = MAX_TOTAL_ROUNDS
+        self.cancelled = False
+        self._solver: cp_model.CpSolver | pywraplp.Solver | None = None
+        self._lock = threading.Lock()
+
+    def running(self, solver: cp_model.CpSolver | pywraplp.Solver) -> bool:
+        """Note the solver about to run; False once cancelled (then it must not run)."""
+        with self._lock:
+            self._solver = solver
+            return not self.cancelled
+
+    def cancel(self) -> None:
+        """Stop the bound: the solver running now, and every round after it."""
+        with self._lock:
+            self.cancelled = True
+            solver = self._solver
+        if isinstance(solver, cp_model.CpSolver):
+            solver.stop_search()
+        elif solver is not None:
+            solver.InterruptSolve()
+
+
 @dataclass
 class _Probe:
     """The column generation of one floor, across the makespans tried: its configurations
@@ -237,7 +266,7 @@ class _Probe:
 
     instance: Instance
     floor: Floor
-    budget: list[int]  # rounds left to every probe of the bound (shared)
+    progress: Progress  # shared by every probe of the bound
     columns: list[dict[int, int]] = field(default_factory=list)
 
     def room(self, makespan: float) -> tuple[int, int, int] | None:
@@ -267,11 +296,11 @@ class _Probe:
         self.columns = [c for c in self.columns if _fits(inst, c, room)]
         singles = [{int(i): int(most[i])} for i in np.flatnonzero(most > 0)]
         master = _Master(len(inst.times), groups, singles + self.columns)
-        pricing = _Pricing(inst, room, most)
+        pricing = _Pricing(inst, room, most, self.progress)
         for _ in range(MAX_ROUNDS):
-            if deadline.expired() or self.budget[0] <= 0:
+            if deadline.expired() or self.progress.rounds <= 0 or self.progress.cancelled:
                 return False
-            self.budget[0] -= 1
+            self.progress.rounds -= 1
             prices = master.prices()
             if prices is None:  # GLOP failed twice, warm and afresh
                 return False
@@ -385,8 +414,10 @@ class _Pricing:
     instance's integer sizes, solved by CP-SAT with prices rounded up, so that its proven
     bound is at least the true dearest price and every configuration it finds fits."""
 
-    def __init__(self, inst: Instance, room: tuple[int, int, int], most: np.ndarray):
-        self.inst, self.room, self.most = inst, room, most
+    def __init__(
+        self, inst: Instance, room: tuple[int, int, int], most: np.ndarray, progress: Progress
+    ):
+        self.inst, self.room, self.most, self.progress = inst, room, most, progress
 
     def solve(
         self, prices: np.ndarray, deadline: Deadline, budget_s: float
@@ -408,6 +439,8 @@ class _Pricing:
         model.maximize(cp_model.LinearExpr.weighted_sum(counts, weights))
         solver = single_worker_solver(budget_s, seed=0)
         collected = _Collector(kinds, counts)
+        if not self.progress.running(solver):
+            return math.inf, [], False
         status = solve_within(solver, model, deadline, callback=collected)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return math.inf, [], False
@@ -440,6 +473,8 @@ class _Pricing:
         for count, kind in zip(counts, kinds, strict=True):
             objective.SetCoefficient(count, float(prices[kind]))
         objective.SetMaximization()
+        if not self.progress.running(solver):
+            return math.inf, [], False
         status = solver.Solve()
         deadline.note_stop(limit_s, solver.wall_time() / 1000)
         if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
@@ -483,24 +518,31 @@ def configuration_bound(
     deadline: Deadline,
     instance: Instance | None = None,
     hint: list[Choice] | None = None,
+    progress: Progress | None = None,
 ) -> LowerBound | None:
     """The largest makespan in ``[lower, upper)`` proven out of reach (from ``lower`` up
     by ``_steps``, then by bisection towards the first not proven), before ``deadline``
     and within ``MAX_TOTAL_ROUNDS``; None if none is, or the instance has too many shard
-    kinds. ``hint``: a plan, whose ranks are the first configurations."""
+    kinds. ``hint``: a plan, whose ranks are the first configurations. ``progress``: to
+    cancel it from another thread."""
     instance = instance or instance_of(problem, groups)
     if instance is None or lower <= 0 or upper <= lower:
         return None
-    budget = [MAX_TOTAL_ROUNDS]
+    progress = progress or Progress()
     start = instance.columns_of(problem, hint) if hint is not None else []
-    probes = [_Probe(instance, floor, budget, list(start)) for floor in instance.floors]
+    probes = [_Probe(instance, floor, progress, list(start)) for floor in instance.floors]
     proven, failed = lower, upper
     for makespan in _steps(lower, upper):
         if not _out_of_reach(probes, makespan, deadline):
             failed = makespan
             break
         proven = makespan
-    while failed - proven > PRECISION * proven and budget[0] > 0 and not deadline.expired():
+    while (
+        failed - proven > PRECISION * proven
+        and progress.rounds > 0
+        and not progress.cancelled
+        and not deadline.expired()
+    ):
         middle = (proven + failed) / 2
         if _out_of_reach(probes, middle, deadline):
             proven = middle

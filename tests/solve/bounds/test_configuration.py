@@ -3,7 +3,11 @@ close to it where the LP pools memory that whole shards cannot share."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +218,48 @@ def test_what_the_thread_proved_counts_when_the_local_search_used_all_the_time()
     proven = LowerBound(0.99 * objective, BoundSource.CONFIGURATION)
     search.relaxations(warm, lambda *_: None, Background(lambda: proven, Deadline.never()))
     assert best_bound(search.bounds) == proven
+
+
+ABANDON = """
+from benchmarks.workloads import memory_tight_tables, workload_request
+from planner_service.plan.types import PlanRequest
+from planner_service.solve.bounds.configuration import (
+    MAX_TOTAL_ROUNDS, Progress, configuration_bound, instance_of
+)
+from planner_service.solve.deadline import Deadline
+from planner_service.solve.pipeline import Background
+from planner_service.solve.prepare import prepare
+tables = memory_tight_tables(1200, 256, fill=0.8, seed=7)
+prepared = prepare(PlanRequest.model_validate(workload_request(tables, 256, batch_size=4096)))
+problem, groups = prepared.problem, prepared.groups
+instance, lower = instance_of(problem, groups), prepared.lower_bound.value
+stage, progress = Deadline.never(), Progress()
+bound = Background(
+    lambda: configuration_bound(
+        problem, groups, lower, float("inf"), stage, instance, progress=progress
+    ),
+    stage,
+    progress.cancel,
+)
+import time
+while progress.rounds > MAX_TOTAL_ROUNDS - 3:  # until its solvers are at work
+    time.sleep(0.001)
+bound.abandon()  # a solver is running, or about to: it must not outlive the process
+print("alive" if bound.alive else "abandoned")
+"""
+
+
+def test_an_abandoned_bound_stops_before_the_process_exits():
+    """A solver left running in the bound's thread when the interpreter exits aborts the
+    process (exit 134, "terminate called without an active exception": seen at the end of
+    ``shardplan check --min-world-size``)."""
+    done = subprocess.run(
+        [sys.executable, "-c", ABANDON],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("abandoned")
