@@ -12,6 +12,7 @@ with the lightest most-loaded rank wins. Ties go to less HBM, then the earlier o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -61,6 +62,14 @@ class MemoryScore(NamedTuple):
     load_after: float
 
 
+class Pass(NamedTuple):
+    """A construction pass's plan, and whether some table took an option of the fallback
+    round (none of the guide's fitted)."""
+
+    choices: list[Choice]
+    fell_back: bool
+
+
 class Fallback(Enum):
     """How a guided pass compares options when none of the guide's fits."""
 
@@ -80,6 +89,9 @@ DEADLINE_CHECK_EVERY = 16  # tables placed between looks at the clock
 # plan from 26.7% to 21.5% over the bound in 3.5 s, got none of it.
 SEARCH_SHARE = 0.5
 MAX_DEMOTIONS = 4  # tables demoted to make room for one that fits nowhere
+# A pass stops once its slowest rank is this far (relative) above its ceiling: the same
+# loads summed in another order differ in their last bits.
+CEILING_TOLERANCE = 1e-9
 
 
 def greedy_plan(
@@ -133,19 +145,35 @@ def greedy_plans(
     # pass listed first above, so the plan is the same whenever every pass finishes.
     passes.sort(key=lambda p: p[1] is None)
     met: set[int] = set()  # guides (0: unguided) whose pass met its target
+    # Guided SHARE passes that never used their fallback, by guide and target: the MEMORY
+    # pass with the same guide and target is the same plan (the fallbacks differ only in
+    # how they rank the options of the fallback round).
+    same_either_way: dict[tuple[int, float], list[Choice]] = {}
     for rank, guide, factor, fallback in passes:
         if id(guide) in met:
             continue
         if passes_end is not None and passes_end.expired():
             deadline.reached = True  # the rest is the local search's
             break
-        # The first plan may use the deadline's grace; better plans only their share.
-        stop = passes_end.expired if passes_end is not None else deadline.past_grace
-        choices = _greedy(problem, lower_bound * factor, guide, least, stop, fallback)
-        if choices is None:
-            if passes_end is not None and passes_end.reached:
-                deadline.reached = True
-            continue
+        choices = same_either_way.get((id(guide), factor))
+        if choices is None or fallback is not Fallback.MEMORY:
+            # The first plan may use the deadline's grace; better plans only their share.
+            stop = passes_end.expired if passes_end is not None else deadline.past_grace
+            # A pass whose slowest rank passes both the best plan of its fallback and its
+            # target can neither be kept nor meet its target: it stops there.
+            ceiling = (
+                max(best[fallback][0][0], lower_bound * factor) if fallback in best else math.inf
+            )
+            found = _greedy(
+                problem, lower_bound * factor, guide, least, stop, fallback, ceiling=ceiling
+            )
+            if found is None:
+                if passes_end is not None and passes_end.reached:
+                    deadline.reached = True
+                continue
+            choices = found.choices
+            if guide is not None and fallback is Fallback.SHARE and not found.fell_back:
+                same_either_way[id(guide), factor] = choices
         if passes_end is None:
             if reserve is not None:
                 deadline.reserve(reserve(choices))
@@ -167,10 +195,13 @@ def _greedy(
     least: tuple[list[int], list[int], list[float]],
     out_of_time: Callable[[], bool],
     fallback_by: Fallback = Fallback.SHARE,
-) -> list[Choice] | None:
-    """One pass at ``target``; None when this pass cannot place some table, or when it runs
-    out of time first. With ``preferred``, a table tries only its preferred options
-    first."""
+    *,
+    ceiling: float = math.inf,
+) -> Pass | None:
+    """One pass at ``target``; None when this pass cannot place some table, when it runs
+    out of time first, or once its slowest rank is above ``ceiling`` (before any demotion,
+    loads only grow: the plan would end above it). With ``preferred``, a table tries only
+    its preferred options first."""
     state = _empty_state(problem)
     groups = GroupIndex(problem)
     demotions = Demotions(problem, groups)
@@ -178,6 +209,7 @@ def _greedy(
     least_hbm, least_bytes, least_work = least
     state.reserve_hbm, state.reserve_bytes = sum(least_hbm), sum(least_bytes)
     reserve_work = sum(least_work)
+    fell_back = False
     for placed, t in enumerate(_order(problem, target, preferred)):
         if placed % DEADLINE_CHECK_EVERY == 0 and out_of_time():
             return None
@@ -211,15 +243,19 @@ def _greedy(
                 if best_key is None or key < best_key:
                     best, best_key = candidate, key
             if best is not None:
+                fell_back |= round_number > 0
                 break
         if best is None:
             best = _after_making_room(problem, state, choices, t, where, demotions)
+            ceiling = math.inf  # a demotion may lower its rank's load
         if best is None:
             return None
         _commit(problem, state, t, best.choice)
+        if state.max_perf > ceiling * (1 + CEILING_TOLERANCE):
+            return None
         choices[t] = best.choice
         demotions.placed(t, best.choice)
-    return [choice for choice in choices if choice is not None]
+    return Pass([choice for choice in choices if choice is not None], fell_back)
 
 
 def _after_making_room(

@@ -13,7 +13,7 @@ from benchmarks.workloads import memory_tight_tables, workload_request
 from planner_service.solve import construct
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.placement import GroupIndex
-from planner_service.solve.prepare import prepare, warm_start
+from planner_service.solve.prepare import _guides, prepare, warm_start
 from planner_service.solve.pricing import priced_guide
 from planner_service.solve.problem import Choice, Loads, add_choice, loads_of
 from planner_service.solve.room import Demotions
@@ -48,9 +48,9 @@ def test_a_guided_pass_whose_options_stop_fitting_stays_near_the_bound():
         for e in problem.tables
     ]
     least = construct._least_memory(problem)
-    choices = construct._greedy(problem, prepared.lower_bound.value, guide, least, lambda: False)
-    assert choices is not None
-    assert _ratio(prepared, choices) < 1.5
+    found = construct._greedy(problem, prepared.lower_bound.value, guide, least, lambda: False)
+    assert found is not None
+    assert _ratio(prepared, found.choices) < 1.5
 
 
 def test_without_the_lp_the_warm_start_is_guided_by_memory_priced_options():
@@ -124,3 +124,68 @@ def _heaviest_whole(problem, t):
     options = problem.tables[t].options
     whole = [i for i, o in enumerate(options) if len(o.shards) == 1]
     return max(whole, key=lambda i: (problem.costs(options[i]).hbm_total, -i), default=None)
+
+
+@pytest.mark.parametrize(
+    ("count", "world", "fill", "seed"),
+    [(96, 16, 0.8, 1), (168, 32, 0.95, 1), (96, 16, 0.6, 2), (120, 16, 0.9, 3)],
+)
+def test_passes_left_out_change_no_plan(count, world, fill, seed, monkeypatch):
+    """``greedy_plans`` leaves out the MEMORY pass of a guide whose SHARE pass never fell
+    back, and stops a pass once its slowest rank is above both the best plan of its
+    fallback and its target: the plans are those of running every pass to its end."""
+    prepared = _prepared(count, world, fill, seed)
+    problem, bound = prepared.problem, prepared.lower_bound.value
+    guides = _guides(
+        problem, prepared.relaxation, prepared.linear, prepared.groups, Deadline.never()
+    )
+    least = construct._least_memory(problem)
+    # Every pass run to its end, as listed (guided first; ties to the pass listed first).
+    listed = [(None, f, construct.Fallback.SHARE) for f in construct.UNGUIDED_TARGET_FACTORS]
+    listed += [(g, 1.0, fb) for fb in construct.Fallback for g in guides]
+    order = sorted(range(len(listed)), key=lambda i: listed[i][0] is None)
+    best, met, whole = {}, set(), 0
+    for i in order:
+        guide, factor, fallback = listed[i]
+        if id(guide) in met:
+            continue
+        found = construct._greedy(problem, bound * factor, guide, least, lambda: False, fallback)
+        whole += 1
+        if found is None:
+            continue
+        loads = loads_of(problem, found.choices)
+        key = (loads.objective, loads.peak_hbm, i)
+        if fallback not in best or key < best[fallback][0]:
+            best[fallback] = (key, found.choices)
+        if loads.objective <= bound * factor:
+            met.add(id(guide))
+    ranked = [c for _, c in sorted(best.values(), key=lambda item: item[0])]
+    expected = ranked[:1] + [c for c in ranked[1:] if c != ranked[0]]
+
+    finished = []
+    real = construct._greedy
+
+    def counted(*args, **kwargs):
+        found = real(*args, **kwargs)
+        finished.append(found is not None and len(found.choices) == len(problem.tables))
+        return found
+
+    monkeypatch.setattr(construct, "_greedy", counted)
+    assert construct.greedy_plans(problem, bound, guides) == expected
+    assert len(finished) <= whole
+    assert sum(finished) < whole  # some pass was left out or stopped early
+
+
+def test_a_pass_stops_above_its_ceiling_and_is_unchanged_below_it():
+    prepared = _prepared(96, 16, 0.6, 2)
+    problem, bound = prepared.problem, prepared.lower_bound.value
+    least = construct._least_memory(problem)
+    found = construct._greedy(problem, bound, None, least, lambda: False)
+    assert found is not None and not found.fell_back  # unguided: no fallback round
+    objective = loads_of(problem, found.choices).objective
+    at = construct._greedy(problem, bound, None, least, lambda: False, ceiling=objective)
+    assert at == found
+    assert (
+        construct._greedy(problem, bound, None, least, lambda: False, ceiling=0.99 * objective)
+        is None
+    )
