@@ -73,6 +73,12 @@ class OptionCosts:
         return np.repeat(np.array([e.storage.ddr_bytes for e, _ in runs], np.int64), self._counts)
 
     @cached_property
+    def first_shard(self) -> tuple[int, int, list[float]]:
+        """The first shard's HBM, DDR and cost per device class, as Python numbers (for
+        ``placement.FewRanks``)."""
+        return int(self.hbm[0]), int(self.ddr[0]), self.cost[0].tolist()
+
+    @cached_property
     def fixed_cost(self) -> np.ndarray | None:
         """A fixed option's cost per shard on its own rank (shard ``i`` on rank ``i``)."""
         if self.option.placement is not Placement.FIXED:

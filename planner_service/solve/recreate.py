@@ -30,7 +30,14 @@ import numpy as np
 
 from planner_service.costs.options import Placement
 from planner_service.plan.types import ShardingType
-from planner_service.solve.placement import Candidate, GroupIndex, State, Where, try_option
+from planner_service.solve.placement import (
+    Candidate,
+    FewRanks,
+    GroupIndex,
+    State,
+    Where,
+    try_option,
+)
 from planner_service.solve.problem import Choice, Loads, Problem, add_choice
 
 SHUFFLED_ORDERS = 6  # random orders tried after the three fixed ones
@@ -289,12 +296,18 @@ def _place_all(
         state.reserve_bytes -= least[t][1]
         best: Candidate | None = None
         best_key: tuple[float, ...] | None = None
+        few = FewRanks(problem, state, ranks)
         for i, option in enumerate(problem.tables[t].options):
             if option.placement is Placement.FIXED or (
                 option.sharding_type is ShardingType.TABLE_ROW_WISE and not whole_host
             ):
                 continue
-            candidate = try_option(problem, state, where, i, option, target)
+            costs = problem.costs(option)
+            candidate = (
+                few.try_one(state, costs, i, target)
+                if FewRanks.handles(option, costs)
+                else try_option(problem, state, where, i, option, target)
+            )
             if candidate is None:
                 continue
             key: tuple[float, ...] = candidate.score

@@ -10,6 +10,7 @@ import pytest
 import planner_service.solve.improve as local_search
 from benchmarks.workloads import memory_tight_tables, workload_request
 from planner_service.costs.options import Placement
+from planner_service.solve import placement
 from planner_service.solve.construct import greedy_plan
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.placement import GroupIndex
@@ -143,3 +144,51 @@ def test_memory_binds_where_tables_live_hbm_on_cuda_ddr_on_cpu():
     roomy_cuda = request(tables, 2)
     problem, loads = _loads_of_warm_start(roomy_cuda)
     assert problem.hbm_total > 0 and not local_search._memory_binds(problem, loads)
+
+
+def _random_states(problem, count, seed):
+    """States of a plan's loads scaled at random: some ranks full, some with room; in
+    every other one the ranks are alike, so that picks tie."""
+    rng = np.random.default_rng(seed)
+    loads = loads_of(problem, greedy_plan(problem))
+    for n in range(count):
+        scale = rng.uniform(0.0, 1.2, (3, problem.world_size))
+        if n % 2:
+            scale[:] = scale[:, :1]
+        state = placement.State(
+            loads.perf.max() * scale[0],
+            (loads.hbm.max() * scale[1]).astype(np.int64),
+            (loads.ddr.max() * scale[2]).astype(np.int64),
+        )
+        state.max_perf = float(state.perf.max())
+        state.free_hbm = int((problem.hbm_cap - state.hbm).sum())
+        state.free_bytes = state.free_hbm + int((problem.ddr_cap - state.ddr).sum())
+        state.reserve_hbm = int(rng.uniform(0, 0.5) * state.free_hbm)
+        yield state, rng
+
+
+def test_a_few_ranks_in_python_place_and_score_as_numpy_does(monkeypatch):
+    """``FewRanks.try_one`` and ``_place_free`` on a few ranks in Python numbers give the
+    candidates of the numpy path, on random states of a memory-tight draw."""
+    problem = _prepared(96, 16, 0.95, 2).problem
+    compared = handled = 0
+    for state, rng in _random_states(problem, 30, seed=5):
+        ranks = np.sort(rng.choice(problem.world_size, rng.integers(2, 9), replace=False))
+        where = placement.Where(set(ranks.tolist()), ranks, None)
+        few = placement.FewRanks(problem, state, ranks)
+        target = float(rng.uniform(0.5, 1.5) * state.max_perf)
+        for t in rng.choice(len(problem.tables), 8, replace=False):
+            for i, option in enumerate(problem.tables[t].options):
+                if option.placement is Placement.FIXED:
+                    continue
+                costs = problem.costs(option)
+                fast = placement.try_option(problem, state, where, i, option, target)
+                monkeypatch.setattr(placement, "FEW_RANKS", 0)  # numpy only
+                slow = placement.try_option(problem, state, where, i, option, target)
+                monkeypatch.undo()
+                assert fast == slow
+                if placement.FewRanks.handles(option, costs):
+                    assert few.try_one(state, costs, i, target) == slow
+                    handled += slow is not None
+                compared += slow is not None
+    assert handled > 100 and compared > handled  # both kinds, placed and not
