@@ -4,7 +4,9 @@ Preparing thousands of distinct table shapes allocates hundreds of thousands of 
 values (options, shard estimates, cost arrays) that hold no reference cycles, so the
 collector frees nothing among them; its full passes, triggered by the allocations
 themselves, walk the whole growing heap each time: on 5,384 distinct shapes on 1,024
-ranks, about half of enumerating the options and of the simple bounds (issue 37). Reference
+ranks, about half of enumerating the options and of the simple bounds (issue 37). A whole
+solve (``pipeline.solve``) runs with it paused: the prepared problem's values live until
+the answer, and a pass over them while the plan was sealed broke the time limit. Reference
 counting still frees everything as usual while the collector is paused; cycles made
 meanwhile wait for its next pass.
 """
