@@ -23,6 +23,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from runtime.cpus import pin_rank
+
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 POLL_S = 0.2
 TRACEBACK_LINES = 6  # of a failing rank's traceback, in the error
@@ -60,6 +62,8 @@ def _rank_main(
 ) -> None:
     parent_pid, cuda, timeout_s, threads = settings
     _end_with(parent_pid)
+    if not cuda:  # as measured plans' ranks are (runtime/cpus.py)
+        pin_rank(rank, world_size, threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         import torch

@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 from planner_service.plan.types import PlanRequest, ShardingPlan
 from planner_service.plan.units import size
+from runtime.cpus import pin_rank
 from runtime.measure.report import (
     BACKEND_OF,
     DeviceKind,
@@ -146,21 +147,24 @@ def run_rank(
     plan: ShardingPlan,
     settings: MeasureSettings,
     local_rank: int,
+    cpus: list[int] | None = None,
 ) -> MeasureReport | None:
     """This rank's steps in the initialised default group, gathered: rank 0 gets the
-    report, the others ``None``."""
+    report, the others ``None``. ``cpus``: those this rank is pinned to (none: not
+    pinned)."""
     torch.set_num_threads(settings.threads)
     device = rank_device(settings, local_rank)
     rank, world = dist.get_rank(), dist.get_world_size()
     samples = measure_rank(request, plan, settings, rank, dist.group.WORLD, device)
-    gathered: list[list[str] | None] = [None] * world
-    dist.all_gather_object(gathered, [s.model_dump_json() for s in samples])
+    gathered: list[tuple[list[int], list[str]] | None] = [None] * world
+    dist.all_gather_object(gathered, (cpus or [], [s.model_dump_json() for s in samples]))
     if rank != 0:
         return None
     by_rank = [
-        [StepTimes.model_validate_json(s) for s in rank_samples or []] for rank_samples in gathered
+        [StepTimes.model_validate_json(s) for s in (sent[1] if sent else [])] for sent in gathered
     ]
-    return build_report(plan, settings, this_machine(device), by_rank)
+    cpus_by_rank = [sent[0] if sent else [] for sent in gathered]
+    return build_report(plan, settings, this_machine(device), by_rank, cpus_by_rank)
 
 
 def _spawned(
@@ -175,6 +179,7 @@ def _spawned(
     request = PlanRequest.model_validate_json(documents[0])
     plan = ShardingPlan.model_validate_json(documents[1])
     settings = MeasureSettings.model_validate_json(documents[2])
+    cpus = pin_rank(rank, world, settings.threads) if settings.device is DeviceKind.CPU else []
     dist.init_process_group(
         BACKEND_OF[settings.device].value,
         init_method=f"tcp://127.0.0.1:{port}",
@@ -183,7 +188,7 @@ def _spawned(
         timeout=timedelta(seconds=settings.timeout_s),
     )
     try:
-        report = run_rank(request, plan, settings, rank)
+        report = run_rank(request, plan, settings, rank, cpus)
         if report is not None:
             Path(result).write_text(report.model_dump_json())
         dist.barrier()  # no rank tears its connections down while a peer still uses them

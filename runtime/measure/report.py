@@ -117,7 +117,8 @@ class RankMeasurement(_Frozen):
     robust to a stray slow step as the median, and its parts add up to its step, which
     medians of the parts do not); the plan's prediction for the rank (``None`` when its
     rank_stats does not list it) and the predicted total's error relative to the median
-    step; and every timed step."""
+    step; every timed step; and the CPUs the rank was pinned to (``runtime/cpus.py``;
+    empty: not pinned)."""
 
     rank: int
     step_median_ms: float
@@ -126,6 +127,7 @@ class RankMeasurement(_Frozen):
     predicted: PredictedTimes | None
     relative_error: float | None
     samples: list[StepTimes]
+    cpus: list[int] = Field(default_factory=list)
 
 
 class Machine(_Frozen):
@@ -224,11 +226,15 @@ def build_report(
     settings: MeasureSettings,
     machine: Machine,
     samples_by_rank: Sequence[Sequence[StepTimes]],
+    cpus_by_rank: Sequence[list[int]] | None = None,
 ) -> MeasureReport:
-    """The report of every rank's timed steps (rank ``r``'s at index ``r``)."""
+    """The report of every rank's timed steps (rank ``r``'s at index ``r``), and the CPUs
+    each was pinned to."""
     predicted = predicted_of(plan)
     ranks = [
-        rank_measurement(rank, samples, predicted.get(rank))
+        rank_measurement(rank, samples, predicted.get(rank)).model_copy(
+            update={"cpus": list(cpus_by_rank[rank]) if cpus_by_rank else []}
+        )
         for rank, samples in enumerate(samples_by_rank)
     ]
     slowest = max(ranks, key=lambda r: r.step_median_ms)

@@ -5,6 +5,7 @@ on two gloo ranks of pooled, weighted and sequence tables with two optimizers.""
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from planner_service.plan.types import PlanRequest, ShardingPlan
 from planner_service.plan.units import size
+from runtime.cpus import rank_cpus
 from runtime.measure import MeasureRefused, MeasureReport, MeasureSettings, Part, measure_plan
 from runtime.measure.batches import bag_lengths, collection_batch, rank_generator
 from runtime.measure.launch import RANK_BASE_BYTES, RANKS_PER_CPU, check_runnable
@@ -229,3 +231,8 @@ def test_two_gloo_ranks_measure_pooled_weighted_and_sequence_tables():
     assert report.job_step_ms == max(r.step_median_ms for r in report.ranks)
     assert report.plan_id == plan.plan_id and report.machine.cpu_count >= 1
     assert MeasureReport.model_validate_json(report.model_dump_json()) == report
+    # Each rank on CPUs of its own where this machine has enough (runtime/cpus.py).
+    available = os.sched_getaffinity(0)
+    assert [r.cpus for r in report.ranks] == [
+        rank_cpus(r, 2, FEW.threads, available) for r in range(2)
+    ]
