@@ -22,9 +22,10 @@ from planner_service.plan.types import (
     StopReason,
 )
 from planner_service.solve import prepare as prepare_module
+from planner_service.solve.bounds import packing as packing_module
 from planner_service.solve.bounds.lp import LinearRelaxation
 from planner_service.solve.bounds.option_mix import OPTION_MIX_S_PER_OPTION, option_mix_bound
-from planner_service.solve.bounds.packing import packing_bound
+from planner_service.solve.bounds.packing import PREPARE_S_PER_OPTION, packing_bound
 from planner_service.solve.bounds.simple import LowerBound
 from planner_service.solve.construct import SEARCH_SHARE, greedy_plan
 from planner_service.solve.cpsat.model import (
@@ -290,6 +291,40 @@ def test_relaxation_and_search_run_nothing_without_time():
     assert packing.deterministic_time_s == 0.0
     result = solve_cpsat(problem, groups, warm, time_limit_s=10, seed=0, deadline=_expired())
     assert result.runs == 0 and result.choices is None and result.bound is None
+
+
+def test_the_packing_relaxation_is_not_started_when_its_preparation_would_overrun(monkeypatch):
+    """Relaxing and classing 88,596 options took 0.29 s, started with 0.09 s left of a
+    10 s limit (5,384 distinct memory-tight shapes): 0.2 s late for a model then found too
+    large."""
+    relaxed = []
+    real = packing_module.relaxed_options
+    monkeypatch.setattr(packing_module, "relaxed_options", lambda *a: relaxed.append(1) or real(*a))
+    prepared = _prepared(_request())
+    problem, groups = prepared.problem, prepared.groups
+    assert problem is not None and groups is not None
+    warm = warm_start(prepared)
+    assert warm is not None
+    objective = loads_of(problem, warm).objective
+    needs = PREPARE_S_PER_OPTION * sum(len(g.options) for g in groups)
+
+    def packing(seconds: float):
+        deadline = Deadline(seconds, clock=lambda: 0.0)  # the clock stands still
+        found = packing_bound(
+            problem, groups, objective, time_limit_s=10, seed=0, hint=warm, deadline=deadline
+        )
+        return found, deadline.reached
+
+    (short, reached) = packing(needs / 2)
+    assert short is not None and (short.bound, short.plan, short.deterministic_time_s) == (
+        None,
+        None,
+        0.0,
+    )
+    assert reached and not relaxed  # nothing prepared
+    (enough, reached) = packing(needs * 10 + 1.0)
+    assert enough is not None and enough.bound is not None and not reached
+    assert relaxed == [1]
 
 
 def test_the_placement_model_stops_building_at_its_first_look_past_the_deadline():
