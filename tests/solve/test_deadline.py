@@ -277,13 +277,18 @@ def test_local_search_stops_at_the_deadline_with_its_input():
     )
 
 
-def test_relaxation_and_search_run_nothing_without_time():
+def _warm_started():
+    """The test request's problem, groups, warm start and its objective."""
     prepared = _prepared(_request())
     problem, groups = prepared.problem, prepared.groups
     assert problem is not None and groups is not None
     warm = warm_start(prepared)
     assert warm is not None
-    objective = loads_of(problem, warm).objective
+    return problem, groups, warm, loads_of(problem, warm).objective
+
+
+def test_relaxation_and_search_run_nothing_without_time():
+    problem, groups, warm, objective = _warm_started()
     packing = packing_bound(
         problem, groups, objective, time_limit_s=10, seed=0, hint=warm, deadline=_expired()
     )
@@ -300,12 +305,7 @@ def test_the_packing_relaxation_is_not_started_when_its_preparation_would_overru
     relaxed = []
     real = packing_module.relaxed_options
     monkeypatch.setattr(packing_module, "relaxed_options", lambda *a: relaxed.append(1) or real(*a))
-    prepared = _prepared(_request())
-    problem, groups = prepared.problem, prepared.groups
-    assert problem is not None and groups is not None
-    warm = warm_start(prepared)
-    assert warm is not None
-    objective = loads_of(problem, warm).objective
+    problem, groups, warm, objective = _warm_started()
     needs = PREPARE_S_PER_OPTION * sum(len(g.options) for g in groups)
 
     def packing(seconds: float):
