@@ -15,11 +15,16 @@ batches drawn to the request's shapes). Each plan is priced under every model
 - regret: the model's own plan's measured step over the fastest measured step;
 - the median per-rank relative error |predicted − measured| / measured.
 
-Every plan is measured ``--rounds`` times (default 3), the plans taken in a new seeded order
-each round, so a slow minute of a shared machine falls on different plans each time; a
-plan's step is the median of its rounds. The report gives the noise beside the scores: the
-median spread of a plan's rounds, and ρ between two rounds' measurements of the same plans
-(the most any model could score on plans measured once).
+Every plan is measured ``--rounds`` times (default 3). In a round the plans are measured
+side by side (``runtime.measure.measure_plans``): the same ranks hold every plan and take a
+step of each in turn, so a machine that is faster one second and slower the next (a
+shared VM drifts 10 to 25% from one minute to the next) slows every plan alike. Plans
+whose shards do not fit in memory together are split into groups that do
+(``runtime.measure.launch.fitting_runs``). ``--apart`` measures each plan in a run of its
+own instead, as before. Each round takes the plans in a new seeded order; a plan's step is
+the median of its rounds. The report gives the noise beside the scores: the median spread
+of a plan's rounds, and ρ between two rounds' measurements of the same plans (the most any
+model could score on plans measured once).
 
 A world size of 4 is two hosts of two ranks; on a 2-core machine its 4 ranks share 2
 cores, which the report says.
@@ -394,7 +399,12 @@ def main() -> None:
         "--mixes", type=int, default=6, help="random mixes of sharding types per workload"
     )
     parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument(
+        "--apart",
+        action="store_true",
+        help="measure each plan in a run of its own (default: side by side, in turn)",
+    )
     parser.add_argument(
         "--rounds", type=int, default=3, help="times each plan is measured, interleaved"
     )
@@ -406,7 +416,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from runtime.measure import MeasureSettings, measure_plan
+    from runtime.measure import MeasureSettings, measure_plans
 
     profile = json.loads(args.profile.read_text())
     settings = MeasureSettings(steps=args.steps, warmup=args.warmup, seed=args.seed)
@@ -424,11 +434,14 @@ def main() -> None:
                 price(c, document, profile)
             order = random.Random(f"rounds-{name}-{world}-{args.seed}")
             for _ in range(max(1, args.rounds)):
-                for c in order.sample(candidates, len(candidates)):
-                    report = measure_plan(request, c.plan, settings)
-                    c.rounds_ms.append(report.job_step_ms)
-                    c.rounds_ranks_ms.append([r.step_median_ms for r in report.ranks])
-                    c.rounds_parts.append([r.iqm.model_dump() for r in report.ranks])
+                shuffled = order.sample(candidates, len(candidates))
+                for group in groups(shuffled, apart=args.apart):
+                    reports = measure_plans(request, [c.plan for c in group], settings)
+                    assert reports is not None  # spawned here: rank 0's reports
+                    for c, report in zip(group, reports, strict=True):
+                        c.rounds_ms.append(report.job_step_ms)
+                        c.rounds_ranks_ms.append([r.step_median_ms for r in report.ranks])
+                        c.rounds_parts.append([r.iqm.model_dump() for r in report.ranks])
             for c in candidates:
                 settle(c)
             _print(name, world, candidates)
@@ -438,6 +451,20 @@ def main() -> None:
                         json.dumps(_record(name, world, candidates, time.perf_counter() - started))
                         + "\n"
                     )
+
+
+def groups(candidates: list[Candidate], *, apart: bool = False) -> list[list[Candidate]]:
+    """The candidates in runs measured side by side, in their order, as many in a run as
+    fit in memory together (``runtime.measure.launch.fitting_runs``); one a run when
+    ``apart``."""
+    from runtime.measure.launch import fitting_runs
+
+    if apart:
+        return [[c] for c in candidates]
+    runs, left = [], iter(candidates)
+    for run in fitting_runs([c.plan for c in candidates]):
+        runs.append([next(left) for _ in run])
+    return runs
 
 
 def _print(name: str, world: int, candidates: list[Candidate]) -> None:

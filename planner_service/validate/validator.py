@@ -70,6 +70,29 @@ def validate_plan(request: PlanRequest, plan: ShardingPlan) -> list[Violation]:
     return [violation for check in checks for violation in check]
 
 
+def runnable_violations(request: PlanRequest, plan: ShardingPlan) -> list[Violation]:
+    """Every way ``plan`` cannot run ``request``'s tables on its topology: its content
+    address, world size, tables, their layouts and kernels, and the capacities, as
+    ``validate_plan`` checks them. Left out is what belongs to the request the plan was
+    made for, so that a plan of the same tables from another request (another cost model,
+    constraints or time limit) passes: its request hash, its prices (``rank_stats``, the
+    solver report), the colocate and separate groups and the moves from a previous plan.
+    ``shardplan measure --versus`` takes such plans."""
+    usage = rank_usage(request, plan.tables)
+    checks: list[Iterable[Violation]] = [
+        _check_identity(request, plan),
+        _check_table_names(request, plan),
+        _check_tables(request, plan),
+        _check_capacities(request, usage),
+    ]
+    return [
+        violation
+        for check in checks
+        for violation in check
+        if violation.code is not ViolationCode.REQUEST_HASH_MISMATCH
+    ]
+
+
 def _violation(
     code: ViolationCode, message: str, *, table: str | None = None, rank: int | None = None
 ) -> Violation:

@@ -45,7 +45,7 @@ RESERVE_SHARE = 0.05  # of the whole budget: fitting, the profile, tearing ranks
 WORK_SHARE = 0.3  # of what the kernels and collectives left; the rest to whole steps
 STEP_WORLD_SIZE = 2  # cpu: whole steps on 2 ranks (one core each on 2 cores)
 STEP_WARMUP = 3
-STEP_STEPS = 8
+STEP_STEPS = 12
 RANK_GRACE_S = 30.0  # past a collective stage's deadline before its ranks count as hung
 HIT_RATES = (0.2, 0.5, 0.9)
 
@@ -182,10 +182,12 @@ def calibrate(
 
 
 def _measured(
-    settings: CalibrateSettings, request: PlanRequest, plan: ShardingPlan
-) -> MeasureReport:
-    """A plan's measured steps: ``runtime.measure`` on ranks spawned here."""
-    from runtime.measure import DeviceKind, MeasureSettings, measure_plan  # spawns ranks
+    settings: CalibrateSettings, request: PlanRequest, plans: list[ShardingPlan]
+) -> list[MeasureReport]:
+    """Plans' measured steps: ``runtime.measure`` on ranks spawned here, side by side, as
+    many in a run as fit in memory together (``runtime.measure.launch.fitting_runs``)."""
+    from runtime.measure import DeviceKind, MeasureSettings, measure_plans  # spawns ranks
+    from runtime.measure.launch import fitting_runs
 
     measure = MeasureSettings(
         device=DeviceKind(settings.device.value),
@@ -194,9 +196,12 @@ def _measured(
         steps=STEP_STEPS,
         seed=settings.seed,
     )
-    report = measure_plan(request, plan, measure)
-    assert report is not None  # spawned here, this process is rank 0's parent
-    return report
+    reports: list[MeasureReport] = []
+    for run in fitting_runs(plans):
+        measured = measure_plans(request, run, measure)
+        assert measured is not None  # spawned here, this process is rank 0's parent
+        reports += measured
+    return reports
 
 
 def _reporter(on_progress: OnProgress | None, budget: Budget) -> Callable[[str, str], None]:

@@ -83,7 +83,9 @@ PRIOR_WEIGHT = 0.3  # of one measurement: a pseudo-measurement pulling the scale
 SCALE_RANGE = (0.5, 2.0)  # the steps' scale of the microbenchmarked parts, at most
 MIN_PLANS = 5  # plans measured for a fit of the steps; fewer, and the stage fits nothing
 ROUNDS = 3  # times each plan is measured at most, while time is left
-PLAN_ESTIMATE_S = 6.0  # a plan's measurement before one was timed: spawning 2 ranks, steps
+# A plan's share of a run measuring several side by side before one was timed (spawning
+# the ranks, sharding, its steps); then the slowest share measured.
+PLAN_ESTIMATE_S = 3.0
 COMPUTE = ("fwd_compute", "bwd_compute")
 COMMS = ("fwd_comms", "bwd_comms")
 
@@ -248,34 +250,36 @@ def measure_steps(
     deadline: float,
     budget: Budget,
     seed: int,
-    measure: Callable[[PlanRequest, ShardingPlan], MeasureReport],
+    measure: Callable[[PlanRequest, list[ShardingPlan]], list[MeasureReport]],
     on_plan: Callable[[int], None],
 ) -> list[RankPart]:
-    """Each plan measured (``measure``), every rank's parts, while the next one can end by
-    ``deadline`` (judged by the slowest so far, ``PLAN_ESTIMATE_S`` before the first);
-    ``fit_steps`` needs ``MIN_PLANS`` of them, so a short budget measures none. With time
-    left after every plan, the plans are measured again, in another order, up to
-    ``ROUNDS`` times in all: a machine's speed drifts from one minute to the next, and
-    each measurement is a sample of its own (``RankPart.plan`` counts measurements)."""
+    """The plans measured side by side (``measure`` takes several: the same ranks take a
+    step of each in turn, so the machine's drift from one second to the next slows them
+    alike), every rank's parts. A round measures every plan, or as many as can end by
+    ``deadline`` (judged by the slowest plan so far, ``PLAN_ESTIMATE_S`` before the first,
+    the plans in their order: the first ones are the most diverse); ``fit_steps`` needs
+    ``MIN_PLANS`` of them, so a short budget measures none. With time left, the plans are
+    measured again, in another order, up to ``ROUNDS`` times in all: each measurement is
+    a sample of its own (``RankPart.plan`` counts measurements)."""
     request = step_request(world, profile.compute_device, profile)
     plans = [sealed(request, tables) for tables in step_plans(request, seed)]
     predictions = [predicted(request, plan) for plan in plans]
     rng = random.Random(seed)
     samples: list[RankPart] = []
-    longest_s = PLAN_ESTIMATE_S
+    per_plan_s = PLAN_ESTIMATE_S
     measured = 0
     for round_ in range(ROUNDS):
         order = list(range(len(plans)))
         if round_:
             rng.shuffle(order)
-        for i in order:
-            if budget.now() + longest_s > deadline:
-                return samples
-            started = budget.now()
-            plan = plans[i]
-            kinds = frozenset(t.sharding_type for t in plan.tables.values())
-            report = measure(request, plan)
-            longest_s = max(longest_s if measured else 0.0, budget.now() - started)
+        chosen = order[: max(0, int((deadline - budget.now()) // per_plan_s))]
+        if not chosen:
+            return samples
+        started = budget.now()
+        reports = measure(request, [plans[i] for i in chosen])
+        per_plan_s = max(per_plan_s if measured else 0.0, (budget.now() - started) / len(chosen))
+        for i, report in zip(chosen, reports, strict=True):
+            kinds = frozenset(t.sharding_type for t in plans[i].tables.values())
             for (compute, comms, inputs), rank in zip(predictions[i], report.ranks, strict=True):
                 parts = rank.iqm
                 samples.append(
@@ -292,7 +296,9 @@ def measure_steps(
                     )
                 )
             measured += 1
-            on_plan(measured)
+        on_plan(measured)
+        if len(chosen) < len(plans):
+            return samples
     return samples
 
 

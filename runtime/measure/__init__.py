@@ -9,7 +9,13 @@ beside the plan's predicted parts (docs/measure.md).
   joined from torchrun, the report gathered on rank 0.
 """
 
-from runtime.measure.launch import MeasureRefused, RankFailed, default_device, measure_plan
+from runtime.measure.launch import (
+    MeasureRefused,
+    RankFailed,
+    default_device,
+    measure_plan,
+    measure_plans,
+)
 from runtime.measure.report import (
     DeviceKind,
     MeasureReport,
@@ -30,4 +36,5 @@ __all__ = [
     "StepTimes",
     "default_device",
     "measure_plan",
+    "measure_plans",
 ]

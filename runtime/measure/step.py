@@ -15,6 +15,7 @@ of the kernels' outputs, so the kernels' backward with the fused optimizer
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -193,8 +194,26 @@ def measure_rank(
 ) -> list[StepTimes]:
     """This rank's timed steps: shard, draw batches, warm up, then time ``settings.steps``
     steps (the batches cycled)."""
+    return measure_rank_interleaved(request, [plan], settings, rank, pg, device)[0]
+
+
+def measure_rank_interleaved(
+    request: PlanRequest,
+    plans: Sequence[ShardingPlan],
+    settings: MeasureSettings,
+    rank: int,
+    pg: dist.ProcessGroup | None,
+    device: torch.device,
+) -> list[list[StepTimes]]:
+    """This rank's timed steps of every plan (of one world size), taken in turn: each plan
+    sharded, the batches drawn once for all, then ``settings.warmup`` + ``settings.steps``
+    rounds of one step of every plan in an order drawn anew each round (seeded by the
+    settings' seed and the round, so every rank draws the same one and the collectives pair
+    up): a machine that runs faster or slower from one second to the next slows every plan
+    alike, and no plan always follows the same one (whose caches it would inherit). Index
+    ``i`` of the result: ``plans[i]``'s."""
     specs = collection_specs(request)
-    collections = shard(specs, plan, pg, device, settings.learning_rate)
+    sharded = [shard(specs, plan, pg, device, settings.learning_rate) for plan in plans]
     generator = rank_generator(settings.seed, rank)
     batches = draw_batches(
         request, [spec.tables for spec in specs], settings.batches, generator, device
@@ -203,9 +222,12 @@ def measure_rank(
     widths = sum(t.embedding_dim * t.num_features for t in request.tables)
     vector = torch.rand(max(widest, widths), generator=generator).to(device)
     clock = Clock(device)
-    samples = []
+    samples: list[list[StepTimes]] = [[] for _ in plans]
     for step in range(settings.warmup + settings.steps):
-        times = timed_step(collections, batches[step % len(batches)], vector, clock)
-        if step >= settings.warmup:
-            samples.append(times)
+        batch = batches[step % len(batches)]
+        order = random.Random(f"{settings.seed}-{step}").sample(range(len(plans)), len(plans))
+        for index in order:
+            times = timed_step(sharded[index], batch, vector, clock)
+            if step >= settings.warmup:
+                samples[index].append(times)
     return samples

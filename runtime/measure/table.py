@@ -74,3 +74,23 @@ def render_table(report: MeasureReport) -> str:
         "the median step",
     ]
     return "\n".join(head + aligned(rows) + tail) + "\n"
+
+
+def render_side_by_side(reports: list[MeasureReport], names: list[str]) -> str:
+    """Plans measured side by side, fastest first: each one's job step, its ratio to the
+    fastest, and its predicted step."""
+    fastest = min(report.job_step_ms for report in reports)
+    rows = [["plan", "file", "job step", "× fastest", "predicted"]]
+    ranked = sorted(zip(reports, names, strict=True), key=lambda pair: pair[0].job_step_ms)
+    for report, name in ranked:
+        rows.append(
+            [
+                report.plan_id[:12],
+                name,
+                milliseconds(report.job_step_ms),
+                f"{report.job_step_ms / fastest:.3f}" if fastest > 0 else NONE,
+                milliseconds(report.predicted_job_ms),
+            ]
+        )
+    head = f"side by side: {len(reports)} plans, a step of each in turn, fastest first"
+    return "\n".join([head, "", *aligned(rows), "", "milliseconds"]) + "\n"

@@ -210,7 +210,7 @@ def test_steps_that_barely_vary_keep_each_scale_within_a_factor_of_two() -> None
 
 
 class _Clock:
-    """A clock that a measurement moves on by one second."""
+    """A clock the fake measurements move on."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -220,38 +220,48 @@ class _Clock:
 
 
 def test_the_steps_are_measured_again_in_another_order_while_time_is_left() -> None:
-    """Every plan once, in order (the first ones are the most diverse, for a short budget),
-    then again in shuffled orders up to ``ROUNDS`` times while the next can end in time;
-    each measurement is a sample of its own."""
+    """Every plan in one run side by side, in order (the first ones are the most diverse,
+    for a short budget), then again in shuffled orders up to ``ROUNDS`` times while the
+    next run can end in time; each measurement is a sample of its own."""
     from runtime.measure.report import Machine, MeasureSettings, Part, StepTimes, build_report
 
     profile = DeviceProfile.model_validate(device_profile())
     clock = _Clock()
-    seen: list[str] = []
+    runs: list[list[str]] = []
+    plan_s = [1.0]
 
-    def measure(request: object, plan: steps.ShardingPlan) -> object:
-        clock.now += 1.0
-        seen.append(plan.plan_id)
+    def measure(request: object, plans: list[steps.ShardingPlan]) -> list[object]:
+        clock.now += plan_s[0] * len(plans)
+        runs.append([plan.plan_id for plan in plans])
         times = StepTimes.of(10.0, {part: 1.0 for part in Part if part is not Part.OTHER})
         machine = Machine(
             hostname="h", cpu_count=2, device_name="cpu", torch_version="", fbgemm_version=""
         )
-        return build_report(plan, MeasureSettings(), machine, [[times], [times]])
+        return [
+            build_report(plan, MeasureSettings(), machine, [[times], [times]]) for plan in plans
+        ]
 
     budget = steps.Budget(1e9, clock=clock)
     samples = steps.measure_steps(profile, 2, 1e9, budget, 0, measure, lambda n: None)
     plans = len(steps.step_plans(steps.step_request(2, profile.compute_device, profile), 0))
-    assert len(seen) == steps.ROUNDS * plans
-    rounds = [seen[i * plans : (i + 1) * plans] for i in range(steps.ROUNDS)]
-    assert all(sorted(r) == sorted(rounds[0]) for r in rounds)
-    assert rounds[1] != rounds[0] or rounds[2] != rounds[0]
+    assert len(runs) == steps.ROUNDS and all(len(run) == plans for run in runs)
+    assert all(sorted(run) == sorted(runs[0]) for run in runs)
+    assert runs[1] != runs[0] or runs[2] != runs[0]
     assert sorted({s.plan for s in samples}) == list(range(steps.ROUNDS * plans))
-    # a deadline 14 s out: the first measurement is judged by PLAN_ESTIMATE_S, the next by
-    # the slowest so far (1 s), so 14 end by it, the first round's plans in its order
-    clock.now, seen[:] = 0.0, []
-    samples = steps.measure_steps(profile, 2, 14.0, budget, 0, measure, lambda n: None)
-    assert len(seen) == 14 and seen[:plans] == rounds[0]
+    # A deadline 20 s out: the first run is judged by PLAN_ESTIMATE_S a plan, so it takes
+    # the first plans that can end by then, in their order, and is the last.
+    first = runs[0]
+    clock.now, runs[:] = 0.0, []
+    samples = steps.measure_steps(profile, 2, 20.0, budget, 0, measure, lambda n: None)
+    taken = int(20.0 // steps.PLAN_ESTIMATE_S)
+    assert steps.MIN_PLANS <= taken < plans
+    assert runs == [first[:taken]]
     assert steps.enough(samples, 2)
+    # Once a run has shown a plan takes 2 s, the next round takes what is left holds.
+    clock.now, runs[:], plan_s[0] = 0.0, [], 2.0
+    deadline = steps.PLAN_ESTIMATE_S * plans
+    steps.measure_steps(profile, 2, deadline, budget, 0, measure, lambda n: None)
+    assert [len(run) for run in runs] == [plans, int((deadline - 2.0 * plans) // 2.0)]
 
 
 def test_the_steps_plans_are_valid_and_diverse() -> None:

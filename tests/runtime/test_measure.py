@@ -14,9 +14,21 @@ import torch
 from planner_service.plan.types import PlanRequest, ShardingPlan
 from planner_service.plan.units import size
 from runtime.cpus import rank_cpus
-from runtime.measure import MeasureRefused, MeasureReport, MeasureSettings, Part, measure_plan
+from runtime.measure import (
+    MeasureRefused,
+    MeasureReport,
+    MeasureSettings,
+    Part,
+    measure_plans,
+)
 from runtime.measure.batches import bag_lengths, collection_batch, rank_generator
-from runtime.measure.launch import RANK_BASE_BYTES, RANKS_PER_CPU, check_runnable
+from runtime.measure.launch import (
+    RANK_BASE_BYTES,
+    RANKS_PER_CPU,
+    TOGETHER_SHARE,
+    check_runnable,
+    fitting_runs,
+)
 from runtime.measure.report import (
     TIMED_PARTS,
     DeviceKind,
@@ -27,7 +39,7 @@ from runtime.measure.report import (
     interquartile_mean,
     rank_measurement,
 )
-from runtime.measure.step import collection_specs, measure_rank
+from runtime.measure.step import collection_specs, measure_rank, measure_rank_interleaved
 from runtime.measure.table import render_table
 from tests.support import builders
 from tests.support.builders import request, table
@@ -70,6 +82,21 @@ def mixed_plan(req: PlanRequest) -> ShardingPlan:
             "weighted": builders.data_parallel(req, "weighted"),
             "two": builders.column_wise(req, "two", [4, 4], [0, last]),
             "seq": builders.table_wise(req, "seq", 0),
+        },
+    )
+
+
+def other_plan(req: PlanRequest) -> ShardingPlan:
+    """Another valid plan of ``mixed_request``: every table on one rank or another."""
+    last = req.topology.world_size - 1
+    return builders.plan(
+        req,
+        {
+            "sum": builders.table_wise(req, "sum", last),
+            "mean": builders.table_wise(req, "mean", 0),
+            "weighted": builders.table_wise(req, "weighted", last),
+            "two": builders.table_wise(req, "two", 0),
+            "seq": builders.row_wise(req, "seq"),
         },
     )
 
@@ -194,6 +221,39 @@ def test_more_memory_than_is_available_is_refused():
     check_runnable(plan, DeviceKind.CPU, cpu_count=2, cuda_devices=0, available_bytes=needed)
 
 
+def test_plans_measured_together_need_one_world_size_and_room_for_all():
+    one, two = mixed_plan(mixed_request(1)), mixed_plan(mixed_request(2))
+    with pytest.raises(MeasureRefused, match=r"one world size; these have \[1, 2\]"):
+        check_runnable(
+            [one, two], DeviceKind.CPU, cpu_count=8, cuda_devices=0, available_bytes=None
+        )
+    with pytest.raises(MeasureRefused, match="no plan"):
+        check_runnable([], DeviceKind.CPU, cpu_count=8, cuda_devices=0, available_bytes=None)
+    req = mixed_request(2)
+    plans = [mixed_plan(req), other_plan(req)]
+    alone = [sum(s.hbm_bytes + s.ddr_bytes for s in p.rank_stats) for p in plans]
+    room = max(alone) + 2 * RANK_BASE_BYTES  # each plan fits alone, not both at once
+    for plan in plans:
+        check_runnable(plan, DeviceKind.CPU, cpu_count=2, cuda_devices=0, available_bytes=room)
+    with pytest.raises(MeasureRefused, match="2 plans' 2 ranks need .* measure fewer plans"):
+        check_runnable(plans, DeviceKind.CPU, cpu_count=2, cuda_devices=0, available_bytes=room)
+    needed = sum(alone) + 2 * RANK_BASE_BYTES
+    check_runnable(plans, DeviceKind.CPU, cpu_count=2, cuda_devices=0, available_bytes=needed)
+
+
+def test_plans_are_measured_together_as_far_as_memory_holds_them():
+    req = mixed_request(2)
+    plans = [mixed_plan(req), other_plan(req), mixed_plan(req)]
+    alone = [sum(s.hbm_bytes + s.ddr_bytes for s in p.rank_stats) for p in plans]
+    base = 2 * RANK_BASE_BYTES
+    assert fitting_runs(plans, available_bytes=None) == [plans]  # nothing known: together
+    # Room for two plans' shards (and the ranks' own) in the share: runs of two, in order.
+    room = (base + alone[0] + alone[1]) / TOGETHER_SHARE
+    assert fitting_runs(plans, available_bytes=math.ceil(room) + 1) == [plans[:2], plans[2:]]
+    # Room for none: each plan in a run of its own, never none.
+    assert fitting_runs(plans, available_bytes=0) == [[p] for p in plans]
+
+
 def test_more_ranks_than_gpus_are_refused():
     plan = mixed_plan(mixed_request(2))
     with pytest.raises(MeasureRefused, match="world size 2 but this machine has 1 CUDA"):
@@ -214,25 +274,40 @@ def test_a_rank_alone_times_steps_whose_parts_add_up():
         assert times.other_ms >= 0
 
 
+def test_plans_taken_in_turn_each_get_their_steps():
+    """Two plans in the same process, a step of each in turn: each plan's samples are its
+    own (a plan's data-parallel and row-wise tables are not the other's), in its place."""
+    req = mixed_request(1)
+    plans = [mixed_plan(req), other_plan(req)]
+    samples = measure_rank_interleaved(req, plans, FEW, 0, None, torch.device("cpu"))
+    assert [len(of_plan) for of_plan in samples] == [FEW.steps, FEW.steps]
+    for times in samples[0] + samples[1]:
+        assert_adds_up(times)
+        assert all(times.part_ms(part) > 0 for part in TIMED_PARTS)
+
+
 @pytest.mark.slow
 def test_two_gloo_ranks_measure_pooled_weighted_and_sequence_tables():
+    """Two plans side by side on two spawned ranks (``measure_plans``; one plan alone is
+    ``measure_plan``, the CLI's tests): a report per plan, in order, each rank's steps."""
     req = mixed_request(2)
-    plan = mixed_plan(req)
-    report = measure_plan(req, plan, FEW)
-    assert report is not None
-    assert [r.rank for r in report.ranks] == [0, 1] and report.backend.value == "gloo"
-    for rank in report.ranks:
-        assert len(rank.samples) == FEW.steps
-        for times in [*rank.samples, rank.iqm]:
-            assert_adds_up(times)
-            assert all(times.part_ms(part) > 0 for part in TIMED_PARTS)
-        assert all(times.other_ms >= 0 for times in rank.samples)
-        assert rank.predicted == PredictedTimes.of(plan.rank_stats[rank.rank].perf)
-    assert report.job_step_ms == max(r.step_median_ms for r in report.ranks)
-    assert report.plan_id == plan.plan_id and report.machine.cpu_count >= 1
-    assert MeasureReport.model_validate_json(report.model_dump_json()) == report
-    # Each rank on CPUs of its own where this machine has enough (runtime/cpus.py).
-    available = os.sched_getaffinity(0)
-    assert [r.cpus for r in report.ranks] == [
-        rank_cpus(r, 2, FEW.threads, available) for r in range(2)
-    ]
+    plans = [mixed_plan(req), other_plan(req)]
+    reports = measure_plans(req, plans, FEW)
+    assert reports is not None and len(reports) == 2
+    for plan, report in zip(plans, reports, strict=True):
+        assert [r.rank for r in report.ranks] == [0, 1] and report.backend.value == "gloo"
+        for rank in report.ranks:
+            assert len(rank.samples) == FEW.steps
+            for times in [*rank.samples, rank.iqm]:
+                assert_adds_up(times)
+                assert all(times.part_ms(part) > 0 for part in TIMED_PARTS)
+            assert all(times.other_ms >= 0 for times in rank.samples)
+            assert rank.predicted == PredictedTimes.of(plan.rank_stats[rank.rank].perf)
+        assert report.job_step_ms == max(r.step_median_ms for r in report.ranks)
+        assert report.plan_id == plan.plan_id and report.machine.cpu_count >= 1
+        assert MeasureReport.model_validate_json(report.model_dump_json()) == report
+        # Each rank on CPUs of its own where this machine has enough (runtime/cpus.py).
+        available = os.sched_getaffinity(0)
+        assert [r.cpus for r in report.ranks] == [
+            rank_cpus(r, 2, FEW.threads, available) for r in range(2)
+        ]

@@ -17,7 +17,7 @@ from planner_service.plan.types import (
     ShardingType,
     ViolationCode,
 )
-from planner_service.validate.validator import check_layout, validate_plan
+from planner_service.validate.validator import check_layout, runnable_violations, validate_plan
 from tests.support import builders
 from tests.support.builders import request, seal_plan, table
 
@@ -44,16 +44,7 @@ def _mixed():
         world_size=4,
         topology={"local_world_size": 2},
     )
-    tables = {
-        "tw": builders.table_wise(req, "tw", 3),
-        "rw": builders.row_wise(req, "rw"),
-        "cw": builders.column_wise(req, "cw", [128, 256, 128], [0, 1, 0]),
-        "twrw": builders.table_row_wise(req, "twrw", host=1),
-        "twcw": builders.column_wise(req, "twcw", [128, 128], [2, 3], kind=TWCW),
-        "dp": builders.data_parallel(req, "dp"),
-        "uvm": builders.table_wise(req, "uvm", 1, ComputeKernel.FUSED_UVM_CACHING),
-    }
-    return req, tables
+    return req, _mixed_tables_for(req)
 
 
 def test_mixed_plan_with_every_sharding_type_is_valid():
@@ -569,3 +560,53 @@ def test_validation_costs_the_plan_not_the_world_size():
         )
     ]
     assert peak < 4 * 2**20
+
+
+def test_a_plan_of_the_same_tables_from_another_request_is_runnable():
+    """``runnable_violations`` (``measure --versus``): a plan made for another request of
+    the same tables (another cost model and batch: another hash, other prices) runs them;
+    a plan whose shards do not cover a table, or is for another world size, does not."""
+    req, tables = _mixed()
+    other_req = request(
+        [table(t.name, rows=t.num_embeddings, dim=t.embedding_dim) for t in req.tables],
+        world_size=4,
+        topology={"local_world_size": 2},
+        batch_size=4096,
+        options={"cost_model": "torchrec-1.8"},
+    )
+    other = builders.plan(other_req, _mixed_tables_for(other_req))
+    assert ViolationCode.REQUEST_HASH_MISMATCH in _codes(req, other)
+    assert runnable_violations(req, other) == []
+    assert runnable_violations(req, builders.plan(req, tables)) == []
+    short = request(
+        [table(t.name, rows=t.num_embeddings - (t.name == "tw"), dim=t.embedding_dim)
+         for t in req.tables],
+        world_size=4,
+        topology={"local_world_size": 2},
+    )  # fmt: skip
+    codes = {
+        v.code for v in runnable_violations(req, builders.plan(short, _mixed_tables_for(short)))
+    }
+    assert ViolationCode.TILING in codes or ViolationCode.SHARD_LAYOUT in codes
+    wider = request(
+        [table(t.name, rows=t.num_embeddings, dim=t.embedding_dim) for t in req.tables],
+        world_size=8,
+        topology={"local_world_size": 2},
+    )
+    codes = {
+        v.code for v in runnable_violations(req, builders.plan(wider, _mixed_tables_for(wider)))
+    }
+    assert ViolationCode.WORLD_SIZE_MISMATCH in codes
+
+
+def _mixed_tables_for(req):
+    """``_mixed``'s layout, for another request of its tables."""
+    return {
+        "tw": builders.table_wise(req, "tw", 3),
+        "rw": builders.row_wise(req, "rw"),
+        "cw": builders.column_wise(req, "cw", [128, 256, 128], [0, 1, 0]),
+        "twrw": builders.table_row_wise(req, "twrw", host=1),
+        "twcw": builders.column_wise(req, "twcw", [128, 128], [2, 3], kind=TWCW),
+        "dp": builders.data_parallel(req, "dp"),
+        "uvm": builders.table_wise(req, "uvm", 1, ComputeKernel.FUSED_UVM_CACHING),
+    }

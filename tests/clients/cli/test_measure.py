@@ -119,3 +119,44 @@ def test_an_unreadable_request_exits_2(tmp_path):
     result = run_in_process("measure", tmp_path / "missing.json", plan_path)
     assert result.returncode == 2
     assert "missing.json" in result.stderr and "cannot read file" in result.stderr
+
+
+@pytest.mark.slow
+def test_versus_measures_plans_side_by_side(tmp_path):
+    req, plan = _small(2)
+    other = builders.plan(
+        req,
+        {"a": builders.table_wise(req, "a", 0), "b": builders.table_wise(req, "b", 0)},
+    )
+    request_path, plan_path = _files(tmp_path, req, plan)
+    other_path = tmp_path / "other.json"
+    other_path.write_bytes(plan_bytes(other))
+    result = run_in_process("measure", request_path, plan_path, "--versus", other_path, *FEW_STEPS)
+    assert result.returncode == 0, result.stderr
+    for each in (plan, other):  # a table per plan, then both ranked
+        assert f"plan {each.plan_id[:12]} on 2 rank(s): cpu, gloo" in result.stdout
+    side = result.stdout.split("side by side: 2 plans, a step of each in turn")[1]
+    ranked = [line.split() for line in side.splitlines()[3:5]]
+    assert {row[0] for row in ranked} == {plan.plan_id[:12], other.plan_id[:12]}
+    assert {row[1] for row in ranked} == {str(plan_path), str(other_path)}
+    assert ranked[0][3] == "1.000" and float(ranked[1][3]) >= 1.0
+    assert float(ranked[0][2]) <= float(ranked[1][2])
+
+
+def test_versus_plans_are_checked_before_any_rank_starts(tmp_path):
+    req, plan = _small(2)
+    _, invalid = _small(2, rows=64)  # a's shards cover 64 rows, the request has 100
+    request_path, plan_path = _files(tmp_path, req, plan)
+    invalid_path = tmp_path / "invalid.json"
+    invalid_path.write_bytes(plan_bytes(invalid))
+    before = set(multiprocessing.active_children())
+    result = run_in_process("measure", request_path, plan_path, "--versus", invalid_path)
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"{invalid_path}:" in result.stderr and "invalid:" in result.stderr
+    result = run_in_process("measure", request_path, plan_path, "--versus", "-")
+    assert result.returncode == 2
+    assert "--versus" in result.stderr and "standard input" in result.stderr
+    many = ["--versus", str(plan_path)] * 32
+    result = run_in_process("measure", request_path, plan_path, *many)
+    assert result.returncode == 2 and "at most 31 other plans" in result.stderr
+    assert set(multiprocessing.active_children()) <= before  # nothing started
