@@ -82,7 +82,7 @@ OWN_EXCHANGES = frozenset(
 PRIOR_WEIGHT = 0.3  # of one measurement: a pseudo-measurement pulling the scale to 1
 SCALE_RANGE = (0.5, 2.0)  # the steps' scale of the microbenchmarked parts, at most
 MIN_PLANS = 5  # plans measured for a fit of the steps; fewer, and the stage fits nothing
-ROUNDS = 3  # times each plan is measured at most, while time is left
+ROUNDS = 10  # times each plan is measured at most, while time is left
 # A plan's share of a run measuring several side by side before one was timed (spawning
 # the ranks, sharding, its steps); then the slowest share measured.
 PLAN_ESTIMATE_S = 3.0

@@ -46,7 +46,7 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 _JOIN_POLL_S = 0.5
 # The share of the available memory ``fitting_runs`` gives plans measured side by side: the
 # rest for sharding's transient copies, the batches and the interpreter.
-TOGETHER_SHARE = 0.5
+TOGETHER_SHARE = 0.75
 _REPORTS = TypeAdapter(list[MeasureReport])
 
 

@@ -210,8 +210,9 @@ def measure_rank_interleaved(
     rounds of one step of every plan in an order drawn anew each round (seeded by the
     settings' seed and the round, so every rank draws the same one and the collectives pair
     up): a machine that runs faster or slower from one second to the next slows every plan
-    alike, and no plan always follows the same one (whose caches it would inherit). Index
-    ``i`` of the result: ``plans[i]``'s."""
+    alike, and no plan always follows the same one (whose caches it would inherit). Each
+    plan's step starts after a barrier (untimed), so that it carries no wait for the plan
+    before. Index ``i`` of the result: ``plans[i]``'s."""
     specs = collection_specs(request)
     sharded = [shard(specs, plan, pg, device, settings.learning_rate) for plan in plans]
     generator = rank_generator(settings.seed, rank)
@@ -227,6 +228,11 @@ def measure_rank_interleaved(
         batch = batches[step % len(batches)]
         order = random.Random(f"{settings.seed}-{step}").sample(range(len(plans)), len(plans))
         for index in order:
+            if len(plans) > 1 and pg is not None:
+                # Every rank starts the plan's step together: a rank left idle by the plan
+                # before (its ranks unevenly loaded) would otherwise wait for it inside
+                # this plan's input distribution, and charge this plan for it.
+                dist.barrier(group=pg)
             times = timed_step(sharded[index], batch, vector, clock)
             if step >= settings.warmup:
                 samples[index].append(times)
