@@ -216,7 +216,8 @@ def run_rank(
             [StepTimes.model_validate_json(s) for s in (got[1][index] if got else [])]
             for got in gathered
         ]
-        reports.append(build_report(plan, settings, machine, by_rank, cpus_by_rank))
+        others = [p.plan_id for i, p in enumerate(plans) if i != index]
+        reports.append(build_report(plan, settings, machine, by_rank, cpus_by_rank, others))
     return reports
 
 

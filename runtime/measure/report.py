@@ -158,7 +158,8 @@ class MeasureSettings(_Frozen):
 class MeasureReport(_Frozen):
     """A plan measured: every rank, and the job's step (the slowest rank's median, since
     every rank waits for it at the next exchange) beside the plan's largest predicted
-    total."""
+    total; ``side_by_side_with``: the ids of the plans measured in the same run, a step of
+    each in turn (``measure_plans``; empty: measured alone)."""
 
     plan_id: str
     request_hash: str
@@ -171,6 +172,7 @@ class MeasureReport(_Frozen):
     slowest_rank: int
     predicted_job_ms: float | None
     relative_error: float | None
+    side_by_side_with: list[str] = Field(default_factory=list)
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -227,9 +229,10 @@ def build_report(
     machine: Machine,
     samples_by_rank: Sequence[Sequence[StepTimes]],
     cpus_by_rank: Sequence[list[int]] | None = None,
+    side_by_side_with: Sequence[str] = (),
 ) -> MeasureReport:
-    """The report of every rank's timed steps (rank ``r``'s at index ``r``), and the CPUs
-    each was pinned to."""
+    """The report of every rank's timed steps (rank ``r``'s at index ``r``), the CPUs
+    each was pinned to, and the plans measured beside it."""
     predicted = predicted_of(plan)
     ranks = [
         rank_measurement(rank, samples, predicted.get(rank)).model_copy(
@@ -252,4 +255,5 @@ def build_report(
         slowest_rank=slowest.rank,
         predicted_job_ms=predicted_job,
         relative_error=relative_error(predicted_job, slowest.step_median_ms),
+        side_by_side_with=list(side_by_side_with),
     )

@@ -60,8 +60,11 @@ def render_table(report: MeasureReport) -> str:
         f"warm-up, seed {settings.seed}",
         f"host {machine.hostname} ({machine.cpu_count} cpus, {machine.device_name}), torch "
         f"{machine.torch_version}, fbgemm_gpu {machine.fbgemm_version}",
-        "",
     ]
+    if report.side_by_side_with:
+        others = len(report.side_by_side_with)
+        head.append(f"side by side with {others} other plan(s), a step of each in turn")
+    head.append("")
     rows = [list(COLUMNS)] + [row for rank in report.ranks for row in rank_rows(rank)]
     tail = [
         "",

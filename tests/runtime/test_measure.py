@@ -294,6 +294,8 @@ def test_two_gloo_ranks_measure_pooled_weighted_and_sequence_tables():
     plans = [mixed_plan(req), other_plan(req)]
     reports = measure_plans(req, plans, FEW)
     assert reports is not None and len(reports) == 2
+    assert reports[0].side_by_side_with == [plans[1].plan_id]
+    assert reports[1].side_by_side_with == [plans[0].plan_id]
     for plan, report in zip(plans, reports, strict=True):
         assert [r.rank for r in report.ranks] == [0, 1] and report.backend.value == "gloo"
         for rank in report.ranks:

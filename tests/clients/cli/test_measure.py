@@ -79,9 +79,11 @@ def test_measure_json_is_the_report_written_to_output(tmp_path):
         "relative_error",
         "request_hash",
         "settings",
+        "side_by_side_with",
         "slowest_rank",
         "world_size",
     ]
+    assert report.side_by_side_with == []  # measured alone
 
 
 def test_a_world_size_beyond_the_machine_is_refused_before_any_rank_starts(tmp_path):
@@ -135,6 +137,7 @@ def test_versus_measures_plans_side_by_side(tmp_path):
     assert result.returncode == 0, result.stderr
     for each in (plan, other):  # a table per plan, then both ranked
         assert f"plan {each.plan_id[:12]} on 2 rank(s): cpu, gloo" in result.stdout
+    assert result.stdout.count("side by side with 1 other plan(s), a step of each in turn") == 2
     side = result.stdout.split("side by side: 2 plans, a step of each in turn")[1]
     ranked = [line.split() for line in side.splitlines()[3:5]]
     assert {row[0] for row in ranked} == {plan.plan_id[:12], other.plan_id[:12]}
