@@ -82,3 +82,12 @@ def test_every_model_is_scored() -> None:
     assert scores[CostModel.CALIBRATED].rho == pytest.approx(1.0)
     assert scores[CostModel.CALIBRATED].regret == pytest.approx(1.0)
     assert scores[CostModel.SHARDPLAN].regret is None
+
+
+def test_a_rounds_plans_run_side_by_side_in_their_order_or_apart() -> None:
+    """Side by side: the candidates in runs that keep their order and hold every one once
+    (as many in a run as this machine's memory holds); ``--apart``: one a run."""
+    candidates = [_candidate([10.0]), _candidate([20.0]), _candidate([30.0])]
+    runs = bench.groups(candidates)
+    assert [c for run in runs for c in run] == candidates and all(runs)
+    assert bench.groups(candidates, apart=True) == [[c] for c in candidates]
