@@ -99,6 +99,11 @@ class _Running:
     last: SolveProgress | None = None  # the last progress its solver process reported
     flush_pending: bool = False  # a write of the latest progress is scheduled
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Its progress writes, one at a time in the order they were asked for (asyncio's lock
+    # is first come, first served): two in threads at once could land out of order, and a
+    # write of "queued" taken before the solve started landed after "running" (the job's
+    # events went running, then queued again).
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class SolveJobs:
@@ -340,22 +345,23 @@ class SolveJobs:
         )
 
     async def _record(self, running: _Running) -> None:
-        state = self.state.pool.progress(running.key)
-        if state is None:
-            return
-        progress = state.progress
-        owned = await run_in_threadpool(
-            lambda: self.state.store().jobs.record_progress(
-                running.row.job_id,
-                self.owner,
-                running=state.running,
-                stage=_stage_text(progress.stage if progress else None),
-                objective=progress.objective if progress else None,
-                bound=progress.bound if progress else None,
-                started_at=running.started_at,
-                now=_stamp(_now()),
+        async with running.writing:  # the state read and written in turn: the last wins
+            state = self.state.pool.progress(running.key)
+            if state is None:
+                return
+            progress = state.progress
+            owned = await run_in_threadpool(
+                lambda: self.state.store().jobs.record_progress(
+                    running.row.job_id,
+                    self.owner,
+                    running=state.running,
+                    stage=_stage_text(progress.stage if progress else None),
+                    objective=progress.objective if progress else None,
+                    bound=progress.bound if progress else None,
+                    started_at=running.started_at,
+                    now=_stamp(_now()),
+                )
             )
-        )
         if not owned and running.row.job_id in self._running:
             log.warning("job %s was taken over by another process", running.row.job_id)
 
