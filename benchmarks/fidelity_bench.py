@@ -292,7 +292,13 @@ def bare_profile(profile: dict[str, Any]) -> dict[str, Any]:
     beyond the calls it makes."""
     data = json.loads(json.dumps(profile))
     runtime = data["runtime"]
-    runtime.update(step_ms=0.0, input_us_per_id=0.0, output_ns_per_byte=0.0, sharding_type_ms={})
+    runtime.update(
+        step_ms=0.0,
+        input_us_per_id=0.0,
+        output_ns_per_byte=0.0,
+        placement_ns_per_byte=0.0,
+        sharding_type_ms={},
+    )
     runtime.update(compute_scale=1.0, comms_scale=1.0, input_scale=1.0)
     return data
 

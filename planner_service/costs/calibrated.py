@@ -11,7 +11,9 @@ Its structure follows what the runtime does in a step, not TorchRec's bandwidth 
   of every distinct row it updates (rows touched, expected under uniform ids); a weighted
   table's backward reads its rows again (the weights' gradient): per id and byte read;
 - the collectives cost a latency per call plus a time per byte a rank sends;
-- the runtime's own work: a fixed time per step, per id received and per output byte;
+- the runtime's own work: a fixed time per step, per id received and per output byte, and
+  per byte of a sequence table's rows put back in batch order (row-wise, table-row-wise
+  and data-parallel sequence shards);
 - **fixed costs** of a plan, paid by every rank whatever it holds: the step's own
   collectives and kernel calls, and those each sharding type brings when a plan uses it at
   all (``fixed_perf``). Shard costs add up per rank as in the other models; the solver adds
@@ -221,6 +223,8 @@ def shard_perf(
         )
     fwd_comms, bwd_comms = _output_exchange_ms(profile, topology, sharding_type, pooled, out_bytes)
     stitch = profile.runtime.output_ns_per_byte * out_bytes / NS_PER_MS
+    placed_fwd, placed_bwd = _placed_bytes(sharding_type, pooled, out_bytes, world)
+    per_placed_ms = profile.runtime.placement_ns_per_byte / NS_PER_MS
     id_bytes = ids * INDEX_BYTES * (2 if weighted else 1) * (world - 1) / world
     input_dist = (
         collective_ms(profile, topology, CollectiveKind.ALL_TO_ALL, world, local, id_bytes)
@@ -230,11 +234,28 @@ def shard_perf(
     parts = {
         "fwd_compute": fwd_compute * runtime.compute_scale,
         "bwd_compute": bwd_compute * runtime.compute_scale,
-        "fwd_comms": (fwd_comms + stitch) * runtime.comms_scale,
-        "bwd_comms": (bwd_comms + stitch) * runtime.comms_scale,
+        "fwd_comms": (fwd_comms + stitch + per_placed_ms * placed_fwd) * runtime.comms_scale,
+        "bwd_comms": (bwd_comms + stitch + per_placed_ms * placed_bwd) * runtime.comms_scale,
         "input_dist": input_dist * runtime.input_scale,
     }
     return Perf(**parts, total=sum(parts.values()))
+
+
+def _placed_bytes(
+    kind: ShardingType, pooled: bool, out_bytes: float, world: int
+) -> tuple[float, float]:
+    """(forward, backward) bytes of a sequence shard's rows that the runtime puts in batch
+    order, a gather each way (``runtime/sharding/sequence.py``): the rows of a row block
+    all; of a data-parallel replica, which looks up every rank's ids, its own rank's share
+    forward, every rank's backward (the others come back for their gradient only). A whole
+    or column shard's rows come back in batch order and are handed over as they are."""
+    if pooled:
+        return 0.0, 0.0
+    if kind in ROW_SPLIT:
+        return out_bytes, out_bytes
+    if kind is ShardingType.DATA_PARALLEL:
+        return out_bytes / max(1, world), out_bytes
+    return 0.0, 0.0
 
 
 def _output_exchange_ms(

@@ -563,8 +563,37 @@ _NO_CONSTRAINTS = ParameterConstraints()
 # number has a bound: a profile can make the model slow or fast, never NaN, negative or
 # large enough to overflow the solver's arithmetic.
 
-PROFILE_SCHEMA_VERSION = "1.1"  # 1.1: the weighted backward's own terms (weighted_bwd_*)
-PROFILE_SCHEMA_VERSIONS = ("1.0", PROFILE_SCHEMA_VERSION)
+# 1.1: the weighted backward's own terms (weighted_bwd_*); 1.2: the runtime's placement of
+# sequence rows (``RuntimeCoefficients.placement_ns_per_byte``)
+PROFILE_SCHEMA_VERSION = "1.2"
+PROFILE_SCHEMA_VERSIONS = ("1.0", "1.1", PROFILE_SCHEMA_VERSION)
+# The terms each schema version added (``kernels``: in every kernel entry; ``runtime``: in
+# the runtime coefficients). A profile of an older version may not set them, and is written,
+# so addressed (``profile_id_of``), without them: as the shardplan that measured it wrote it.
+PROFILE_TERMS_SINCE: dict[str, dict[str, tuple[str, ...]]] = {
+    "1.1": {
+        "kernels": (
+            "weighted_bwd_us_per_id",
+            "weighted_bwd_ns_per_byte",
+            "weighted_bwd_ns_per_miss_byte",
+        )
+    },
+    "1.2": {"runtime": ("placement_ns_per_byte", "fit_placement")},
+}
+
+
+def _later_terms(version: str) -> list[tuple[str, str, str]]:
+    """(version, part, term) of the terms that versions after ``version`` added."""
+    mine = PROFILE_SCHEMA_VERSIONS.index(version)
+    return [
+        (later, part, term)
+        for later, parts in PROFILE_TERMS_SINCE.items()
+        if PROFILE_SCHEMA_VERSIONS.index(later) > mine
+        for part, terms in parts.items()
+        for term in terms
+    ]
+
+
 MAX_US_PER_ID = 1e3  # a millisecond per id looked up: slower than any kernel measured
 MAX_NS_PER_BYTE = 1e3  # a microsecond per byte (1 MB/s)
 MAX_FIXED_MS = 1e4  # ten seconds of fixed cost per call, collective or step
@@ -688,7 +717,10 @@ class CollectiveCoefficients(_Value):
 class RuntimeCoefficients(_Value):
     """shardplan's runtime's own work around the kernels and collectives (bucketing ids,
     permutes, copies), per step: ``step_ms`` whatever the plan, ``input_us_per_id`` per id a
-    rank receives, ``output_ns_per_byte`` per byte of output it stitches, and
+    rank receives, ``output_ns_per_byte`` per byte of output it stitches,
+    ``placement_ns_per_byte`` per byte of a sequence table's rows it puts in batch order
+    (rows that came back from row blocks or from data-parallel replicas: a gather forward,
+    another backward; 0 in profiles before schema 1.2; its fit: ``fit_placement``), and
     ``sharding_type_ms`` for each sharding type a plan uses at all (its own exchanges).
 
     Whole steps (``fit_steps``: measured plans) scale what the parts predict: a shard's
@@ -699,12 +731,14 @@ class RuntimeCoefficients(_Value):
     step_ms: FixedMs
     input_us_per_id: UsPerId
     output_ns_per_byte: NsPerByte
+    placement_ns_per_byte: NsPerByte = 0.0
     sharding_type_ms: dict[ShardingType, FixedMs] = Field(default_factory=dict)
     fit: FitQuality
     compute_scale: RuntimeScale = 1.0
     comms_scale: RuntimeScale = 1.0
     input_scale: RuntimeScale = 1.0
     fit_steps: FitQuality | None = None
+    fit_placement: FitQuality | None = None
 
 
 class MachineInfo(_Value):
@@ -749,6 +783,40 @@ class DeviceProfile(_Value):
                 value=version,
             )
         return version
+
+    @model_validator(mode="after")
+    def _terms_of_its_version(self) -> Self:
+        for later, part, term in _later_terms(self.schema_version):
+            entries = (
+                [(f"kernels[{i}]", k) for i, k in enumerate(self.kernels)]
+                if part == "kernels"
+                else [("runtime", self.runtime)]
+            )
+            for at, entry in entries:
+                value = getattr(entry, term)
+                if value != type(entry).model_fields[term].default:
+                    raise _error(
+                        "term_of_later_schema",
+                        "{where} is a term of device profile schema {later}; this "
+                        "profile's schema_version is {version}: set it to {later}, or drop "
+                        "the term",
+                        at=f"{at}.{term}",
+                        value=value,
+                        where=f"{at}.{term}",
+                        later=later,
+                        version=self.schema_version,
+                    )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _as_its_version_writes_it(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
+        data: JsonObject = handler(self)
+        for _, part, term in _later_terms(self.schema_version):
+            entries = data.get(part)
+            for entry in entries if isinstance(entries, list) else [entries]:
+                if isinstance(entry, dict):
+                    entry.pop(term, None)
+        return data
 
     @model_validator(mode="after")
     def _complete(self) -> Self:

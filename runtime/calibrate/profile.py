@@ -1,6 +1,6 @@
-"""``calibrate``: the four stages (kernels, collectives, the runtime's own work, whole steps
-of plans) run within one budget and their fits assembled into a ``DeviceProfile``, with the
-machine it describes.
+"""``calibrate``: the four stages (kernels, collectives, the runtime's own work with its
+placement of sequence rows, whole steps of plans) run within one budget and their fits
+assembled into a ``DeviceProfile``, with the machine it describes.
 
 The budget covers everything, spawning ranks included: each stage is given its share of the
 seconds left (``KERNEL_SHARE``, ``COLLECTIVE_SHARE``, the rest to the runtime stage, less
@@ -149,6 +149,11 @@ def calibrate(
         device, deadline, budget, settings.seed, lambda n: report("runtime", f"{n} configurations")
     )
     runtime = work.fit_work(fused, settings.device, samples)
+    report("runtime", "placing sequence rows")
+    placement_ns, placement_fit = work.fit_placement(work.measure_placement(device, settings.seed))
+    runtime = runtime.model_copy(
+        update={"placement_ns_per_byte": placement_ns, "fit_placement": placement_fit}
+    )
 
     def profile_of(runtime: RuntimeCoefficients) -> DeviceProfile:
         return DeviceProfile(

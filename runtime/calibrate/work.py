@@ -10,6 +10,12 @@ time (``costs.calibrated.shard_perf`` under the kernel coefficients just fit); e
 ``sharding_type_ms`` is the median over configurations of what its plan costs beyond that,
 clamped at zero. On one rank every collective is the identity, so what the types cost here
 is the runtime's own bookkeeping; their collectives' latencies are priced separately.
+
+The pooled configurations never put sequence rows in batch order, which row-wise and
+data-parallel sequence tables do on every rank that sent ids (a gather of the rows that
+came back, and its gradient's gather backward): ``measure_placement`` times the runtime's
+own ``place_chunks`` both ways on random permutations of a few sizes and chunk widths, and
+``fit_placement`` gives ``placement_ns_per_byte``.
 """
 
 from __future__ import annotations
@@ -45,10 +51,11 @@ from planner_service.plan.types import (
 )
 from runtime import plan as plans
 from runtime.calibrate.fit import fit_linear, in_profile_units, quality_of
-from runtime.calibrate.timing import Budget, median_ms
+from runtime.calibrate.timing import Budget, median_ms, median_pair_ms
 from runtime.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from runtime.plan import TableSharder
 from runtime.sharding.module import shard_modules
+from runtime.sharding.sequence import place_chunks
 from runtime.sparse import KeyedJaggedTensor
 
 TABLE_COUNTS = (2, 8)
@@ -62,6 +69,16 @@ TERMS = ("step_ms", "input_us_per_id", "output_ns_per_byte")
 TERM_SCALES = (1.0, US_PER_MS, NS_PER_MS)
 TERM_BOUNDS = (MAX_FIXED_MS, MAX_US_PER_ID, MAX_NS_PER_BYTE)
 LEARNING_RATE = 0.01
+# Placement: rows of these many bytes (one way), cut in chunks of these many fp32 columns.
+# The runtime's chunk is the widest that divides every placed width (16 for widths of 16,
+# 32 and 64); the gather's cost goes with its chunks more than its bytes (at 16 MB a chunk
+# of 64 columns cost a third of four of 16 here), so a chunk of 16 prices tables of mixed
+# widths as they run and overprices tables of one wide width. Per byte, a gather costs more
+# the more it spans (here 0.13 ns at 1 to 2 MB, 0.3 to 0.45 at 4 to 16 MB, 0.95 at 32 MB):
+# the sizes are those of what a rank's sequence tables place in a step of the workloads
+# measured here, and the coefficient is the median over them, robust to a slow repetition.
+PLACEMENT_BYTES = (4 << 20, 8 << 20, 16 << 20)
+PLACEMENT_UNITS = (16,)
 # The plan that swaps table 0 to each type, on one rank (column types: two column shards).
 VARIANTS: dict[ShardingType, Callable[[], TableSharder]] = {
     ShardingType.ROW_WISE: plans.row_wise,
@@ -270,3 +287,47 @@ def fit_work(
     )
     values = in_profile_units(TERMS, fit.coefficients, TERM_SCALES, TERM_BOUNDS)
     return RuntimeCoefficients(**values, sharding_type_ms=type_ms, fit=quality)
+
+
+@dataclass(frozen=True)
+class PlacementSample:
+    bytes_each_way: int
+    unit: int
+    ms: float  # forward and backward
+
+
+def measure_placement(device: torch.device, seed: int) -> list[PlacementSample]:
+    """``place_chunks`` forward and backward on a random permutation of rows of each size
+    and chunk width (a fraction of a second on cpu)."""
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for size, unit in itertools.product(PLACEMENT_BYTES, PLACEMENT_UNITS):
+        chunks = size // (unit * OUTPUT_ELEMENT_BYTES)
+        rows = torch.randn(chunks, unit, generator=generator).to(device).requires_grad_()
+        target = torch.randperm(chunks, generator=generator).to(device)
+        grad = torch.ones(chunks, unit, device=device)
+
+        def placed(rows: torch.Tensor = rows, target: torch.Tensor = target) -> torch.Tensor:
+            return place_chunks(rows, target, None, int(target.shape[0]))
+
+        def back(out: torch.Tensor, grad: torch.Tensor = grad) -> None:
+            out.backward(grad)
+
+        def fresh(rows: torch.Tensor = rows) -> None:  # no gradient to accumulate into
+            rows.grad = None
+
+        forward, backward = median_pair_ms(placed, back, device, prepare=fresh)
+        samples.append(PlacementSample(size, unit, forward + backward))
+    return samples
+
+
+def fit_placement(samples: Sequence[PlacementSample]) -> tuple[float, FitQuality]:
+    """``placement_ns_per_byte`` (per byte placed, each way: the median over the samples of
+    their time both ways over twice their bytes) and how well it predicts them."""
+    per_byte_ms = [s.ms / (2.0 * s.bytes_each_way) for s in samples]
+    ns_per_byte = min(MAX_NS_PER_BYTE, statistics.median(per_byte_ms) * NS_PER_MS)
+    quality = quality_of(
+        np.array([ns_per_byte / NS_PER_MS * 2.0 * s.bytes_each_way for s in samples]),
+        np.array([s.ms for s in samples]),
+    )
+    return ns_per_byte, quality

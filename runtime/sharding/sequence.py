@@ -231,7 +231,7 @@ class _Placement:
             ids = ids.index_select(0, self.blocks)
         target, ghost = self._targets(chunks.shape[0], ids, sent, local)
         sizes = (local.per_feature * self.dims).tolist()
-        out = _place_chunks(chunks, target, ghost, sum(sizes) // self.unit).reshape(-1)
+        out = place_chunks(chunks, target, ghost, sum(sizes) // self.unit).reshape(-1)
         return list(out.split(sizes))
 
     def _targets(
@@ -277,7 +277,7 @@ def _unit(*widths: Sequence[int]) -> int:
     return max(1, math.gcd(*(w for group in widths for w in group)))
 
 
-def _place_chunks(
+def place_chunks(
     chunks: torch.Tensor, target: torch.Tensor, ghost: torch.Tensor | None, total: int
 ) -> torch.Tensor:
     """``total`` chunks, chunk ``target[i]`` being ``chunks[i]``; a ghost chunk (another

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from planner_service.costs.calibrated import fixed_perf, rows_touched
 from planner_service.costs.enumerate import enumerate_options
+from planner_service.plan.canonical import canonical_bytes, sha256_hex
 from planner_service.plan.codec import plan_bytes
 from planner_service.plan.errors import InputError
 from planner_service.plan.types import DeviceProfile, ShardingType, profile_id_of
@@ -57,6 +59,8 @@ def mixed_tables(n=6):
         (("collectives", 0, "latency_ms"), float("inf"), "latency_ms"),
         (("runtime", "step_ms"), float("nan"), "step_ms"),
         (("runtime", "sharding_type_ms", "row_wise"), -1.0, "row_wise"),
+        (("runtime", "placement_ns_per_byte"), float("nan"), "placement_ns_per_byte"),
+        (("runtime", "placement_ns_per_byte"), 1e4, "placement_ns_per_byte"),
         (("schema_version",), "9.0", "schema_version"),
     ],
 )
@@ -274,6 +278,81 @@ def test_the_bound_with_fixed_costs_is_below_the_best_plan_and_the_plan_above_it
     assert plan.solver.lower_bound <= optimum * (1 + 1e-9)
     assert plan.solver.objective >= optimum * (1 - 1e-9)
     assert plan.solver.objective <= optimum * (1 + req.options.gap_limit) + 1e-9
+
+
+def _options_of(profile, tables, world_size=2):
+    return {
+        entry.table.name: {o.sharding_type: o for o in entry.options}
+        for entry in enumerate_options(calibrated(tables, world_size, profile=profile))
+    }
+
+
+def test_sequence_rows_put_back_in_batch_order_cost_the_placement_term():
+    """Row blocks' and data-parallel replicas' sequence rows are placed by a gather each
+    way (a replica's own share forward, every rank's backward); whole and column shards'
+    rows, and pooled tables, pay nothing for it."""
+    placing = device_profile(schema_version="1.2")
+    placing["runtime"]["placement_ns_per_byte"] = 3.0
+    tables = [
+        table("s", rows=4_000, dim=16, pooling_factors=[5.0], pooling="none"),
+        table("p", rows=4_000, dim=16, pooling_factors=[5.0]),
+    ]
+    world = 4
+    priced = _options_of(placing, tables, world)
+    plain = _options_of(device_profile(), tables, world)
+    global_ids = 5.0 * 512 * world
+
+    def extra(name, kind):
+        (a,), (b,) = (options[name][kind].shards[0].perf for options in (priced, plain))
+        return a.fwd_comms - b.fwd_comms, a.bwd_comms - b.bwd_comms
+
+    block_bytes = global_ids / world * 16 * 4  # a row block of a quarter of the rows
+    row_wise = extra("s", ShardingType.ROW_WISE)
+    assert row_wise == pytest.approx((block_bytes * 3e-6, block_bytes * 3e-6))
+    replica = extra("s", ShardingType.DATA_PARALLEL)
+    every = global_ids * 16 * 4
+    assert replica == pytest.approx((every / world * 3e-6, every * 3e-6))
+    for kind in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
+        assert extra("s", kind) == (0.0, 0.0)
+    for kind in priced["p"]:
+        assert extra("p", kind) == (0.0, 0.0)
+
+
+def test_a_profile_before_schema_1_2_places_for_free_and_1_2_reads_its_term():
+    old = DeviceProfile.model_validate(device_profile(schema_version="1.1"))
+    assert old.runtime.placement_ns_per_byte == 0.0
+    data = device_profile(schema_version="1.2")
+    data["runtime"]["placement_ns_per_byte"] = 0.4
+    assert DeviceProfile.model_validate(data).runtime.placement_ns_per_byte == 0.4
+
+
+def test_a_profile_keeps_the_address_its_own_version_gave_it():
+    """A 1.1 profile as shardplan 0.8 wrote it: read now, written and addressed as it was,
+    without the terms later versions added (a stored profile's id stays verifiable)."""
+    text = (Path(__file__).parent / "profile-1.1.json").read_text()
+    profile = DeviceProfile.model_validate_json(text)
+    assert profile.schema_version == "1.1"
+    assert profile_id_of(profile) == sha256_hex(canonical_bytes(json.loads(text)))
+    assert "placement_ns_per_byte" not in profile.model_dump(mode="json")["runtime"]
+    older = DeviceProfile.model_validate(device_profile(schema_version="1.0"))
+    assert "weighted_bwd_us_per_id" not in older.model_dump(mode="json")["kernels"][0]
+    assert (
+        "placement_ns_per_byte"
+        in DeviceProfile.model_validate(device_profile()).model_dump()["runtime"]
+    )
+
+
+def test_a_profile_that_sets_a_term_of_a_later_version_is_refused_naming_it():
+    data = device_profile(schema_version="1.1")
+    data["runtime"]["placement_ns_per_byte"] = 0.3
+    with pytest.raises(InputError) as refused:
+        calibrated([table("t")], profile=data)
+    message = refused.value.render()
+    assert "runtime.placement_ns_per_byte" in message and "schema 1.2" in message
+    data = device_profile(schema_version="1.0")
+    data["kernels"][0]["weighted_bwd_ns_per_byte"] = 1.0
+    with pytest.raises(InputError, match=r"kernels\[0\]\.weighted_bwd_ns_per_byte"):
+        calibrated([table("t")], profile=data)
 
 
 def test_the_profile_is_part_of_the_request_hash():

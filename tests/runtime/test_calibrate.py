@@ -4,14 +4,17 @@ and a real (short) calibration yields a profile the planner accepts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
+import torch
 
 from planner_service.costs.calibrated import NS_PER_MS, US_PER_MS, fixed_perf
 from planner_service.plan.types import (
+    MAX_NS_PER_BYTE,
     Collective,
     ComputeDevice,
     ComputeKernel,
@@ -303,6 +306,33 @@ def test_runtime_fit_recovers_step_terms_and_sharding_type_costs() -> None:
     assert runtime.fit.r2 > 0.999
 
 
+def test_placement_fit_recovers_its_cost_per_byte_past_a_slow_repetition() -> None:
+    """Both ways cost twice the bytes each way times the coefficient; one sample four times
+    as slow (another process took the core) does not move it."""
+    ns_per_byte = 0.4
+    samples = [
+        work.PlacementSample(size, unit, ns_per_byte * 2 * size / NS_PER_MS)
+        for size in (1 << 20, 4 << 20, 16 << 20)
+        for unit in work.PLACEMENT_UNITS
+    ]
+    fitted, quality = work.fit_placement(samples)
+    assert fitted == pytest.approx(ns_per_byte, rel=1e-9)
+    assert quality.r2 == pytest.approx(1.0) and quality.samples == len(samples)
+    slowed = [*samples]
+    slowed[1] = dataclasses.replace(samples[1], ms=4 * samples[1].ms)
+    assert work.fit_placement(slowed)[0] == pytest.approx(ns_per_byte, rel=1e-9)
+
+
+def test_placement_is_timed_on_the_runtimes_own_gather_both_ways() -> None:
+    samples = work.measure_placement(torch.device("cpu"), 0)
+    assert [(s.bytes_each_way, s.unit) for s in samples] == [
+        (size, unit) for size in work.PLACEMENT_BYTES for unit in work.PLACEMENT_UNITS
+    ]
+    assert all(s.ms > 0 for s in samples)
+    ns_per_byte, quality = work.fit_placement(samples)
+    assert 0 < ns_per_byte <= MAX_NS_PER_BYTE and quality.samples == len(samples)
+
+
 def test_a_degenerate_grid_is_refused_naming_the_terms() -> None:
     one_dim = [
         kernels.KernelSample(kernels.KernelCase(1000, 64, 1, batch, 4), 1.0 + batch, 2.0)
@@ -365,6 +395,7 @@ def test_a_short_real_calibration_is_a_profile_the_planner_accepts() -> None:
     fits = [k.fit_fwd for k in profile.kernels] + [c.fit for c in profile.collectives]
     assert all(math.isfinite(fit.r2) and fit.samples >= 2 for fit in fits)
     assert profile.runtime.fit.samples >= work.MIN_CONFIGS * 6
+    assert profile.runtime.placement_ns_per_byte > 0 and profile.runtime.fit_placement
     assert profile.machine.threads_per_rank == 1 and profile.machine.torch_version
     assert profile.wall_s <= settings.budget_s + 5  # the fits and the last case run over
     # too short for the whole steps' five plans: none is measured, and nothing scaled
