@@ -200,23 +200,13 @@ def candidate_plans(
     """The models' own plans, then the hand-shaped ones, then random mixes (distinct)."""
     tables = document["tables"]
     world = document["topology"]["world_size"]
-    sequence_tables = {t["name"] for t in tables if t.get("pooling") == "none"}
     names = [t["name"] for t in tables]
     shapes: list[tuple[str, PlanRequest, CostModel | None]] = [
         (f"{model.value} plan", with_model(document, model, profile), model) for model in MODELS
     ]
 
-    def every(kind: str) -> dict[str, list[str]]:
-        # sequence tables take no table-row-wise or table-column-wise
-        fallback = "row_wise" if kind == "table_row_wise" else "column_wise"
-        return {
-            n: [
-                kind
-                if n not in sequence_tables or kind not in ("table_row_wise", "table_column_wise")
-                else fallback
-            ]
-            for n in names
-        }
+    def every(kind: str) -> dict[str, list[str]]:  # sequence tables too: they take all six
+        return {n: [kind] for n in names}
 
     shapes.append(("all table_wise", constrained(document, every("table_wise")), None))
     shapes.append(("all row_wise", constrained(document, every("row_wise")), None))
@@ -234,9 +224,7 @@ def candidate_plans(
     for i in range(mixes):
         mix = {}
         for t in tables:
-            allowed = [
-                k for k in kinds if not (t["name"] in sequence_tables and k == "table_row_wise")
-            ]
+            allowed = kinds
             if t["num_embeddings"] > 200_000:
                 allowed = [k for k in allowed if k != "data_parallel"]
             mix[t["name"]] = [rng.choice(allowed)]

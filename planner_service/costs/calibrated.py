@@ -15,9 +15,11 @@ Its structure follows what the runtime does in a step, not TorchRec's bandwidth 
   per byte of a sequence table's rows put back in batch order (row-wise, table-row-wise
   and data-parallel sequence shards);
 - **fixed costs** of a plan, paid by every rank whatever it holds: the step's own
-  collectives and kernel calls, and those each sharding type brings when a plan uses it at
-  all (``fixed_perf``). Shard costs add up per rank as in the other models; the solver adds
-  the fixed costs of the sharding types a plan uses (``solve/pipeline.py``).
+  collectives, kernel calls and work, for each collection the tables make (pooled and
+  sequence tables, and tables of different optimizers, are in collections of their own),
+  and those each sharding type brings when a plan uses it at all (``fixed_perf``). Shard
+  costs add up per rank as in the other models; the solver adds the fixed costs of the
+  sharding types a plan uses (``solve/pipeline.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from planner_service.plan.types import (
     KernelCoefficients,
     Perf,
     PlanRequest,
+    PoolingType,
     ShardingType,
     Topology,
 )
@@ -287,10 +290,20 @@ def _output_exchange_ms(
     return cost(rs, local, local, out_bytes) + cross, cost(ag, local, local, out_bytes) + cross
 
 
+def collections_of(request: PlanRequest) -> int:
+    """How many sharded collections the request's tables make at least: pooled and sequence
+    tables live in collections of their own kind (an ``EmbeddingBagCollection``, an
+    ``EmbeddingCollection``), and a sharded collection fuses one optimizer into its kernels,
+    so one per kind and optimizer (as ``shardplan measure`` builds them)."""
+    return len({(t.pooling is PoolingType.NONE, t.optimizer) for t in request.tables})
+
+
 def fixed_perf(request: PlanRequest, sharding_types: Iterable[ShardingType]) -> Perf:
     """What every rank pays per step under the calibrated model whatever shards it holds:
-    the step's own work, its kernel calls and collective latencies, plus those of each of
-    ``sharding_types`` (the types a plan uses). Zero under the other models."""
+    the step's own work, its kernel calls and collective latencies, for each collection the
+    tables make (``collections_of``: each distributes its ids and exchanges its outputs),
+    plus those of each of ``sharding_types`` (the types a plan uses), once. Zero under the
+    other models."""
     profile = request.options.device_profile
     if profile is None:
         return Perf()
@@ -302,16 +315,21 @@ def fixed_perf(request: PlanRequest, sharding_types: Iterable[ShardingType]) -> 
         CollectiveKind.REDUCE_SCATTER,
         CollectiveKind.ALL_GATHER,
     )
+    collections = collections_of(request)
     a2a_ms = collective_latency_ms(profile, a2a, world, local)
-    input_dist = INPUT_ALL_TO_ALLS * a2a_ms
-    # cuda: one kernel per data type (and memory tier) on each rank, counted per data type;
+    input_dist = collections * INPUT_ALL_TO_ALLS * a2a_ms
+    # cuda: one kernel per data type (and memory tier) of each collection on each rank;
     # cpu: a kernel per table, priced with its shards (``shard_perf``)
     cuda = topology.compute_device is ComputeDevice.CUDA
-    calls = len({table.data_type for table in request.tables}) if cuda else 0
+    calls = (
+        len({(t.pooling is PoolingType.NONE, t.optimizer, t.data_type) for t in request.tables})
+        if cuda
+        else 0
+    )
     kernel = kernel_entry(profile, ComputeKernel.FUSED, None)  # every device has it
-    fwd_compute = profile.runtime.step_ms + calls * kernel.call_fwd_ms
+    fwd_compute = collections * profile.runtime.step_ms + calls * kernel.call_fwd_ms
     bwd_compute = calls * kernel.call_bwd_ms
-    fwd_comms = bwd_comms = a2a_ms
+    fwd_comms = bwd_comms = collections * a2a_ms
     for kind in sorted(set(sharding_types)):
         fwd_comms += profile.runtime.sharding_type_ms.get(kind, 0.0)
         if kind is ShardingType.ROW_WISE:

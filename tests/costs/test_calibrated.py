@@ -188,6 +188,22 @@ def test_fixed_costs_count_only_the_types_a_plan_uses():
     assert fixed_perf(request([table("t")]), (ShardingType.ROW_WISE,)).total == 0.0
 
 
+def test_each_collection_the_tables_make_pays_the_steps_fixed_costs():
+    """Pooled and sequence tables, and tables of two optimizers, are collections of their
+    own: each distributes its ids (two all-to-alls) and exchanges its outputs (one each
+    way) and does the runtime's own work; a sharding type's costs come once."""
+    pooled = [table("p0"), table("p1")]
+    one = fixed_perf(calibrated(pooled), ())
+    per_collection = 1.0 + 4 * 0.2  # step_ms, and the four all-to-all latencies
+    assert one.total == pytest.approx(per_collection)
+    with_sequence = calibrated([*pooled, table("s", pooling="none")])
+    assert fixed_perf(with_sequence, ()).total == pytest.approx(2 * per_collection)
+    adagrad = calibrated([table("p0"), table("p1", optimizer="rowwise_adagrad")])
+    assert fixed_perf(adagrad, ()).total == pytest.approx(2 * per_collection)
+    rows = fixed_perf(with_sequence, (ShardingType.ROW_WISE,)).total
+    assert rows == pytest.approx(2 * per_collection + 0.2 + 0.2 + 0.3)
+
+
 # ---- plans
 
 
