@@ -14,8 +14,8 @@ is the runtime's own bookkeeping; their collectives' latencies are priced separa
 The pooled configurations never put sequence rows in batch order, which row-wise and
 data-parallel sequence tables do on every rank that sent ids (a gather of the rows that
 came back, and its gradient's gather backward): ``measure_placement`` times the runtime's
-own ``place_chunks`` both ways on random permutations of a few sizes and chunk widths, and
-``fit_placement`` gives ``placement_ns_per_byte``.
+own ``place_chunks`` both ways on random permutations of rows of a few sizes (in chunks of
+``PLACEMENT_UNITS`` columns), and ``fit_placement`` gives ``placement_ns_per_byte``.
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ class PlacementSample:
 
 def measure_placement(device: torch.device, seed: int) -> list[PlacementSample]:
     """``place_chunks`` forward and backward on a random permutation of rows of each size
-    and chunk width (a fraction of a second on cpu)."""
+    and chunk width (about a second on cpu)."""
     generator = torch.Generator().manual_seed(seed)
     samples = []
     for size, unit in itertools.product(PLACEMENT_BYTES, PLACEMENT_UNITS):
