@@ -5,9 +5,9 @@ A step is more than its kernels and collectives timed alone: a kernel finds its 
 or warmer than in a microbenchmark, two ranks share cores with gloo's threads, the
 runtime's exchanges of row-wise and data-parallel tables do more than their collectives,
 and ranks wait for each other at every exchange. So this stage runs diverse plans of a
-synthetic model (every table table-wise, row-wise, column-wise, data-parallel for the small
-ones, random mixes) and fits each part of the step on what the profile predicts for it, by
-non-negative least squares:
+synthetic model (every table table-wise, row-wise, table-row-wise, column-wise,
+data-parallel for the small ones, random mixes) and fits each part of the step on what the
+profile predicts for it, by non-negative least squares:
 
     lookups (forward and backward)  = own + compute_scale · the rank's kernels     each rank
     input distribution              = own + input_scale · its ids' all-to-all      each plan
@@ -140,24 +140,28 @@ def _json(document: JsonObject) -> str:
 def step_plans(request: PlanRequest, seed: int) -> list[dict[str, JsonObject]]:
     """Diverse plans of the synthetic model, each as its tables' shardings."""
     world = request.topology.world_size
+    local = request.topology.local_world_size or world
     names = [t.name for t in request.tables]
     rng = random.Random(seed)
     whole = {name: ("table_wise", i % world) for i, name in enumerate(names)}
     shapes = [
         whole,
         {name: ("row_wise", 0) for name in names},
+        # row blocks within a host: its own exchange (a reduce-scatter in the host, then
+        # across hosts), so its own fixed cost, which only whole steps can set
+        {name: ("table_row_wise", i % world) for i, name in enumerate(names)},
         {name: ("column_wise", i) for i, name in enumerate(names)},
         {
             t.name: ("data_parallel", 0) if t.num_embeddings <= SMALL_ROWS else whole[t.name]
             for t in request.tables
         },
     ]
-    kinds = ["table_wise", "row_wise", "column_wise", "data_parallel"]
+    kinds = ["table_wise", "row_wise", "table_row_wise", "column_wise", "data_parallel"]
     for _ in range(MIXES):
         shapes.append(
             {
                 t.name: (
-                    rng.choice(kinds if t.num_embeddings <= SMALL_ROWS else kinds[:3]),
+                    rng.choice(kinds if t.num_embeddings <= SMALL_ROWS else kinds[:4]),
                     rng.randrange(world),
                 )
                 for t in request.tables
@@ -165,7 +169,7 @@ def step_plans(request: PlanRequest, seed: int) -> list[dict[str, JsonObject]]:
         )
     return [
         {
-            t.name: _sharding(kind, rank, t.num_embeddings, t.embedding_dim, world)
+            t.name: _sharding(kind, rank, t.num_embeddings, t.embedding_dim, world, local)
             for t in request.tables
             for kind, rank in [shape[t.name]]
         }
@@ -173,9 +177,12 @@ def step_plans(request: PlanRequest, seed: int) -> list[dict[str, JsonObject]]:
     ]
 
 
-def _sharding(kind: str, rank: int, rows: int, dim: int, world: int) -> JsonObject:
+def _sharding(kind: str, rank: int, rows: int, dim: int, world: int, local: int) -> JsonObject:
     if kind == "row_wise":
         shards = row_wise_shards(rows, dim, list(range(world)))
+    elif kind == "table_row_wise":
+        host = rank // local
+        shards = row_wise_shards(rows, dim, list(range(host * local, (host + 1) * local)))
     elif kind == "column_wise":
         half = dim // 2
         ranks = [rank % world, (rank + 1) % world]

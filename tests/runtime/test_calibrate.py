@@ -127,25 +127,29 @@ def test_collective_fit_recovers_latency_and_bandwidth() -> None:
     assert entry.fit.samples == 16
 
 
-def test_the_steps_fit_recovers_each_parts_scale_the_own_time_and_row_wise_fixed_cost() -> None:
-    """Plans of two ranks whose parts are made of known scales, own times and a row-wise
-    cost on top of what the profile predicts, with one rank of each plan waiting for the
-    other at its exchanges: the fit recovers them from the rank that did not wait, and a
-    type the steps do not charge gets 0."""
+def test_the_steps_fit_recovers_each_parts_scale_the_own_time_and_row_blocks_fixed_costs() -> None:
+    """Plans of two ranks whose parts are made of known scales, own times and row-wise and
+    table-row-wise costs on top of what the profile predicts, with one rank of each plan
+    waiting for the other at its exchanges: the fit recovers them from the rank that did
+    not wait, each row-block type its own, and a type the steps do not charge gets 0."""
     profile = DeviceProfile.model_validate(device_profile())
     request = steps.step_request(2, profile.compute_device, profile)
     base = fixed_perf(request, ()).total
     own = base - profile.runtime.step_ms
     rows_latency = fixed_perf(request, (ShardingType.ROW_WISE,)).total - base
     rows_latency -= profile.runtime.sharding_type_ms.get(ShardingType.ROW_WISE, 0.0)
+    host_rows = ShardingType.TABLE_ROW_WISE
+    host_latency = fixed_perf(request, (host_rows,)).total - base
+    host_latency -= profile.runtime.sharding_type_ms.get(host_rows, 0.0)
     compute_scale, input_scale, comms_scale = 1.3, 1.8, 0.7
-    compute_own, input_own, comms_own, rest, rows_ms = 1.0, 2.0, 1.5, 0.5, 2.0
+    compute_own, input_own, comms_own, rest, rows_ms, host_ms = 1.0, 2.0, 1.5, 0.5, 2.0, 3.5
     rng = np.random.default_rng(5)
     samples = []
     for plan in range(12):
         kinds = {ShardingType.TABLE_WISE}
         kinds |= {ShardingType.ROW_WISE} if plan % 2 else set()
         kinds |= {ShardingType.DATA_PARALLEL} if plan % 3 == 0 else set()
+        kinds |= {host_rows} if plan % 4 < 2 else set()
         comms, inputs = rng.uniform(1.0, 8.0, 2)
         ranks = []
         for _rank in range(2):
@@ -156,6 +160,8 @@ def test_the_steps_fit_recovers_each_parts_scale_the_own_time_and_row_wise_fixed
             measured_comms = noisy(comms_own + comms_scale * comms)
             if ShardingType.ROW_WISE in kinds:
                 measured_comms += rows_latency + rows_ms
+            if host_rows in kinds:
+                measured_comms += host_latency + host_ms
             ranks.append([compute, measured_compute, measured_input, measured_comms])
         # the faster rank waits at the exchanges for the slower one: both end together
         step = max(sum(r[1:]) for r in ranks) + rest
@@ -182,6 +188,7 @@ def test_the_steps_fit_recovers_each_parts_scale_the_own_time_and_row_wise_fixed
     own_times = compute_own + input_own + comms_own + rest
     assert fitted.step_ms + own == pytest.approx(own_times, rel=0.35)
     assert fitted.sharding_type_ms[ShardingType.ROW_WISE] == pytest.approx(rows_ms, abs=0.6)
+    assert fitted.sharding_type_ms[host_rows] == pytest.approx(host_ms, abs=0.6)
     assert fitted.sharding_type_ms[ShardingType.DATA_PARALLEL] == pytest.approx(0.0, abs=0.6)
     assert fitted.fit_steps is not None and fitted.fit_steps.samples == 12  # one per plan
     assert fitted.fit_steps.median_relative_error < 0.08
@@ -276,7 +283,7 @@ def test_the_steps_plans_are_valid_and_diverse() -> None:
     assert all(validate_plan(request, plan) == [] for plan in plans)
     kinds = {t.sharding_type for plan in plans for t in plan.tables.values()}
     assert {ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE} <= kinds
-    assert ShardingType.DATA_PARALLEL in kinds
+    assert {ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL} <= kinds
     assert len({plan.plan_id for plan in plans}) == len(plans) >= steps.MIN_PLANS
 
 
