@@ -45,7 +45,12 @@ from planner_service.solve.bounds.configuration import (
 from planner_service.solve.bounds.host_levels import HOST_LEVELS_WALL_SHARE, host_level_bound
 from planner_service.solve.bounds.option_mix import OPTION_MIX_SHARE, option_mix_bound
 from planner_service.solve.bounds.packing import packing_bound
-from planner_service.solve.bounds.simple import LowerBound, best_bound, proven_within
+from planner_service.solve.bounds.simple import (
+    OPTIMAL_GAP,
+    LowerBound,
+    best_bound,
+    proven_within,
+)
 from planner_service.solve.collector import paused_collector
 from planner_service.solve.cpsat.search import (
     CpSatResult,
@@ -395,7 +400,10 @@ class _Search:
             gap_limit=options.gap_limit,
             deadline=self.deadline,
         )
-        self.host_levels(warm_objective)
+        best = warm_objective
+        if packing is not None and packing.plan is not None:
+            best = min(best, self.loads(packing.plan).objective)
+        self.host_levels(best)
         if packing is None:
             self.details["packing"] = "skipped"
             return []
@@ -460,7 +468,13 @@ class _Search:
         if self.options.time_limit_s < MIN_CPSAT_TIME_S or self.deadline.expired():
             return
         stage = Deadline(self.deadline.cap_s(math.inf, HOST_LEVELS_WALL_SHARE))
-        levels = host_level_bound(self.problem, self.groups, upper, deadline=stage)
+        # Its branching on whole numbers stops once the plan is proven within the gap
+        # limit (by it or by the bounds before it): it could go on for seconds on a plan
+        # no bound needs to prove further. Settling each host's level is quick and runs.
+        target = upper * (1 - max(OPTIMAL_GAP, self.options.gap_limit))
+        if best_bound(self.bounds).value >= target:
+            target = 0.0
+        levels = host_level_bound(self.problem, self.groups, upper, target=target, deadline=stage)
         if levels is not None:
             self.bounds.append(levels)
 

@@ -27,13 +27,23 @@ with its makespan (fractional counts include integer ones). So each range's LP o
 a lower bound for the plans whose levels lie in it, and the least over the ranges still
 open is a lower bound for the request, whenever the search stops. A range whose LP has no
 solution holds no plan within the cap.
+
+At one level per host the LP may still mix a table's options (on Criteo's 26 tables on
+two hosts, half a table table-row-wise and half table-wise: 4.9% under the optimum), so
+the search then branches on the variables that are whole numbers in every plan (a
+class's tables on an option, a host's table-row-wise tables, a host's ranks on a
+configuration): one half with the variable at most its LP value rounded down, the other
+at least rounded up. Every plan's solution lies in one half, so the least open bound
+stays a proof; a node whose bound reaches the cap's plan holds no cheaper plan and is
+dropped.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ortools.linear_solver import pywraplp
 
@@ -56,21 +66,39 @@ from planner_service.solve.bounds.simple import LowerBound
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.problem import Group, Problem
 
-MAX_NODES = 4_000  # ranges bounded before the search gives up (the bound so far stands)
+MAX_NODES = 4_000  # LPs solved before the search gives up (the bound so far stands)
 # The most of what is left of the deadline it may take in wall time (it needs tenths of a
 # second alone on the public workloads, several times that beside other work; CP-SAT
 # gets the rest).
 HOST_LEVELS_WALL_SHARE = 0.3
 
+# The LPs solved once the least open node has had one level per host (where the search
+# stopped before it branched on whole numbers), counted in variables (an LP's time grows
+# with them: 1.3 ms for 182 variables, 50 ms for 11,495, measured): a deterministic
+# budget, so that requests without a deadline do not branch for minutes. About 5,500 LPs
+# on criteo-60 on four hosts (so MAX_NODES ends it first), 87 on medium (311 tables, 4 s)
+# on two.
+WHOLE_NUMBER_WORK = 1_000_000
+# The least distance from an integer at which an LP value counts as fractional (GLOP's
+# primal tolerance is 1e-7): a value closer than this is taken as the integer.
+FRACTIONAL = 1e-6
+
 _Ranges = tuple[tuple[int, int], ...]  # per host: (lowest, highest) index into the levels
+_Fixes = tuple[tuple[int, float, float], ...]  # (integer variable, lowest, highest)
+_Branch = tuple[int, float]  # an integer variable with a fractional value, and the value
 
 
 @dataclass(frozen=True, order=True)
 class _Node:
-    """A range of levels per host and its LP bound (in units)."""
+    """A range of levels per host, bounds on some integer variables of the relaxation, and
+    the LP bound of both (in units); ``branch``: an integer variable the LP left
+    fractional, and its value (None when none is)."""
 
     bound: float
-    ranges: _Ranges
+    serial: int
+    ranges: _Ranges = field(compare=False)
+    fixes: _Fixes = field(compare=False, default=())
+    branch: _Branch | None = field(compare=False, default=None)
 
 
 def host_level_bound(
@@ -81,9 +109,10 @@ def host_level_bound(
     target: float = math.inf,
     deadline: Deadline | None = None,
 ) -> LowerBound | None:
-    """The least LP bound over the ranges of host levels still open when the search ends:
-    once every range is a single level per host, once the least bound reaches ``target``
-    (in milliseconds), at ``MAX_NODES`` ranges, or at ``deadline``. ``upper`` is a plan's
+    """The least LP bound over the nodes still open when the search ends: at a node with
+    one level per host and every whole-number variable whole, at a node with one level per
+    host whose bound reaches ``target`` (in milliseconds: no branching on whole numbers
+    past it), at ``MAX_NODES`` LPs, or at ``deadline``. ``upper`` is a plan's
     makespan: configurations are enumerated up to it, as in ``packing.py``. None when the
     request is not a few hosts of equal size or its configurations are too many."""
     deadline = deadline or Deadline.never()
@@ -112,33 +141,65 @@ def host_level_bound(
 
 
 def _search(lp: _LevelLp, target_units: float, deadline: Deadline) -> float | None:
-    """Best-first branch and bound over the ranges; the least open bound (units), or
-    ``RESOLUTION`` when no range admits a solution (no plan within the cap)."""
+    """Best-first branch and bound: on the ranges of host levels until each host has one,
+    then on the integer variables the LP leaves fractional (the tables of a class on an
+    option, the table-row-wise tables on a host, the ranks of a host on a configuration:
+    whole numbers in every plan). The least open bound (units), or ``RESOLUTION`` when no
+    node admits a solution below it (no plan within the cap, or none cheaper than the
+    cap's plan)."""
     top = len(lp.levels) - 1
-    root = lp.bound(tuple((0, top) for _ in range(lp.hosts)))
+    whole = tuple((0, top) for _ in range(lp.hosts))
+    serials = itertools.count()
+    root = lp.bound(whole, ())
     if root is None:
         return None
-    heap = [_Node(root, tuple((0, top) for _ in range(lp.hosts)))]
-    nodes = 1
+    heap = [_Node(root[0], next(serials), whole, (), root[1])]
+    nodes = whole_number_work = 0
+    settled = False  # whether the least open node has had one level per host yet
     while heap:
         node = heap[0]
-        if node.bound >= target_units or nodes >= MAX_NODES or deadline.expired():
+        if nodes >= MAX_NODES or deadline.expired():
             return node.bound
+        if all(low == high for low, high in node.ranges):
+            settled = True
+            if node.bound >= target_units or whole_number_work >= WHOLE_NUMBER_WORK:
+                return node.bound  # no branching on whole numbers past target or budget
         heapq.heappop(heap)
-        wide = max(range(lp.hosts), key=lambda h: node.ranges[h][1] - node.ranges[h][0])
-        low, high = node.ranges[wide]
-        if low == high:
-            return node.bound  # every host at one level: the least open bound is exact
-        middle = (low + high) // 2
-        for part in ((low, middle), (middle + 1, high)):
-            ranges = node.ranges[:wide] + (part,) + node.ranges[wide + 1 :]
-            if not _ordered(ranges):
-                continue
+        children = _children(lp, node)
+        if children is None:
+            return node.bound  # one level per host and every integer whole: exact
+        for ranges, fixes in children:
             nodes += 1
-            bound = lp.bound(ranges)
-            if bound is not None:
-                heapq.heappush(heap, _Node(max(bound, node.bound), ranges))
+            if settled:
+                whole_number_work += lp.solver.NumVariables()
+            found = lp.bound(ranges, fixes)
+            if found is not None and found[0] < RESOLUTION:
+                bound = max(found[0], node.bound)
+                heapq.heappush(heap, _Node(bound, next(serials), ranges, fixes, found[1]))
     return float(RESOLUTION)
+
+
+def _children(lp: _LevelLp, node: _Node) -> list[tuple[_Ranges, _Fixes]] | None:
+    """The node's two halves: of its widest range of levels, or, at one level per host,
+    of its fractional variable's values; None when it has neither."""
+    wide = max(range(lp.hosts), key=lambda h: node.ranges[h][1] - node.ranges[h][0])
+    low, high = node.ranges[wide]
+    if low < high:
+        middle = (low + high) // 2
+        halves = [
+            node.ranges[:wide] + (part,) + node.ranges[wide + 1 :]
+            for part in ((low, middle), (middle + 1, high))
+        ]
+        return [(ranges, node.fixes) for ranges in halves if _ordered(ranges)]
+    if node.branch is None:
+        return None
+    index, value = node.branch
+    lowest, highest = lp.limits(index, node.fixes)
+    kept = tuple(fix for fix in node.fixes if fix[0] != index)
+    return [
+        (node.ranges, kept + ((index, lowest, float(math.floor(value))),)),
+        (node.ranges, kept + ((index, float(math.ceil(value)), highest),)),
+    ]
 
 
 def _ordered(ranges: _Ranges) -> bool:
@@ -173,9 +234,13 @@ class _LevelLp:
             kind: [] for kind in kinds
         }
         host_sizes: dict[int, list[pywraplp.Variable]] = {}
+        chosen_counts: list[tuple[pywraplp.Variable, float, float]] = []
+        splits: list[tuple[pywraplp.Variable, float, float]] = []
+        ranks_on: list[tuple[pywraplp.Variable, float, float]] = []
         for c in classes:
             n = len(c.tables)
             counts = [solver.NumVar(0.0, n, "") for _ in c.free]
+            chosen_counts.extend((x, 0.0, float(n)) for x in counts)
             chosen = solver.Constraint(0.0 if c.fixed_of else n, n)
             for x in counts:
                 chosen.SetCoefficient(x, 1.0)
@@ -206,6 +271,7 @@ class _LevelLp:
                 average.SetCoefficient(e, -float(local))
             for size in host_sizes:
                 z = solver.NumVar(0.0, inf, "")
+                splits.append((z, 0.0, inf))
                 per_host_sizes[size].append(z)
                 level.SetCoefficient(z, -float(size))
                 average.SetCoefficient(z, -float(size * local))
@@ -213,6 +279,7 @@ class _LevelLp:
             slots = []
             for load, config in configs:
                 y = solver.NumVar(0.0, local, "")
+                ranks_on.append((y, 0.0, float(local)))
                 ranks.SetCoefficient(y, 1.0)
                 average.SetCoefficient(y, -float(load))
                 slots.append((load, y))
@@ -235,6 +302,9 @@ class _LevelLp:
             for x, count in supplied[kind]:
                 row.SetCoefficient(x, -float(count))
         solver.Minimize(self.makespan)
+        # Whole numbers in every plan, with their own bounds: what the search branches on.
+        self.integers = chosen_counts + splits + ranks_on
+        self.kind_ends = list(itertools.accumulate(map(len, (chosen_counts, splits, ranks_on))))
 
     def _class_every_rank(
         self, c: PackingClass, counts: list[pywraplp.Variable]
@@ -252,9 +322,20 @@ class _LevelLp:
             left -= u
         return e
 
-    def bound(self, ranges: _Ranges) -> float | None:
-        """The LP optimum with every host's level within its range (units), or None when
-        the range admits no solution."""
+    def limits(self, index: int, fixes: _Fixes) -> tuple[float, float]:
+        """Integer variable ``index``'s bounds under ``fixes``."""
+        for fixed, lowest, highest in fixes:
+            if fixed == index:
+                return lowest, highest
+        _, lowest, highest = self.integers[index]
+        return lowest, highest
+
+    def bound(self, ranges: _Ranges, fixes: _Fixes) -> tuple[float, _Branch | None] | None:
+        """The LP optimum with every host's level within its range and the integer
+        variables within ``fixes`` (units), and the variable to branch on next; None when
+        they admit no solution."""
+        for variable, lowest, highest in self.integers:
+            variable.SetBounds(lowest, highest)
         rows = zip(ranges, self.level_rows, self.slots, self.at_level, strict=True)
         for (low, high), row, slots, at_level in rows:
             row.SetLb(float(self.levels[low]))
@@ -262,9 +343,30 @@ class _LevelLp:
             for load, y in slots:
                 y.SetUb(0.0 if load > self.levels[high] else float(self.local))
                 at_level.SetCoefficient(y, 1.0 if load >= self.levels[low] else 0.0)
+        for index, lowest, highest in fixes:
+            variable = self.integers[index][0]
+            variable.SetBounds(max(lowest, variable.lb()), min(highest, variable.ub()))
+            if variable.lb() > variable.ub():
+                return None
         status = self.solver.Solve()
         if status == pywraplp.Solver.INFEASIBLE:
             return None
         if status != pywraplp.Solver.OPTIMAL:
-            return 0.0
-        return float(self.makespan.solution_value())
+            return 0.0, None
+        return float(self.makespan.solution_value()), self._fractional()
+
+    def _fractional(self) -> _Branch | None:
+        """The most fractional integer variable in the LP's solution, of the first kind
+        that has one (option counts, then host splits, then ranks on configurations)."""
+        start = 0
+        for end in self.kind_ends:
+            best: tuple[float, int, float] | None = None
+            for index in range(start, end):
+                value = self.integers[index][0].solution_value()
+                distance = abs(value - round(value))
+                if distance > FRACTIONAL and (best is None or distance > best[0]):
+                    best = (distance, index, value)
+            if best is not None:
+                return best[1], best[2]
+            start = end
+        return None
