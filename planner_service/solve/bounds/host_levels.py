@@ -31,7 +31,7 @@ solution holds no plan within the cap.
 At one level per host the LP may still mix a table's options (on Criteo's 26 tables on
 two hosts, half a table table-row-wise and half table-wise: 4.9% under the optimum), so
 the search then branches on the variables that are whole numbers in every plan (a
-class's tables on an option, a host's table-row-wise tables, a host's ranks on a
+host's table-row-wise tables, a class's tables on an option, a host's ranks on a
 configuration): one half with the variable at most its LP value rounded down, the other
 at least rounded up. Every plan's solution lies in one half, so the least open bound
 stays a proof; a node whose bound reaches the cap's plan holds no cheaper plan and is
@@ -142,8 +142,8 @@ def host_level_bound(
 
 def _search(lp: _LevelLp, target_units: float, deadline: Deadline) -> float | None:
     """Best-first branch and bound: on the ranges of host levels until each host has one,
-    then on the integer variables the LP leaves fractional (the tables of a class on an
-    option, the table-row-wise tables on a host, the ranks of a host on a configuration:
+    then on the integer variables the LP leaves fractional (the table-row-wise tables on a
+    host, the tables of a class on an option, the ranks of a host on a configuration:
     whole numbers in every plan). The least open bound (units), or ``RESOLUTION`` when no
     node admits a solution below it (no plan within the cap, or none cheaper than the
     cap's plan)."""
@@ -302,9 +302,13 @@ class _LevelLp:
             for x, count in supplied[kind]:
                 row.SetCoefficient(x, -float(count))
         solver.Minimize(self.makespan)
-        # Whole numbers in every plan, with their own bounds: what the search branches on.
-        self.integers = chosen_counts + splits + ranks_on
-        self.kind_ends = list(itertools.accumulate(map(len, (chosen_counts, splits, ranks_on))))
+        # Whole numbers in every plan, with their own bounds: what the search branches on,
+        # in this order of kinds. Host splits first: they set each host's load (measured,
+        # 4,000 LPs on criteo-60 on 4 hosts: 0.8% under the optimum, against 1.9% with the
+        # option counts first and 2.2% with the most fractional of all).
+        in_order = (splits, chosen_counts, ranks_on)
+        self.integers = [variable for of_kind in in_order for variable in of_kind]
+        self.kind_ends = list(itertools.accumulate(map(len, in_order)))
 
     def _class_every_rank(
         self, c: PackingClass, counts: list[pywraplp.Variable]
@@ -357,7 +361,7 @@ class _LevelLp:
 
     def _fractional(self) -> _Branch | None:
         """The most fractional integer variable in the LP's solution, of the first kind
-        that has one (option counts, then host splits, then ranks on configurations)."""
+        that has one (host splits, then option counts, then ranks on configurations)."""
         start = 0
         for end in self.kind_ends:
             best: tuple[float, int, float] | None = None
