@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.workloads import memory_tight_tables, workload_request
 from planner_service.solve import construct
+from planner_service.solve import prepare as prepare_module
 from planner_service.solve.deadline import Deadline
 from planner_service.solve.placement import GroupIndex
 from planner_service.solve.prepare import _guides, prepare, warm_start
@@ -189,3 +190,31 @@ def test_a_pass_stops_above_its_ceiling_and_is_unchanged_below_it():
         construct._greedy(problem, bound, None, least, lambda: False, ceiling=0.99 * objective)
         is None
     )
+
+
+@pytest.mark.parametrize(("first_solve_s", "re_solves"), [(0.0, 3), (1.0, 0)])
+def test_a_re_solve_at_less_memory_starts_only_with_time_for_it(
+    first_solve_s, re_solves, monkeypatch
+):
+    """The LP's mixes at less memory guide the first plans; on thousands of distinct tables
+    the first re-solve took 4 to 15 times the solve at full memory and, cut short by the
+    LP's share, gave no guide. It is started only with ``RESOLVE_FACTOR`` times that solve
+    left (here 20 s of a 5 s share when the first solve took 1 s); else the full mix guides
+    alone and the deadline counts as reached."""
+    prepared = _prepared(96, 16, 0.8, 1)
+    linear = prepared.linear
+    linear.deadline = Deadline.for_time_limit(5.0)
+    linear.solve_s = first_solve_s
+    fractions = []
+    real = type(linear).solve
+
+    def solve(self, memory_fraction=1.0):
+        fractions.append(memory_fraction)
+        return real(self, memory_fraction)
+
+    monkeypatch.setattr(type(linear), "solve", solve)
+    deadline = Deadline.for_time_limit(60.0)
+    guides = _guides(prepared.problem, prepared.relaxation, linear, prepared.groups, deadline)
+    assert fractions == list(prepare_module.GUIDE_MEMORY_FRACTIONS[:re_solves])
+    assert 1 <= len(guides) <= 1 + re_solves
+    assert deadline.reached is (re_solves == 0)

@@ -94,6 +94,7 @@ class LinearRelaxation:
         self, problem: Problem, groups: list[Group], deadline: Deadline | None = None
     ) -> None:
         self.deadline = deadline or Deadline.never()
+        self.solve_s = 0.0  # the last solve's wall time
         self.solver = solver = pywraplp.Solver.CreateSolver("GLOP")
         inf = solver.infinity()
         self.makespan = makespan = solver.NumVar(0.0, inf, "T")
@@ -205,8 +206,9 @@ class LinearRelaxation:
             self.solver.SetTimeLimit(max(1, int(limit_s * 1000)))
         started = time.monotonic()
         status = self.solver.Solve()
+        self.solve_s = time.monotonic() - started
         if math.isfinite(limit_s):
-            self.deadline.note_stop(limit_s, time.monotonic() - started)
+            self.deadline.note_stop(limit_s, self.solve_s)
         if status == pywraplp.Solver.INFEASIBLE:
             raise RelaxationInfeasible
         if status != pywraplp.Solver.OPTIMAL:
