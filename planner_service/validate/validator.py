@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
+from planner_service import PLANNER_VERSION
 from planner_service.plan.canonical import plan_id_of
 from planner_service.plan.capacity import rank_capacities
 from planner_service.plan.codec import request_hash
@@ -68,6 +69,21 @@ def validate_plan(request: PlanRequest, plan: ShardingPlan) -> list[Violation]:
         check_migration(request, plan),
     ]
     return [violation for check in checks for violation in check]
+
+
+def _priced(plan: ShardingPlan, message: str) -> str:
+    """``message`` about a price the plan reports (its ranks' bytes and times, its objective
+    and critical path), saying so when another planner version made the plan: each version
+    prices with its own cost model (a calibrated plan of several collections made by 0.8.0
+    differs from 0.9.0's per-collection fixed costs), so the difference may be the model's,
+    not the plan's."""
+    if plan.planner_version == PLANNER_VERSION:
+        return message
+    return (
+        f"{message} (this plan was made by {plan.planner_version}; this validator is "
+        f"{PLANNER_VERSION} and prices with its own cost model, which may differ: plan the "
+        f"request again with {PLANNER_VERSION}, or validate with {plan.planner_version})"
+    )
 
 
 def runnable_violations(request: PlanRequest, plan: ShardingPlan) -> list[Violation]:
@@ -158,8 +174,11 @@ def _check_rank_stats(
         if differences:
             yield _violation(
                 ViolationCode.RANK_STATS,
-                f"rank {stats.rank} reports {'; '.join(differences)}: rank_stats must be "
-                "what the rank's shards add up to, recomputed from the request",
+                _priced(
+                    plan,
+                    f"rank {stats.rank} reports {'; '.join(differences)}: rank_stats must be "
+                    "what the rank's shards add up to, recomputed from the request",
+                ),
                 rank=stats.rank,
             )
 
@@ -232,14 +251,20 @@ def _check_solver_report(plan: ShardingPlan, usage: RankUsage) -> Iterator[Viola
     if not _close(report.objective, usage.objective):
         yield _violation(
             ViolationCode.SOLVER_REPORT,
-            f"objective {report.objective} is not the most loaded rank's recomputed total "
-            f"{usage.objective}",
+            _priced(
+                plan,
+                f"objective {report.objective} is not the most loaded rank's recomputed total "
+                f"{usage.objective}",
+            ),
         )
     if not _close(report.critical_path, usage.critical_path):
         yield _violation(
             ViolationCode.SOLVER_REPORT,
-            f"critical_path {report.critical_path} is not the recomputed {usage.critical_path} "
-            "(the sum over perf components of their max over ranks)",
+            _priced(
+                plan,
+                f"critical_path {report.critical_path} is not the recomputed "
+                f"{usage.critical_path} (the sum over perf components of their max over ranks)",
+            ),
         )
     if report.status not in (SolverStatus.OPTIMAL, SolverStatus.FEASIBLE):
         yield _violation(

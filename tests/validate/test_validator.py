@@ -6,6 +6,7 @@ import tracemalloc
 
 import pytest
 
+from planner_service import PLANNER_VERSION
 from planner_service.costs.enumerate import enumerate_options
 from planner_service.plan.codec import request_hash
 from planner_service.plan.types import (
@@ -491,6 +492,32 @@ def test_perf_totals_objective_and_critical_path_are_recomputed():
     assert f"objective {report.objective} is not the most loaded rank's" in objective
     assert f"recomputed total {honest.solver.objective}" in objective
     assert f"critical_path 0.0 is not the recomputed {honest.solver.critical_path}" in critical_path
+
+
+@pytest.mark.parametrize("version", ["shardplan-0.8.0", PLANNER_VERSION])
+def test_a_price_that_differs_in_another_versions_plan_says_which_versions(version):
+    """Each planner version prices with its own cost model: a plan made by another version
+    whose ranks' times differ from this version's says both versions and what to do; one
+    of this version does not, nor does a report that is wrong whatever the model."""
+    req, tables = _mixed()
+    honest = builders.plan(req, tables)
+    stats = [s.model_copy() for s in honest.rank_stats]
+    slower = stats[1].perf.model_copy(update={"total": stats[1].perf.total * 1.2})
+    stats[1] = stats[1].model_copy(update={"perf": slower})
+    report = honest.solver.model_copy(update={"lower_bound": honest.solver.objective * 2})
+    older = seal_plan(
+        request=req, planner_version=version, tables=honest.tables, rank_stats=stats, solver=report
+    )
+    violations = validate_plan(req, older)
+    codes = [(v.code, v.rank) for v in violations]
+    assert codes[:1] == [(ViolationCode.RANK_STATS, 1)]
+    priced, *report_violations = (v.message for v in violations)
+    note = f"this plan was made by {version}; this validator is {PLANNER_VERSION}"
+    assert (note in priced) is (version != PLANNER_VERSION)
+    if version != PLANNER_VERSION:
+        assert f"validate with {version}" in priced
+    assert any("lower_bound" in m for m in report_violations)
+    assert not any("this plan was made by" in m for m in report_violations)
 
 
 def test_a_plan_for_another_request_is_refused():
