@@ -235,7 +235,7 @@ def test_passes_after_the_first_plan_leave_the_local_search_its_share():
     problem = prepared.problem
     assert problem is not None
     clock = _Ticking(0.1)
-    deadline = Deadline(1.0, clock=clock)  # ends at 1.1
+    deadline = Deadline(3.0, clock=clock)  # ends at 3.1: the passes' share spans several looks
     first_at: list[float] = []
 
     def reserve(plan: object) -> float:
@@ -248,9 +248,9 @@ def test_passes_after_the_first_plan_leave_the_local_search_its_share():
     # The passes' share is taken at the next look at the clock; further passes stopped
     # within two looks of its end, and the rest of the time is left for the local search.
     shared_at = first + clock.step
-    share_end = shared_at + (1 - SEARCH_SHARE) * (1.1 - shared_at)
+    share_end = shared_at + (1 - SEARCH_SHARE) * (3.1 - shared_at)
     assert clock.now <= share_end + 2 * clock.step + 1e-9
-    assert 1.1 - clock.now >= clock.step - 1e-9  # before the deadline, which old passes ran to
+    assert 3.1 - clock.now >= clock.step - 1e-9  # before the deadline, which old passes ran to
     # Passes cut short are dropped: the plan is the first pass's.
     assert plan == greedy_plan(problem, 0.0, [], Deadline(0.35, clock=_Ticking(0.1)))
 
