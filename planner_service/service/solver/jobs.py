@@ -449,18 +449,28 @@ class SolveJobs:
         return _stamp(_now() - timedelta(seconds=self.lease_s))
 
     def _live(self, running: _Running) -> SolveJob:
+        """The job as this process runs it. Once its solve has started it stays running,
+        with the last progress, until its end is recorded: the pool forgets a solve when
+        it returns, and the plan is stored after that (in a full suite on PostgreSQL, long
+        enough that the job's events went running, then queued again, then done)."""
         state = self.state.pool.progress(running.key)
-        progress = state.progress if state else None
-        row = running.row
-        resource = self._resource(row)
+        finishing = state is None and running.started_at is not None
+        progress = state.progress if state else running.last if finishing else None
+        elapsed_s = None
+        if state is not None and state.running:
+            elapsed_s = round(state.elapsed_s, 3)
+        elif finishing and running.started_at is not None:
+            started = datetime.fromisoformat(running.started_at)
+            elapsed_s = round((_now() - started).total_seconds(), 3)
+        resource = self._resource(running.row)
         return resource.model_copy(
             update={
-                "status": SolveJobStatus.RUNNING if state and state.running else resource.status,
+                "status": SolveJobStatus.RUNNING if elapsed_s is not None else resource.status,
                 "stage": _stage_text(progress.stage if progress else None),
                 "objective": progress.objective if progress else None,
                 "lower_bound": progress.bound if progress else None,
                 "gap": _gap(progress.objective, progress.bound) if progress else None,
-                "elapsed_s": round(state.elapsed_s, 3) if state and state.running else None,
+                "elapsed_s": elapsed_s,
             }
         )
 
