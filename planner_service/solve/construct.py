@@ -126,7 +126,9 @@ def greedy_plans(
     none when no pass places every table. Passes stop at the deadline, keeping the best plan
     of the passes that finished; once the first plan exists, ``reserve(plan)`` seconds are
     kept before the deadline (to seal it), and further passes stop once ``1 -
-    SEARCH_SHARE`` of the time left then has passed (a pass cut short is dropped)."""
+    SEARCH_SHARE`` of the time left then has passed (a pass cut short is dropped). When no
+    pass places every table, a last one takes each table's least-HBM option
+    (``_least_memory_guide``), and its plan, if it places one, is the only one."""
     deadline = deadline or Deadline.never()
     passes_end: Deadline | None = None  # where further passes stop, once a plan exists
     best: dict[Fallback, tuple[tuple[float, int, int], list[Choice]]] = {}
@@ -188,8 +190,46 @@ def greedy_plans(
             best[fallback] = (key, choices)
         if lower_bound > 0 and loads.objective <= lower_bound * factor:
             met.add(id(guide))  # met its target: larger targets cannot do better
+    if not best and not deadline.past_grace():
+        # No pass placed every table: the last resort packs memory alone.
+        found = _greedy(
+            problem,
+            lower_bound,
+            _least_memory_guide(problem),
+            least,
+            deadline.past_grace,
+            Fallback.MEMORY,
+        )
+        if found is not None:
+            return [found.choices]
     ranked = [choices for _, choices in sorted(best.values(), key=lambda item: item[0])]
     return ranked[:1] + [c for c in ranked[1:] if c != ranked[0]]
+
+
+def _least_memory_guide(problem: Problem) -> list[list[int]]:
+    """Per table, its option of the least HBM (then the least HBM and DDR, the least work):
+    the guide of the last resort, when no other pass placed every table. Its plan can be
+    very slow (tables in UVM), but it is a plan: at scale there is no search after the
+    construction that would find one (issue 37, 10,000 memory-tight tables on 4,096 ranks
+    at a batch of 4,096, where every table's buffers alone take 8 GiB of a rank's HBM: all
+    eight passes ran out of room, at 80% to 95% of all HBM, and there was no plan)."""
+    guide = []
+    for entry in problem.tables:
+        costs = [problem.costs(option) for option in entry.options]
+        guide.append(
+            [
+                min(
+                    range(len(costs)),
+                    key=lambda i: (
+                        costs[i].hbm_total,
+                        costs[i].hbm_total + costs[i].ddr_total,
+                        costs[i].work,
+                        i,
+                    ),
+                )
+            ]
+        )
+    return guide
 
 
 def _greedy(

@@ -218,3 +218,67 @@ def test_a_re_solve_at_less_memory_starts_only_with_time_for_it(
     assert fractions == list(prepare_module.GUIDE_MEMORY_FRACTIONS[:re_solves])
     assert 1 <= len(guides) <= 1 + re_solves
     assert deadline.reached is (re_solves == 0)
+
+
+def test_the_lp_guides_run_the_least_memory_first():
+    """At scale only the first guided pass may finish before the local search needs the
+    time, and the guides that leave HBM free place the better plans there: the mix at the
+    least memory comes first, the full-memory mix last."""
+    prepared = _prepared(96, 16, 0.8, 1)
+    problem = prepared.problem
+    guides = _guides(
+        problem, prepared.relaxation, prepared.linear, prepared.groups, Deadline.never()
+    )
+    assert len(guides) >= 2
+
+    def hbm_of(guide):
+        return sum(
+            problem.costs(e.options[g[0]]).hbm_total
+            for e, g in zip(problem.tables, guide, strict=True)
+            if g
+        )
+
+    full = _table_guide(prepared, prepared.relaxation)
+    assert guides[-1] == full
+    assert hbm_of(guides[0]) < hbm_of(full)
+
+
+def _table_guide(prepared, mix):
+    return prepare_module._table_quotas(prepared.groups, mix.quotas(), len(prepared.problem.tables))
+
+
+# Eight tables on 16 ranks of 1 GiB HBM at a batch of 16,384 per rank: every table's
+# buffers take a large share of a rank's HBM, and every guided and unguided pass runs out
+# of room for some table (a random draw, found by search).
+CRAMPED = [
+    {"name": "t0", "num_embeddings": 119327, "embedding_dim": 64, "pooling_factors": [4]},
+    {"name": "t1", "num_embeddings": 3716, "embedding_dim": 64, "pooling_factors": [80]},
+    {"name": "t2", "num_embeddings": 1138467, "embedding_dim": 16, "pooling_factors": [4]},
+    {"name": "t3", "num_embeddings": 8662059, "embedding_dim": 256, "pooling_factors": [80]},
+    {"name": "t4", "num_embeddings": 4195, "embedding_dim": 128, "pooling_factors": [1]},
+    {"name": "t5", "num_embeddings": 10183, "embedding_dim": 128, "pooling_factors": [80]},
+    {"name": "t6", "num_embeddings": 5285485, "embedding_dim": 32, "pooling_factors": [80]},
+    {"name": "t7", "num_embeddings": 487637, "embedding_dim": 128, "pooling_factors": [1]},
+]
+
+
+def test_when_no_pass_places_every_table_the_last_resort_packs_memory_alone():
+    """At scale nothing after the construction finds a first plan (issue 37: 10,000
+    memory-tight tables on 4,096 ranks, all passes out of room, no plan at all). When every
+    pass fails, a pass guided by each table's least-HBM option places one."""
+    request = workload_request(CRAMPED, 16, hbm_gib=1, batch_size=16384)
+    prepared = prepare(request, Deadline.never())
+    problem, bound = prepared.problem, prepared.lower_bound.value
+    guides = _guides(
+        problem, prepared.relaxation, prepared.linear, prepared.groups, Deadline.never()
+    )
+    least = construct._least_memory(problem)
+    for guide in [None, *guides]:
+        for fallback in construct.Fallback:
+            assert construct._greedy(problem, bound, guide, least, lambda: False, fallback) is None
+    plans = construct.greedy_plans(problem, bound, guides)
+    assert len(plans) == 1
+    assert len(plans[0]) == len(problem.tables)
+    assert loads_of(problem, plans[0]).fits(problem)
+    choices = warm_start(prepared, Deadline.never())
+    assert choices is not None and loads_of(problem, choices).fits(problem)
