@@ -35,13 +35,15 @@ run: $(VENV)/.installed-service
 	mkdir -p $(dir $(DB))
 	$(BIN)/shardplan serve --host $(HOST) --port $(PORT) --db $(DB)
 
+# Two lanes (scripts/test-lanes.sh): the suite on TEST_WORKERS processes, then the tests
+# marked `alone` (they time what a user waits for) one at a time.
 test: $(VENV)/.installed-all system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	bash scripts/test-lanes.sh $(BIN)/python -- $(PYTEST_ARGS)
 
 # The developer lane: everything but multi-process runs, fresh venvs, end-to-end jobs,
 # PostgreSQL and Chromium (so it needs no system packages); about two minutes.
 test-fast: $(VENV)/.installed-all
-	$(BIN)/python -m pytest -m "not slow and not postgres and not browser" $(PYTEST_ARGS)
+	bash scripts/test-lanes.sh $(BIN)/python "not slow and not postgres and not browser" -- $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-all
 	$(BIN)/ruff check .

@@ -857,6 +857,7 @@ def single_solver(request, shardplan_exe, tmp_path_factory):
     yield from running_service(request, shardplan_exe, tmp_path_factory, SHARDPLAN_SOLVE_QUEUE="0")
 
 
+@pytest.mark.alone
 def test_full_pool_is_503_with_retry_after_and_identical_requests_share_a_solve(single_solver):
     with httpx.Client(base_url=single_solver.base, timeout=120) as http:
         results: dict[str, httpx.Response] = {}

@@ -23,7 +23,7 @@ from tests.service.test_api import small_request
 from tests.service.test_solves import ASYNC, timed_request, wait_for
 from tests.support.servers import Service
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.alone, pytest.mark.timeout(120)]
 
 MIB = 2**20
 DEFAULTS = Settings(database_url="unused")

@@ -14,6 +14,8 @@ import pytest
 from tests.support import builders
 from tests.support.servers import Service
 
+pytestmark = pytest.mark.alone  # a largest request is answered within its time limit
+
 MAX_TABLES = 100_000  # SHARDPLAN_MAX_TABLES's default
 HEALTHZ_BOUND_S = 1.0  # functional: a stalled loop took 3 to 9 s
 GRACE_S = 10  # SHARDPLAN_SOLVE_GRACE_S's default: the watchdog kills at time limit + this

@@ -12,6 +12,8 @@ import pytest
 from planner_service.service.solver.leases import LeaseKeeper
 from planner_service.service.store import NewSolve, open_store
 
+pytestmark = pytest.mark.alone  # a lease renewed or let lapse on time
+
 JOB = "j" * 64
 
 

@@ -25,7 +25,7 @@ from planner_service.service.solver.pool import SolveProgress, SolveStage
 from tests.support.servers import Service
 
 # Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 LONG_SOLVE_S = 30.0
 

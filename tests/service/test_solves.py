@@ -38,7 +38,7 @@ from tests.service.test_store import fetch_one
 from tests.support.servers import Service
 
 # Slow lane: its subject is processes (started, killed, signalled) or multi-process runs.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(240)]
 
 SOLVER_STAGES = {"enumerate", "warm start", "packing bound", "cp-sat"}
 LEASE_ENV = {"SHARDPLAN_JOB_LEASE_S": "2", "SHARDPLAN_MAX_EVENT_STREAMS": "1"}

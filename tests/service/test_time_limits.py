@@ -17,7 +17,7 @@ from tests.clients.cli.test_plan_time_limit import no_plan_request
 from tests.service.test_solver_pool import hard_request, tiny_request
 from tests.support.servers import Service
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 TIME_LIMIT_S = 1.0
 BOUND_S = 3.0  # generous: the suite runs beside other work on 2 cores

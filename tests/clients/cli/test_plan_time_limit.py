@@ -17,6 +17,8 @@ from planner_service.plan.canonical import canonical_bytes
 from planner_service.plan.codec import parse_plan
 from planner_service.plan.types import Infeasibility
 
+pytestmark = pytest.mark.alone
+
 TIME_LIMIT_S = 1.0
 BOUND_S = TIME_LIMIT_S + 3.0  # generous: the suite runs beside other work on 2 cores
 SUMMARY = re.compile(r"gap [0-9.]+%, ([0-9.]+) s$", re.MULTILINE)
