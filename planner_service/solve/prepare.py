@@ -43,11 +43,17 @@ RESOLVE_FACTOR = 20.0
 # 0.9 guide, 35,599 ms from the least-work one).
 PRICED_FRACTIONS = (*sorted(GUIDE_MEMORY_FRACTIONS), 1.0)
 LP_SHARE = 0.3  # of the time left when the LP is built: its build, solve and guides
-# The LP's build and first solve per option variable, measured on the 2-core EPYC under
-# load: 4.3 s and 1.3 s for 53,083 variables (5,384 distinct shapes on 1,024 ranks). A
-# build expected to outlast its share is not started: cut short, it left the guided passes
-# without the time for a first plan.
+# The LP's build and first solve per option variable: a build expected to outlast its
+# share is not started (cut short, it left the guided passes without the time for a first
+# plan). Beyond LP_SUPERLINEAR_FROM variables the time per variable grows with their number
+# (more groups, longer rows, more simplex iterations each). Measured on the 2-core EPYC,
+# build and first solve: 5.6 s for 53,083 variables (5,384 distinct memory-tight shapes on
+# 1,024 ranks), 13.9 s for 95,641 (10,000 memory-tight on 4,096) and more than 12.2 s for
+# 97,562 (10,000 synthetic on 4,096, its solve cut short by the share); the estimate gives
+# 5.6, 18.2 and 18.9 s. At 10,000 x 4,096 and 60 s the LP no longer starts: it had taken
+# 12 to 14 s of the local search's time and given no better plan (issue 37).
 LP_S_PER_VARIABLE = 60e-6
+LP_SUPERLINEAR_FROM = 30_200
 
 
 @dataclass
@@ -159,8 +165,10 @@ def _without_lp(
 
 
 def _lp_estimate_s(groups: list[Group]) -> float:
-    """What building and solving the LP of ``groups`` takes, about."""
-    return LP_S_PER_VARIABLE * sum(len(group.options) for group in groups)
+    """What building and solving the LP of ``groups`` takes, about (see
+    ``LP_SUPERLINEAR_FROM``)."""
+    variables = sum(len(group.options) for group in groups)
+    return LP_S_PER_VARIABLE * variables * max(1.0, variables / LP_SUPERLINEAR_FROM)
 
 
 def warm_start(
